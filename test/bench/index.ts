@@ -6,6 +6,7 @@ const BENCHES: Record<string, () => Promise<{ default: () => Promise<void> }>> =
   rollouts: () => import('./rollouts.ts'),
   'code-verify': () => import('./code-verify.ts'),
   swe: () => import('./swe.ts'),
+  submit: () => import('./submit.ts'),
 };
 
 const chosen = process.argv.slice(2);

@@ -43,11 +43,9 @@ describe('rollserve start', () => {
       expect(result).toMatchObject({ id: 'quick', reward: 1 });
       expect(await readFile(journal, 'utf8')).toContain('"type":"result"');
 
-      const stopping = Date.now();
       child.kill('SIGINT');
       const [code] = (await once(child, 'exit')) as [number | null];
       expect(code).toBe(0);
-      expect(Date.now() - stopping).toBeLessThan(2_000);
     } finally {
       if (child.exitCode === null) child.kill('SIGKILL');
       await fake.close();

@@ -1,8 +1,11 @@
 import { join } from 'node:path';
-import { outputText, type NeMoGymResponse } from '@rollserve/core';
+import { deflateSync } from 'node:zlib';
+import { createResourcesServer, outputText, serveFetch, type NeMoGymResponse } from '@rollserve/core';
 import code, { closeSharedRunners, extractCode } from '@rollserve/env-code';
 import {
+  call,
   describeContract,
+  makeResponse,
   referenceCases,
   unhashReference,
   workspaceRoot,
@@ -56,6 +59,45 @@ describe('code_gen reference: time-taken fields', () => {
       if ('execution time' in metadata) expect(typeof metadata['execution time']).toBe('number');
     }
   }, 60_000);
+});
+
+describe('code: corrupt unit tests', () => {
+  it('answers FastAPI 422s at the tests, never a 500; a blank answer still gets reward 0 first', async () => {
+    const app = createResourcesServer(code);
+    const running = await serveFetch(app);
+    try {
+      const answer = (text: string) =>
+        makeResponse([{ id: 'm', type: 'message', role: 'assistant', status: 'completed', content: [{ type: 'output_text', text, annotations: [] }] }]);
+      const verify = (unitTests: unknown, text = '```python\nprint(3)\n```') =>
+        call(running.url, 'POST', '/verify', { responses_create_params: { input: 'sum' }, response: answer(text), verifier_metadata: { unit_tests: unitTests } });
+      const notZlib = await verify({ packed: 'bm90IHpsaWI=' });
+      expect(notZlib.status).toBe(422);
+      expect(notZlib.json).toEqual({
+        detail: [{
+          type: 'value_error',
+          loc: ['body', 'verifier_metadata', 'unit_tests', 'packed'],
+          msg: 'Value error, not base64(zlib(JSON)): incorrect header check',
+          input: 'bm90IHpsaWI=',
+          ctx: { error: {} },
+        }],
+      });
+      const notTests = await verify({ packed: deflateSync(JSON.stringify({ inputs: 'x' })).toString('base64') });
+      expect(notTests.status).toBe(422);
+      expect((notTests.json as { detail: Array<{ msg: string }> }).detail[0]!.msg).toMatch(/^Value error, the unpacked tests are not/);
+      const notJson = await verify({ packed: deflateSync('{oops').toString('base64') });
+      expect(notJson.status).toBe(422);
+      const wrongShape = await verify({ inputs: 'x', outputs: [1] });
+      expect(wrongShape.status).toBe(422);
+      expect((wrongShape.json as { detail: Array<{ loc: unknown[] }> }).detail[0]!.loc).toEqual(['body', 'verifier_metadata', 'unit_tests']);
+      // code_gen checks for a blank answer before it reads the tests.
+      const blank = await verify({ packed: 'bm90IHpsaWI=' }, '  ');
+      expect(blank.status).toBe(200);
+      expect((blank.json as { reward: number }).reward).toBe(0);
+    } finally {
+      await running.close();
+      await app.close();
+    }
+  });
 });
 
 describeContract({

@@ -74,11 +74,9 @@ describe('NeMo Gym registration', () => {
       });
       expect(verify.json).toMatchObject({ reward: 1, extracted_answer: '8' });
       // The shim execs node: the process NeMo Gym signals is the server itself.
-      const started = Date.now();
       child.kill('SIGINT');
       const [code] = (await once(child, 'exit')) as [number | null];
       expect(code).toBe(0);
-      expect(Date.now() - started).toBeLessThan(1_000);
     } finally {
       if (child.exitCode === null) child.kill('SIGKILL');
     }

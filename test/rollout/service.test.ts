@@ -331,3 +331,71 @@ describe('rollout service: reliability', () => {
   });
 
 });
+
+describe('rollout service: accepting a batch', () => {
+  const task = (id: string, count = 0): RolloutTaskInput => ({
+    id,
+    env: 'counter',
+    row: { responses_create_params: { input: id }, initial_count: count, expected_count: count },
+    policy: { model: 'fake-policy' },
+  });
+
+  it('accepts a batch whole or not at all', async () => {
+    const fake = await policy({ script: () => 'done' });
+    const svc = await service({ backends: [fake.url] });
+    await svc.submit([task('taken', 1)]);
+    await expect(svc.submit([task('new1'), task('taken', 2), task('new2')])).rejects.toMatchObject({ code: 'CONFLICT' });
+    expect(svc.get('new1')).toBeUndefined();
+    expect(svc.get('new2')).toBeUndefined();
+    // the same id twice in one batch: one task, answered as known the second time
+    const twice = await svc.submit([task('dup'), task('dup')]);
+    expect(twice.map((t) => t.existing)).toEqual([false, true]);
+    expect((await svc.wait('dup')).state).toBe('done');
+    expect(svc.status().rollouts.total).toBe(2);
+  });
+
+  it('starts the same id once when two submits race', async () => {
+    const fake = await policy({ script: () => 'done' });
+    const svc = await service({ backends: [fake.url] });
+    const [a, b] = await Promise.all([svc.submit([task('race')]), svc.submit([task('race')])]);
+    expect([a[0]!.existing, b[0]!.existing]).toEqual([false, true]);
+    await svc.wait('race');
+    expect(fake.requests).toHaveLength(1);
+  });
+
+  it('cancels a rollout that has not started yet', async () => {
+    const fake = await policy({ script: () => ({ content: 'late', hang: true }) });
+    const svc = await service({ backends: [fake.url] });
+    await svc.submit([task('first'), task('second')]);
+    expect(svc.get('second')!.state).toBe('queued'); // accepted, its work not begun
+    svc.cancel('second');
+    expect((await svc.wait('second')).state).toBe('cancelled');
+    while (fake.requests.length === 0) await new Promise((r) => setTimeout(r, 5));
+    svc.cancel('first');
+    expect((await svc.wait('first')).state).toBe('cancelled');
+    expect(fake.requests).toHaveLength(1); // the cancelled one never reached the policy
+  });
+
+  it('journals the batch before answering: closed right after, a restart runs all of it', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'rollserve-journal-'));
+    cleanups.push(() => rm(dir, { recursive: true, force: true }));
+    const journalPath = join(dir, 'journal.jsonl');
+    const fake = await policy({ script: () => 'done' });
+    const tasks = Array.from({ length: 200 }, (_, i) => task(`b${i}`, i));
+    const { service: first, close } = await startTestRolloutService({ environments: [counterEnvironment], backends: [fake.url], journalPath });
+    await first.submit(tasks);
+    await close(); // before the batch's work began: nothing of it is lost
+    const lines = (await readFile(journalPath, 'utf8')).split('\n').filter(Boolean).map((l) => JSON.parse(l) as { type: string });
+    expect(lines.filter((r) => r.type === 'task')).toHaveLength(200);
+    const done = lines.filter((r) => r.type === 'result').length;
+
+    const second = await service({ backends: [fake.url], environments: [counterEnvironment], journalPath });
+    const results = await Promise.all(tasks.map((t) => second.wait(t.id!)));
+    expect(results.every((r) => r.state === 'done' && r.reward === 1)).toBe(true);
+    const after = (await readFile(journalPath, 'utf8')).split('\n').filter(Boolean).map((l) => JSON.parse(l) as { type: string; result?: { id: string } });
+    const ids = after.filter((r) => r.type === 'result').map((r) => r.result!.id);
+    expect(new Set(ids).size).toBe(200);
+    expect(ids).toHaveLength(200); // each once
+    expect(fake.requests.length).toBe(200 - done);
+  });
+});

@@ -10,7 +10,7 @@ import { chmodSync, mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync }
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll } from 'vitest';
-import { describeSandboxBehaviour } from './suite.ts';
+import { describeSandboxBehaviour } from '@rollserve/testing';
 
 // The same behavioural suite on every provider; a provider that cannot run here is skipped with
 // the reason printed.

@@ -185,7 +185,6 @@ describe('swe over the NeMo Gym face (bwrap)', () => {
       const sleepy = await call(server.url, 'POST', '/verify', { ...inventory.row, test_patch: slow, response });
       expect(sleepy.json, JSON.stringify(sleepy.json)).toMatchObject({ reward: 0, evaluation_completed: false, failure_reason: 'tests_timeout' });
       expect((sleepy.json as Verify).patch_verification_time_taken).toBeGreaterThanOrEqual(2);
-      expect((sleepy.json as Verify).patch_verification_time_taken).toBeLessThan(10);
       expect((sleepy.json as Verify).failure_detail).toContain('timed out');
     } finally {
       await server.close();

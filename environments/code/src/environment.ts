@@ -8,6 +8,7 @@ import {
   computeSubsetMetrics,
   defineEnvironment,
   highestKMetrics,
+  invalidInputError,
   outputText,
   pickMetrics,
   type PassMajorityOptions,
@@ -55,11 +56,28 @@ export const CodeConfig = z.object({
 export type CodeConfig = z.output<typeof CodeConfig>;
 type UnitTests = { inputs: string[]; outputs: string[]; fn_name: string | null };
 
+// A packed test set may not inflate past this (a zip bomb in a row is a bad row, not a dead server).
+const MAX_UNPACKED_BYTES = 256 * 1024 * 1024;
+
+/**
+ * The row's tests, unpacked. A corrupt packed set is bad input: a 422 at
+ * `verifier_metadata.unit_tests.packed` (code_gen itself answers 500 there).
+ */
 function unitTests(raw: z.output<typeof CodeRow>['verifier_metadata']['unit_tests']): UnitTests {
   if ('packed' in raw && typeof raw.packed === 'string') {
-    const decoded = JSON.parse(inflateSync(Buffer.from(raw.packed, 'base64')).toString('utf8')) as unknown;
-    const tests = PlainTests.parse(decoded);
-    return { inputs: tests.inputs, outputs: tests.outputs, fn_name: raw.fn_name ?? null };
+    const loc = ['verifier_metadata', 'unit_tests', 'packed'];
+    let decoded: unknown;
+    try {
+      const json = inflateSync(Buffer.from(raw.packed, 'base64'), { maxOutputLength: MAX_UNPACKED_BYTES }).toString('utf8');
+      decoded = JSON.parse(json);
+    } catch (error) {
+      throw invalidInputError(loc, `not base64(zlib(JSON)): ${(error as Error).message}`, raw.packed);
+    }
+    const tests = PlainTests.safeParse(decoded);
+    if (!tests.success) {
+      throw invalidInputError(loc, `the unpacked tests are not {inputs: [str], outputs: [str]}: ${z.prettifyError(tests.error)}`, raw.packed);
+    }
+    return { inputs: tests.data.inputs, outputs: tests.data.outputs, fn_name: raw.fn_name ?? null };
   }
   const tests = raw as z.output<typeof PlainTests>;
   return { inputs: tests.inputs, outputs: tests.outputs, fn_name: tests.fn_name ?? null };

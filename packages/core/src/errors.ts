@@ -10,6 +10,8 @@ export const ERROR_CODES = {
   CONFLICT: 409,
   PAYLOAD_TOO_LARGE: 413,
   UNPROCESSABLE: 422,
+  /** A sandbox limit (memory, disk, files) the rollout ran into: the policy's doing. */
+  RESOURCE_LIMIT: 422,
   TIMEOUT: 504,
   CANCELLED: 499,
   SANDBOX: 500,

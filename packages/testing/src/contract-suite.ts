@@ -286,6 +286,73 @@ export function describeContract(options: ContractSuiteOptions): void {
       expect(bad.status).toBe(422);
     });
 
+    it('8b. answers every malformed body on every route with FastAPI\'s 4xx, never a 500', async () => {
+      const parseError = { detail: 'There was an error parsing the body' };
+      const deep = (depth: number) => '{"a":'.repeat(depth) + '1' + '}'.repeat(depth);
+      const routes = ['/seed_session', '/verify', '/aggregate_metrics', ...Object.keys(env.tools).map((name) => `/${name}`)];
+      const send = async (path: string, body: string | Buffer, contentType?: string) => {
+        const response = await request(new URL(path, url), {
+          method: 'POST',
+          body,
+          headers: contentType === undefined ? {} : { 'content-type': contentType },
+        });
+        const text = await response.body.text();
+        return { status: response.statusCode, json: JSON.parse(text) as unknown };
+      };
+      for (const route of routes) {
+        // json.loads gives up (RecursionError, the 4300-digit int limit, bad UTF-8): FastAPI's 400.
+        for (const body of ['['.repeat(100_000), deep(100_000), `{"a":${deep(5_000)}}`, `{"a":${'7'.repeat(5_000)}}`, Buffer.from([0x7b, 0xff, 0x7d])]) {
+          expect(await send(route, body, 'application/json'), route).toEqual({ status: 400, json: parseError });
+        }
+        expect((await send(route, '{"a":1,}', 'application/json')).json).toMatchObject({ detail: [{ type: 'json_invalid', loc: ['body', 7] }] });
+        // JSON null is no body; a body declared as something else is validated as text.
+        expect(await send(route, 'null', 'application/json'), route).toEqual({
+          status: 422,
+          json: { detail: [{ type: 'missing', loc: ['body'], msg: 'Field required', input: null }] },
+        });
+        for (const contentType of ['text/plain', 'application/x-www-form-urlencoded']) {
+          expect(await send(route, '{}', contentType), route).toEqual({
+            status: 422,
+            json: { detail: [{ type: 'model_attributes_type', loc: ['body'], msg: 'Input should be a valid dictionary or object to extract fields from', input: '{}' }] },
+          });
+        }
+        for (const body of ['[1,2]', '"x"', '1e999']) {
+          expect((await send(route, body, 'application/json')).status, `${route} ${body}`).toBe(422);
+        }
+      }
+      const wrongTypes = JSON.stringify({ ...materialised(sampleRow), responses_create_params: null, response: 7, verify_responses: {} });
+      for (const route of ['/verify', '/aggregate_metrics']) expect((await send(route, wrongTypes, 'application/json')).status).toBe(422);
+      // The rollout indices are pydantic ints; a duplicate pair is the ValueError pydantic reports.
+      const aggregate = (entries: unknown[]) => send('/aggregate_metrics', JSON.stringify({ verify_responses: entries }), 'application/json');
+      expect(await aggregate([{ _ng_task_index: 'a', reward: 1 }])).toEqual({
+        status: 422,
+        json: {
+          detail: [{
+            type: 'int_parsing',
+            loc: ['body', 'verify_responses', 0, '_ng_task_index'],
+            msg: 'Input should be a valid integer, unable to parse string as an integer',
+            input: 'a',
+          }],
+        },
+      });
+      expect((await aggregate([{ _ng_rollout_index: 1.5 }])).json).toMatchObject({ detail: [{ type: 'int_from_float', loc: ['body', 'verify_responses', 0, '_ng_rollout_index'] }] });
+      expect((await aggregate([{ _ng_task_index: null }])).json).toMatchObject({ detail: [{ type: 'int_type', msg: 'Input should be a valid integer' }] });
+      expect((await aggregate([{ _ng_task_index: '2', reward: 1 }])).json).toMatchObject({ group_level_metrics: [{ _ng_task_index: 2 }] });
+      expect(await aggregate([{ reward: 1 }, { _ng_task_index: 0, _ng_rollout_index: 0, reward: 0 }])).toEqual({
+        status: 422,
+        json: {
+          detail: [{
+            type: 'value_error',
+            loc: ['body', 'verify_responses'],
+            msg: 'Value error, Duplicate materialized input row for rollout key (0, 0)',
+            input: [{ reward: 1 }, { _ng_task_index: 0, _ng_rollout_index: 0, reward: 0 }],
+            ctx: { error: {} },
+          }],
+        },
+      });
+      expect((await call(url, 'GET', '/')).json).toEqual({ status: 'ok' });
+    });
+
     it.skipIf(!options.verifyCases?.length)('9. re-verifies the reference cases with the reference rewards', async () => {
       for (const testCase of options.verifyCases ?? []) {
         const verify = await call(url, 'POST', '/verify', testCase.request);

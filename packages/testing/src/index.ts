@@ -6,3 +6,4 @@ export * from './simple-agent.ts';
 export * from './fake-policy/index.ts';
 export * from './expect-deep-close.ts';
 export * from './rollout-service.ts';
+export * from './sandbox-suite.ts';

@@ -2,10 +2,11 @@ import { readFileSync } from 'node:fs';
 import { writeFile } from 'node:fs/promises';
 import { stringify } from 'yaml';
 import { defineCommand, runMain } from 'citty';
+import { assertBindAllowed } from '../gym/bind-policy.ts';
 import { exitOnSignals, launchFromNemoGym, startResourcesServer, type LaunchedServer } from '../gym/launch.ts';
 import { LlmBackendPool } from '../rollout/llm/index.ts';
 import { PoolModelProvider } from '../rollout/model-provider.ts';
-import { removeStaleSandboxDirs } from '../sandbox/bwrap.ts';
+import { removeStaleSandboxDirs } from '../sandbox/staging.ts';
 import { startRolloutServer, type RolloutServer } from '../rollout/server.ts';
 import { RolloutService } from '../rollout/service.ts';
 import { collectRollouts, sidecarPaths } from './collect.ts';
@@ -21,20 +22,50 @@ async function sweepStaleSandboxes(): Promise<void> {
   if (removed.length > 0) console.error(`removed ${removed.length} sandbox directories left by a stopped service`);
 }
 
-async function serveAll(envs: InstalledEnvironment[], host: string, basePort: number, servers: Array<LaunchedServer | RolloutServer> = []): Promise<void> {
+interface ServeAccess {
+  host: string;
+  token: string | undefined;
+  allowNoToken: boolean;
+}
+
+async function serveAll(envs: InstalledEnvironment[], access: ServeAccess, basePort: number, servers: Array<LaunchedServer | RolloutServer> = []): Promise<void> {
   exitOnSignals(async () => {
     await Promise.all(servers.map((server) => server.close()));
   });
   await sweepStaleSandboxes();
   for (const [index, installed] of envs.entries()) {
     const env = await loadEnvironment(installed.dir);
-    const server = await startResourcesServer(env, { host, port: basePort === 0 ? 0 : basePort + index });
+    const server = await startResourcesServer(env, {
+      host: access.host,
+      port: basePort === 0 ? 0 : basePort + index,
+      allowNoToken: access.allowNoToken,
+      ...(access.token ? { token: access.token } : {}),
+    });
     servers.push(server);
     console.log(`${env.name.padEnd(12)} ${server.running.url}   (NeMo Gym resources server)`);
   }
 }
 
 const hostArg = { type: 'string', description: 'Address to bind', default: '127.0.0.1' } as const;
+const tokenArgs = {
+  token: { type: 'string', description: 'Bearer token every server requires (also ROLLSERVE_TOKEN)' },
+  'allow-no-token': {
+    type: 'boolean',
+    description: 'Serve a non-loopback --host without a token (also ROLLSERVE_ALLOW_NO_TOKEN=1)',
+    default: false,
+  },
+} as const;
+
+/** The token and bind policy from the flags and the environment, checked before anything starts. */
+function serveAccess(args: { host: string; token?: string | undefined; 'allow-no-token'?: boolean }): ServeAccess {
+  const access = {
+    host: args.host,
+    token: (args.token ?? process.env.ROLLSERVE_TOKEN) || undefined,
+    allowNoToken: args['allow-no-token'] === true || process.env.ROLLSERVE_ALLOW_NO_TOKEN === '1',
+  };
+  assertBindAllowed(access);
+  return access;
+}
 
 const serve = defineCommand({
   meta: { name: 'serve', description: 'Run environments standalone, one NeMo Gym resources server each' },
@@ -42,10 +73,12 @@ const serve = defineCommand({
     env: { type: 'positional', description: 'Environment names (see `rollserve list`)', required: true },
     host: hostArg,
     port: { type: 'string', description: 'Port of the first server; the next ones count up. 0: any free port', default: '0' },
+    ...tokenArgs,
   },
   async run({ args }) {
+    const access = serveAccess(args);
     const names = args._.length > 0 ? args._ : [args.env];
-    await serveAll(resolveEnvironments(names), args.host, Number(args.port));
+    await serveAll(resolveEnvironments(names), access, Number(args.port));
   },
 });
 
@@ -68,25 +101,26 @@ const start = defineCommand({
     llm: { type: 'string', description: 'Policy inference servers (OpenAI base URLs, comma-separated; also ROLLSERVE_LLM_BACKENDS)' },
     model: { type: 'string', description: 'Model name for requests that name none (ProRL-style /process)' },
     journal: { type: 'string', description: 'JSONL journal of tasks and results', default: '.rollserve/journal.jsonl' },
-    token: { type: 'string', description: 'Bearer token the API requires (also ROLLSERVE_TOKEN)' },
+    ...tokenArgs,
   },
   async run({ args }) {
+    const access = serveAccess(args);
     const installed = listInstalledEnvironments();
     if (installed.length === 0) throw new Error('no environments installed');
     const environments = await Promise.all(installed.map((env) => loadEnvironment(env.dir)));
     const port = Number(args.port);
-    const token = args.token ?? process.env.ROLLSERVE_TOKEN;
     const server = await startRolloutServer({
       environments,
-      host: args.host,
+      host: access.host,
       port,
       llmBackends: list_(args.llm ?? process.env.ROLLSERVE_LLM_BACKENDS),
       journalPath: args.journal,
-      ...(token ? { token } : {}),
+      allowNoToken: access.allowNoToken,
+      ...(access.token ? { token: access.token } : {}),
       ...(args.model ? { defaultModel: args.model } : {}),
     });
     console.log(`${'rollouts'.padEnd(12)} ${server.url}   (rollout service: POST /v1/rollouts, GET /v1/status, /metrics)`);
-    await serveAll(installed, args.host, port === 0 ? 0 : port + 1, [server]);
+    await serveAll(installed, access, port === 0 ? 0 : port + 1, [server]);
   },
 });
 

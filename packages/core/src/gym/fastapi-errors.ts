@@ -1,4 +1,4 @@
-import type { z } from 'zod';
+import { z } from 'zod';
 import { RolloutError } from '../errors.ts';
 
 // Error bodies exactly as FastAPI/pydantic 2 write them, so that a model reading a tool's error output
@@ -14,6 +14,17 @@ export interface PydanticErrorItem {
 
 export const NOT_FOUND_BODY = { detail: 'Not Found' } as const;
 export const METHOD_NOT_ALLOWED_BODY = { detail: 'Method Not Allowed' } as const;
+/**
+ * FastAPI's 400 when reading the body raises anything but a JSONDecodeError (fastapi/routing.py,
+ * get_request_handler): a RecursionError from a deeply nested body, a UnicodeDecodeError, or
+ * Python's 4300-digit limit on integers.
+ */
+export const BODY_PARSE_ERROR_BODY = { detail: 'There was an error parsing the body' } as const;
+
+/** A pydantic error type and message carried by a zod `custom` issue (`params.pydantic`). */
+export interface PydanticIssueParams {
+  pydantic: { type: string; msg: string };
+}
 
 const TYPE_MESSAGES: Record<string, [type: string, msg: string]> = {
   string: ['string_type', 'Input should be a valid string'],
@@ -131,19 +142,65 @@ export function zodIssuesToPydantic(issues: readonly z.core.$ZodIssue[], body: u
         }));
       case 'invalid_union':
         return [{ type: 'union_error', loc, msg: 'Input should match one of the allowed types', input }];
+      case 'custom': {
+        const pydantic = (issue.params as Partial<PydanticIssueParams> | undefined)?.pydantic;
+        if (pydantic) return [{ type: pydantic.type, loc, msg: pydantic.msg, input }];
+        return [valueError(loc, issue.message, input)];
+      }
       default:
-        return [{ type: 'value_error', loc, msg: `Value error, ${issue.message}`, input, ctx: { error: issue.message } }];
+        return [valueError(loc, issue.message, input)];
     }
   });
 }
 
-/** FastAPI's 422 for a body that is not JSON. */
-export function jsonInvalidError(error: unknown): PydanticErrorItem {
+/**
+ * pydantic's item for a ValueError raised by a validator. FastAPI encodes the exception in `ctx`
+ * with jsonable_encoder, which turns it into `{}`.
+ */
+export function valueError(loc: Array<string | number>, message: string, input: unknown): PydanticErrorItem {
+  return { type: 'value_error', loc, msg: `Value error, ${message}`, input, ctx: { error: {} } };
+}
+
+/**
+ * Input found invalid only while computing (a corrupt packed test set): a RolloutError
+ * `UNPROCESSABLE` that the resources server answers as FastAPI's 422 with a value_error at
+ * `['body', ...loc]`, as a pydantic validator raising ValueError would.
+ */
+export function invalidInputError(loc: Array<string | number>, message: string, input: unknown): RolloutError {
+  return new RolloutError({ code: 'UNPROCESSABLE', message, details: [valueError(['body', ...loc], message, input)] });
+}
+
+/** pydantic's lax `int`: integers, integral floats, integer strings and bools; its own errors otherwise. */
+export function pydanticInt(): z.ZodType<number, unknown> {
+  const fail = (ctx: z.core.$RefinementCtx, input: unknown, type: string, msg: string) => {
+    ctx.addIssue({ code: 'custom', message: msg, input, params: { pydantic: { type, msg } } satisfies PydanticIssueParams });
+    return z.NEVER;
+  };
+  return z.unknown().transform((input, ctx): number => {
+    if (typeof input === 'boolean') return input ? 1 : 0;
+    if (typeof input === 'number') {
+      if (!Number.isFinite(input)) return fail(ctx, input, 'finite_number', 'Input should be a finite number');
+      if (!Number.isInteger(input)) return fail(ctx, input, 'int_from_float', 'Input should be a valid integer, got a number with a fractional part');
+      return input;
+    }
+    if (typeof input === 'string') {
+      const text = input.trim();
+      if (/^[+-]?\d+$/.test(text)) return Number(text);
+      return fail(ctx, input, 'int_parsing', 'Input should be a valid integer, unable to parse string as an integer');
+    }
+    return fail(ctx, input, 'int_type', 'Input should be a valid integer');
+  });
+}
+
+/** FastAPI's 422 for a body that is not JSON (V8's message; Python's differs in wording). */
+export function jsonInvalidError(error: unknown, text?: string): PydanticErrorItem {
   const message = error instanceof Error ? error.message : String(error);
   const position = /position (\d+)/.exec(message)?.[1];
+  // json.loads reports a body that ends too soon at its end, as V8 does without a position.
+  const atEnd = text !== undefined && /end of JSON input/.test(message);
   return {
     type: 'json_invalid',
-    loc: ['body', position === undefined ? 0 : Number(position)],
+    loc: ['body', position !== undefined ? Number(position) : atEnd ? text.length : 0],
     msg: 'JSON decode error',
     input: {},
     ctx: { error: message },
@@ -157,7 +214,7 @@ export function missingBodyError(): PydanticErrorItem {
 
 /** Python's `repr(e)`, the body of an unhandled exception's 500 in NeMo Gym's servers. */
 export function reprError(error: unknown): string {
-  // Bad input that only shows once computing (a duplicate rollout key) is Python's ValueError.
+  // Bad input that only shows once computing is Python's ValueError.
   if (RolloutError.isInstance(error) && (error.code === 'UNPROCESSABLE' || error.code === 'BAD_REQUEST')) {
     return `ValueError(${JSON.stringify(error.message).replaceAll('"', "'")})`;
   }

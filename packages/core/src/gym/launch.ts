@@ -1,5 +1,6 @@
 import { pino } from 'pino';
 import type { Environment } from '../spec/environment.ts';
+import { assertBindAllowed, isLoopbackHost } from './bind-policy.ts';
 import { readNemoGymInstance } from './nemo-gym-config.ts';
 import { createResourcesServer } from './resources-server.ts';
 import { serveFetch, type RunningServer } from './serve.ts';
@@ -10,19 +11,32 @@ export interface LaunchedServer {
   close(): Promise<void>;
 }
 
+export interface StartResourcesServerOptions {
+  /** @default '127.0.0.1' */
+  host?: string;
+  /** @default 0 (any free port) */
+  port?: number;
+  instanceName?: string;
+  config?: Record<string, unknown>;
+  /** Required as `Authorization: Bearer <token>` on every route but `GET /` when set. */
+  token?: string;
+  /** Serve a non-loopback host without a token anyway; refused otherwise. */
+  allowNoToken?: boolean;
+}
+
 /** Starts one environment's resources server and returns a handle that stops it. */
-export async function startResourcesServer(
-  env: Environment,
-  options: { host?: string; port?: number; instanceName?: string; config?: Record<string, unknown> } = {},
-): Promise<LaunchedServer> {
+export async function startResourcesServer(env: Environment, options: StartResourcesServerOptions = {}): Promise<LaunchedServer> {
   const name = options.instanceName ?? env.name;
+  const host = options.host ?? '127.0.0.1';
+  assertBindAllowed({ host, token: options.token, allowNoToken: options.allowNoToken });
   const logger = pino({ name, level: process.env.ROLLSERVE_LOG_LEVEL ?? 'info' });
   const app = createResourcesServer(env, {
     instanceName: name,
     logger,
     ...(options.config ? { config: options.config } : {}),
+    ...(options.token !== undefined ? { token: options.token } : {}),
   });
-  const running = await serveFetch(app, { host: options.host ?? '127.0.0.1', port: options.port ?? 0 });
+  const running = await serveFetch(app, { host, port: options.port ?? 0 });
   return {
     name,
     running,
@@ -60,15 +74,25 @@ export function exitOnSignals(close: () => Promise<void>): void {
  * What a NeMo Gym launcher runs (through the package's `nemo-gym/app.py`): read the instance from
  * NEMO_GYM_CONFIG_DICT / NEMO_GYM_CONFIG_PATH, exit 0 on `dry_run`, otherwise bind its host:port
  * and serve until SIGINT or SIGTERM.
+ *
+ * No token here: NeMo Gym's clients send none, and its configs bind 0.0.0.0 or a cluster address
+ * routinely, as its Python servers do. A non-loopback address is served with a warning.
  */
 export async function launchFromNemoGym(env: Environment, processEnv: NodeJS.ProcessEnv = process.env): Promise<LaunchedServer | undefined> {
   const instance = readNemoGymInstance(processEnv);
   if (instance.dryRun) return undefined;
+  if (!isLoopbackHost(instance.host)) {
+    console.error(
+      `(${instance.name}) warning: serving ${instance.host} without a token, as NeMo Gym's servers do; ` +
+        'anyone who can reach the port can call its tools',
+    );
+  }
   const server = await startResourcesServer(env, {
     host: instance.host,
     port: instance.port,
     instanceName: instance.name,
     config: instance.config,
+    allowNoToken: true,
   });
   exitOnSignals(() => server.close());
   console.log(`(${instance.name}) serving ${env.name} on ${server.running.url}`);

@@ -1,4 +1,6 @@
 import { Hono, type Context } from 'hono';
+import { bearerAuth } from 'hono/bearer-auth';
+import { HTTPException } from 'hono/http-exception';
 import { getPath } from 'hono/utils/url';
 import { pino, type Logger } from 'pino';
 import { z } from 'zod';
@@ -6,16 +8,21 @@ import { NeMoGymResponse, ResponseCreateParams } from '../protocol/responses.ts'
 import type { Environment, EnvironmentContext, VerifyEntry } from '../spec/environment.ts';
 import { invokeTool } from '../spec/invoke-tool.ts';
 import type { ToolDefinition } from '../spec/tool.ts';
+import { RolloutError } from '../errors.ts';
 import {
-  jsonInvalidError,
+  BODY_PARSE_ERROR_BODY,
   METHOD_NOT_ALLOWED_BODY,
   missingBodyError,
   NOT_FOUND_BODY,
+  pydanticInt,
   reprError,
+  valueError,
   zodIssuesToPydantic,
   type PydanticErrorItem,
 } from './fastapi-errors.ts';
+import { checkToken } from './bind-policy.ts';
 import { computeAggregateMetrics } from './metrics.ts';
+import { readRequestBody } from './read-body.ts';
 import { SessionStore } from './session-store.ts';
 
 export interface ResourcesServerOptions {
@@ -31,6 +38,11 @@ export interface ResourcesServerOptions {
   sessionIdleTtlMs?: number;
   /** Per-call limit for tools that set none. @default 60_000 */
   toolTimeoutMs?: number;
+  /**
+   * Required as `Authorization: Bearer <token>` on every route but the `GET /` liveness probe
+   * when set. NeMo Gym's own clients send no such header.
+   */
+  token?: string;
 }
 
 export type ResourcesServer = Hono<Vars> & {
@@ -52,13 +64,32 @@ export function stripRolloutPrefix(path: string): { path: string; rolloutId?: st
 }
 
 const VerifyBase = z.object({ responses_create_params: ResponseCreateParams, response: NeMoGymResponse });
-const AggregateRequest = z.object({ verify_responses: z.array(z.looseObject({})) });
+const AggregateRequest = z.object({
+  // NeMo Gym types the entries as plain dicts; the indices are checked here as pydantic ints, so
+  // that bad ones get a 422 rather than an error deep in the profiler.
+  verify_responses: z
+    .array(z.looseObject({ _ng_task_index: pydanticInt().optional(), _ng_rollout_index: pydanticInt().optional() }))
+    .superRefine((entries, ctx) => {
+      const seen = new Set<string>();
+      for (const entry of entries) {
+        const key = `${entry._ng_task_index ?? 0}, ${entry._ng_rollout_index ?? 0}`;
+        if (seen.has(key)) {
+          ctx.addIssue({ code: 'custom', message: `Duplicate materialized input row for rollout key (${key})`, input: entries });
+          return;
+        }
+        seen.add(key);
+      }
+    }),
+});
 
 class ValidationFailure extends Error {
   constructor(readonly detail: PydanticErrorItem[]) {
     super('request validation failed');
   }
 }
+
+/** FastAPI's 400 for a body json.loads gave up on without a JSONDecodeError. */
+class BodyParseFailure extends Error {}
 
 function pascalCase(name: string): string {
   return name.replace(/(^|[-_])([a-z0-9])/g, (_, __, ch: string) => ch.toUpperCase());
@@ -73,21 +104,29 @@ function cookieFrom(header: string | undefined, name: string): string | undefine
   return undefined;
 }
 
-/** Reads a JSON body the way FastAPI does: absent → `undefined`, invalid → a 422. */
+/**
+ * Reads a body the way FastAPI does: absent → `undefined`; not JSON → a 422 json_invalid; too
+ * deep for json.loads, or not UTF-8 → a 400; declared as something else → the text.
+ */
 async function readJson(c: Context): Promise<unknown> {
-  const text = await c.req.text();
-  if (text.trim() === '') return undefined;
-  try {
-    return JSON.parse(text);
-  } catch (error) {
-    throw new ValidationFailure([jsonInvalidError(error)]);
+  const body = await readRequestBody(c.req.raw);
+  switch (body.kind) {
+    case 'absent':
+      return undefined;
+    case 'invalid':
+      throw new ValidationFailure([body.error]);
+    case 'unparseable':
+      throw new BodyParseFailure();
+    default:
+      return body.value;
   }
 }
 
 function validate<T extends z.ZodType>(schemas: readonly [T], body: unknown): [z.output<T>];
 function validate<T extends z.ZodType>(schemas: readonly T[], body: unknown): Array<z.output<T>>;
 function validate<T extends z.ZodType>(schemas: readonly T[], body: unknown): Array<z.output<T>> {
-  if (body === undefined) throw new ValidationFailure([missingBodyError()]);
+  // FastAPI takes a JSON null for a required body as no body.
+  if (body === undefined || body === null) throw new ValidationFailure([missingBodyError()]);
   const results = schemas.map((schema) => schema.safeParse(body));
   const detail = results.flatMap((r, i) => (r.success ? [] : zodIssuesToPydantic(r.error.issues, body, schemas[i])));
   if (detail.length > 0) throw new ValidationFailure(detail);
@@ -98,6 +137,18 @@ function validate<T extends z.ZodType>(schemas: readonly T[], body: unknown): Ar
  * A NeMo Gym resources server for one environment, as a Hono app: every route, status code, body
  * shape and cookie rule of shared/nemo-gym/CONTRACT.md §1. Serve it with `serveFetch`.
  */
+const FLOAT_MARK = `__rollserve_float_${Math.random().toString(36).slice(2)}__`;
+
+/** JSON of a verify answer with the named top-level numbers printed as Python floats (1.0). */
+function jsonWithFloats(answer: Record<string, unknown>, fields: readonly string[]): string {
+  const marked: Record<string, unknown> = { ...answer };
+  for (const key of fields) {
+    const value = marked[key];
+    if (typeof value === 'number' && Number.isInteger(value)) marked[key] = `${FLOAT_MARK}${value}`;
+  }
+  return JSON.stringify(marked).replace(new RegExp(`"${FLOAT_MARK}(-?\\d+)"`, 'g'), '$1.0');
+}
+
 export function createResourcesServer(env: Environment<any, any, any>, options: ResourcesServerOptions = {}): ResourcesServer {
   const instanceName = options.instanceName ?? env.name;
   const cookieName = `${pascalCase(env.name)}ResourcesServer___${instanceName}`;
@@ -136,7 +187,20 @@ export function createResourcesServer(env: Environment<any, any, any>, options: 
     c.res.headers.append('set-cookie', `${cookieName}=${value}; path=/; Max-Age=1209600; httponly; samesite=lax`);
   });
 
+  // The liveness probe stays open; everything else takes the token when there is one.
   app.get('/', (c) => c.json({ status: 'ok' }));
+  if (options.token !== undefined) {
+    const unauthorized = (detail: string) => () =>
+      new Response(JSON.stringify({ detail }), { status: 401, headers: { 'content-type': 'application/json' } });
+    app.use(
+      bearerAuth({
+        token: checkToken(options.token),
+        noAuthenticationHeader: { message: unauthorized('Not authenticated') },
+        invalidAuthenticationHeader: { message: unauthorized('Invalid authentication credentials') },
+        invalidToken: { message: unauthorized('Invalid authentication credentials') },
+      }),
+    );
+  }
   app.get('/reverify_mode', (c) => c.json(env.reverifyMode));
 
   app.post('/seed_session', async (c) => {
@@ -165,12 +229,9 @@ export function createResourcesServer(env: Environment<any, any, any>, options: 
       // (CONTRACT.md §1.6), so that collection routes the row to its failures file.
       if ('_ng_failure_class' in extras) return c.json({ ...raw, ...extras, reward: numeric });
       // Echo the two objects as they came (token ids and unknown keys intact): raw, not parsed.
-      return c.json({
-        responses_create_params: raw.responses_create_params,
-        response: raw.response,
-        reward: numeric,
-        ...extras,
-      });
+      const answer = { responses_create_params: raw.responses_create_params, response: raw.response, reward: numeric, ...extras };
+      if (!env.floatFields?.length) return c.json(answer);
+      return c.body(jsonWithFloats(answer, env.floatFields), 200, { 'content-type': 'application/json' });
     } finally {
       await sessions.end(sessionId);
     }
@@ -187,7 +248,9 @@ export function createResourcesServer(env: Environment<any, any, any>, options: 
 
   for (const [name, tool] of Object.entries(env.tools)) {
     app.post(`/${name}`, async (c) => {
-      const body = (await readJson(c)) ?? {};
+      // No body at all is a no-argument call; a JSON null stays FastAPI's missing body.
+      const raw = await readJson(c);
+      const body = raw === undefined ? {} : raw;
       const [args] = validate([tool.parameters], body);
       return runTool(c, tool, args);
     });
@@ -216,6 +279,13 @@ export function createResourcesServer(env: Environment<any, any, any>, options: 
   app.notFound((c) => c.json(NOT_FOUND_BODY, 404));
   app.onError((error, c) => {
     if (error instanceof ValidationFailure) return c.json({ detail: error.detail }, 422);
+    if (error instanceof BodyParseFailure) return c.json(BODY_PARSE_ERROR_BODY, 400);
+    if (error instanceof HTTPException) return error.getResponse();
+    // Bad input the environment found only while computing: the 422 a pydantic validator gives.
+    if (RolloutError.isInstance(error) && error.code === 'UNPROCESSABLE') {
+      const detail = Array.isArray(error.details) ? error.details : [valueError(['body'], error.message, null)];
+      return c.json({ detail }, 422);
+    }
     logger.error({ err: error, path: c.req.path }, 'unhandled error');
     return c.json(reprError(error), 500);
   });

@@ -36,6 +36,8 @@ export interface AgentLoopOptions {
   onTurn?: (turn: TurnRecord) => void;
   /** Called after each tool call. */
   onToolCall?: (call: ToolCallRecord) => void;
+  /** Why the rollout's sandbox was ended by one of its limits, if it was (checked after each tool call). */
+  checkLimits?: () => string | undefined;
 }
 
 export interface AgentLoopResult {
@@ -45,7 +47,9 @@ export interface AgentLoopResult {
   offeredTools: unknown[];
   usage: { input: number; output: number };
   /** Why the loop ended. */
-  stop: 'final_answer' | 'length' | 'max_turns';
+  stop: 'final_answer' | 'length' | 'max_turns' | 'resource_limit';
+  /** With `resource_limit`: which limit, and by how much. */
+  limit?: string;
 }
 
 /**
@@ -155,6 +159,11 @@ export async function runAgentLoop(options: AgentLoopOptions): Promise<AgentLoop
       turn.toolCalls.push(record);
       options.onToolCall?.(record);
       messages.push({ role: 'tool', tool_call_id: call.id, content: record.output });
+      const limit = options.checkLimits?.();
+      if (limit !== undefined) {
+        options.onTurn?.(turn);
+        return { turns, messages, offeredTools: tools, usage, stop: 'resource_limit', limit };
+      }
     }
     options.onTurn?.(turn);
     if (model.toolCalls.length === 0) {

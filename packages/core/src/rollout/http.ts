@@ -1,8 +1,10 @@
-import { timingSafeEqual } from 'node:crypto';
 import { Hono, type Context } from 'hono';
+import { bearerAuth } from 'hono/bearer-auth';
+import { HTTPException } from 'hono/http-exception';
 import { stream, streamSSE } from 'hono/streaming';
 import { z } from 'zod';
 import { RolloutError } from '../errors.ts';
+import { checkToken } from '../gym/bind-policy.ts';
 import { rolloutOpenApi } from './openapi.ts';
 import type { RolloutService } from './service.ts';
 import { PolicySpec, RolloutLimits, SamplingParams, SubmitRequest, type RolloutResult, type RolloutState } from './types.ts';
@@ -63,12 +65,6 @@ async function body(c: Context): Promise<unknown> {
   }
 }
 
-function sameSecret(given: string, expected: string): boolean {
-  const a = Buffer.from(given);
-  const b = Buffer.from(expected);
-  return a.length === b.length && timingSafeEqual(a, b);
-}
-
 /**
  * The rollout service's HTTP API (JSON; results also as NDJSON or SSE streams). Every error body
  * is `{"error": {code, message, retryable, details?}}`, built from RolloutError.
@@ -77,6 +73,7 @@ export function createRolloutApi(service: RolloutService, options: RolloutApiOpt
   const app = new Hono();
 
   app.onError((error, c) => {
+    if (error instanceof HTTPException) return error.getResponse(); // bearerAuth's 401
     const wrapped = RolloutError.from(error);
     if (wrapped.status >= 500) service.logger.error({ err: error, path: c.req.path }, 'request failed');
     return c.json(wrapped.toJSON(), wrapped.status as 500);
@@ -86,17 +83,20 @@ export function createRolloutApi(service: RolloutService, options: RolloutApiOpt
   app.get('/health', (c) => c.json({ status: 'ok' }));
   const openapi = rolloutOpenApi({ addBackend: AddBackend, process: ProcessRequest });
   app.get('/openapi.json', (c) => c.json(openapi));
+  // Routes registered above (/health, /openapi.json) answer before this runs.
   if (options.token) {
-    const token = options.token;
-    app.use('*', async (c, next) => {
-      if (c.req.path === '/openapi.json') return next();
-      const header = c.req.header('authorization') ?? '';
-      const given = header.startsWith('Bearer ') ? header.slice(7) : '';
-      if (!sameSecret(given, token)) {
-        throw new RolloutError({ code: 'UNAUTHORIZED', message: 'a valid bearer token is required' });
-      }
-      await next();
-    });
+    // A 401 for a malformed header too (bearerAuth's own is a 400), as before.
+    const body = JSON.stringify(new RolloutError({ code: 'UNAUTHORIZED', message: 'a valid bearer token is required' }).toJSON());
+    const unauthorized = () => new Response(body, { status: 401, headers: { 'content-type': 'application/json' } });
+    app.use(
+      '*',
+      bearerAuth({
+        token: checkToken(options.token),
+        noAuthenticationHeader: { message: unauthorized },
+        invalidAuthenticationHeader: { message: unauthorized },
+        invalidToken: { message: unauthorized },
+      }),
+    );
   }
 
   app.post('/v1/rollouts', async (c) => {

@@ -2,7 +2,10 @@ import { createReadStream, existsSync } from 'node:fs';
 import { mkdir, open, type FileHandle } from 'node:fs/promises';
 import { dirname } from 'node:path';
 import { createInterface } from 'node:readline';
+import { RolloutError } from '../errors.ts';
 import type { RolloutResult, RolloutTask } from './types.ts';
+
+const closedError = () => new RolloutError({ code: 'UNAVAILABLE', message: 'journal is closed', retryable: true });
 
 /** A line of the journal. */
 export type JournalRecord =
@@ -20,10 +23,21 @@ export interface JournalContents {
  * Append-only JSONL journal of accepted tasks and finished results. A task is written when it is
  * accepted and a result before anyone is told of it, so after a restart every known id either has
  * its stored result or runs again: nothing lost, nothing run twice to completion.
+ *
+ * Writes are group commits: records appended while a write is under way go out together in the
+ * next one (one `write`, then one `fdatasync` when `fsync` is on), and each `append` resolves once
+ * its own records are written. Without `fsync`, a written record survives the process dying
+ * (SIGKILL, OOM) but not the machine; with it, it survives both.
  */
 export class Journal {
   #file: FileHandle | undefined;
-  #tail: Promise<void> = Promise.resolve();
+  /** Text waiting for the next write, and who waits for it. */
+  #pending: string[] = [];
+  #waiters: Array<{ resolve: () => void; reject: (error: unknown) => void }> = [];
+  #writing: Promise<void> | undefined;
+  /** A failed write may have left a partial line: the next write starts on a fresh line. */
+  #mayBeCut = false;
+  #closed = false;
 
   private constructor(
     readonly path: string,
@@ -65,20 +79,56 @@ export class Journal {
     return contents;
   }
 
-  /** Appends one record; resolves once it is written (and synced, when asked). */
-  append(record: JournalRecord): Promise<void> {
-    const line = `${JSON.stringify(record)}\n`;
-    const write = this.#tail.then(async () => {
-      if (!this.#file) throw new Error('journal is closed');
-      await this.#file.appendFile(line, 'utf8');
-      if (this.fsync) await this.#file.datasync();
+  /**
+   * Appends records (one, or a batch written in one go); resolves once they are written (and
+   * synced, when asked). Rejects, writing none of them, when the journal is closed.
+   */
+  append(records: JournalRecord | readonly JournalRecord[]): Promise<void> {
+    if (this.#closed || !this.#file) return Promise.reject(closedError());
+    const list: readonly JournalRecord[] = Array.isArray(records) ? records : [records as JournalRecord];
+    if (list.length === 0) return Promise.resolve();
+    let text = '';
+    for (const record of list) text += `${JSON.stringify(record)}\n`;
+    return new Promise<void>((resolve, reject) => {
+      this.#pending.push(text);
+      this.#waiters.push({ resolve, reject });
+      this.#writing ??= this.#drain();
     });
-    this.#tail = write.catch(() => undefined);
-    return write;
   }
 
+  async #drain(): Promise<void> {
+    while (this.#pending.length > 0) {
+      const text = (this.#mayBeCut ? '\n' : '') + this.#pending.join('');
+      const waiters = this.#waiters;
+      this.#pending = [];
+      this.#waiters = [];
+      try {
+        if (!this.#file) throw closedError();
+        await this.#writeAll(this.#file, Buffer.from(text, 'utf8'));
+        if (this.fsync) await this.#file.datasync();
+        this.#mayBeCut = false;
+        for (const waiter of waiters) waiter.resolve();
+      } catch (error) {
+        this.#mayBeCut = true;
+        for (const waiter of waiters) waiter.reject(error);
+      }
+    }
+    this.#writing = undefined;
+  }
+
+  /** One `write` for the whole buffer (appended: the file is open in 'a' mode); loops on a short write. */
+  async #writeAll(file: FileHandle, buffer: Buffer): Promise<void> {
+    let offset = 0;
+    while (offset < buffer.length) {
+      const { bytesWritten } = await file.write(buffer, offset, buffer.length - offset, null);
+      offset += bytesWritten;
+    }
+  }
+
+  /** Waits for what was appended, then closes; later appends reject. */
   async close(): Promise<void> {
-    await this.#tail;
+    this.#closed = true;
+    await this.#writing;
     await this.#file?.close();
     this.#file = undefined;
   }

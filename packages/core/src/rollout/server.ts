@@ -1,4 +1,5 @@
 import type { Logger } from 'pino';
+import { assertBindAllowed } from '../gym/bind-policy.ts';
 import { serveFetch, type RunningServer } from '../gym/serve.ts';
 import type { Environment } from '../spec/environment.ts';
 import { createRolloutApi } from './http.ts';
@@ -15,6 +16,8 @@ export interface RolloutServerOptions {
   port?: number;
   /** Bearer token required on the API. */
   token?: string;
+  /** Serve a non-loopback host without a token anyway; refused otherwise. */
+  allowNoToken?: boolean;
   /** OpenAI-compatible base URLs of the policy's inference servers (more can be added at run time). */
   llmBackends?: readonly string[];
   /** The model name `/process` uses when a request names none. */
@@ -34,6 +37,8 @@ export interface RolloutServer {
 
 /** The rollout service on HTTP: the engine, its API and its LLM backend pool. */
 export async function startRolloutServer(options: RolloutServerOptions): Promise<RolloutServer> {
+  const host = options.host ?? '127.0.0.1';
+  assertBindAllowed({ host, token: options.token || undefined, allowNoToken: options.allowNoToken });
   const backends = new LlmBackendPool();
   for (const url of options.llmBackends ?? []) backends.add({ baseUrl: url });
   const models = new PoolModelProvider(backends);
@@ -50,7 +55,7 @@ export async function startRolloutServer(options: RolloutServerOptions): Promise
     ...(options.token ? { token: options.token } : {}),
     ...(options.defaultModel ? { defaultModel: options.defaultModel } : {}),
   });
-  const running = await serveFetch(app, { host: options.host ?? '127.0.0.1', port: options.port ?? 0 });
+  const running = await serveFetch(app, { host, port: options.port ?? 0 });
   return {
     url: running.url,
     service,

@@ -5,13 +5,13 @@ import { z } from 'zod';
 import { pino, type Logger } from 'pino';
 import { RolloutError } from '../errors.ts';
 import { createSandboxProvider } from '../sandbox/registry.ts';
-import type { SandboxProvider } from '../sandbox/types.ts';
+import type { SandboxProvider, SandboxResources, SandboxSpec } from '../sandbox/types.ts';
 import { sessionTools } from '../tools/session-tools.ts';
 import { SessionStore } from '../gym/session-store.ts';
 import type { Environment, EnvironmentContext } from '../spec/environment.ts';
 import { runAgentLoop, type CallModel } from './agent-loop.ts';
 import { assignTurnRewards, normalizeGroup } from './credit.ts';
-import { Journal } from './journal.ts';
+import { Journal, type JournalRecord } from './journal.ts';
 import { buildResponse } from './messages.ts';
 import { createServiceMetrics, type ServiceMetrics } from './metrics.ts';
 import { RolloutTask, type CriticalError, type RolloutResult, type RolloutState, type RolloutTaskInput, type RolloutView, type StageTiming, type TurnRecord } from './types.ts';
@@ -101,6 +101,28 @@ function failedOutcome(
   };
 }
 
+/** The task's sandbox limits (API names) over the environment's spec. */
+function withTaskLimits(spec: SandboxSpec, limits: RolloutTask['limits']['sandbox']): SandboxSpec {
+  if (limits === undefined) return spec;
+  const names = {
+    total_memory_mib: 'totalMemoryMib',
+    memory_mib: 'memoryMib',
+    max_processes: 'maxProcesses',
+    workspace_mib: 'workspaceMib',
+    tmp_mib: 'tmpMib',
+    max_inodes: 'maxInodes',
+    max_file_size_mib: 'maxFileSizeMib',
+    output_mib: 'outputMib',
+    cpu_seconds: 'cpuSeconds',
+  } as const satisfies Record<keyof NonNullable<typeof limits>, keyof SandboxResources>;
+  const resources: SandboxResources = { ...spec.resources };
+  for (const [key, name] of Object.entries(names)) {
+    const value = limits[key as keyof typeof names];
+    if (value !== undefined) resources[name] = value;
+  }
+  return { ...spec, resources };
+}
+
 const TERMINAL: ReadonlySet<RolloutState> = new Set(['done', 'failed', 'cancelled']);
 
 function stableStringify(value: unknown): string {
@@ -132,6 +154,10 @@ export class RolloutService {
   #closed = false;
   #sandboxProvider: SandboxProvider | undefined;
   #liveSandboxes = 0;
+  /** Accepted jobs not started yet (see #admit). */
+  #backlog: Job[] = [];
+  /** The submit being accepted (one at a time). */
+  #submitting: Promise<unknown> = Promise.resolve();
 
   private constructor(private readonly options: RolloutServiceOptions) {
     this.logger = options.logger ?? pino({ name: 'rollserve', level: process.env.ROLLSERVE_LOG_LEVEL ?? 'info' });
@@ -179,7 +205,7 @@ export class RolloutService {
           const job = this.#newJob(id, record.taskId, sampleIndex, record.task, env);
           this.#finish(job, stored, false);
         } else if (env) {
-          this.#start(this.#newJob(id, record.taskId, sampleIndex, record.task, env));
+          this.#admit(this.#newJob(id, record.taskId, sampleIndex, record.task, env));
           rerun++;
         }
       });
@@ -188,7 +214,10 @@ export class RolloutService {
     this.logger.info({ results: contents.results.size, rerun }, 'journal recovered');
   }
 
-  /** Accepts tasks; answers at once with their rollout ids. */
+  /**
+   * Accepts tasks: the new ones are journaled in one write, then answered with their rollout ids;
+   * their work starts in the background. A batch is accepted whole or not at all.
+   */
   async submit(inputs: readonly RolloutTaskInput[]): Promise<SubmittedTask[]> {
     if (this.#closed) throw new RolloutError({ code: 'UNAVAILABLE', message: 'the service is shutting down', retryable: true });
     const tasks = inputs.map((input) => RolloutTask.parse(input));
@@ -204,11 +233,23 @@ export class RolloutService {
         }
       }
     }
+    // One batch at a time from here, so that a task id is known to the next batch once journaled.
+    const accepted = this.#submitting.then(() => this.#accept(tasks));
+    this.#submitting = accepted.catch(() => undefined);
+    return accepted;
+  }
+
+  async #accept(tasks: readonly RolloutTask[]): Promise<SubmittedTask[]> {
+    const unavailable = () => new RolloutError({ code: 'UNAVAILABLE', message: 'the service is shutting down', retryable: true });
+    if (this.#closed) throw unavailable();
     const submitted: SubmittedTask[] = [];
+    const fresh = new Map<string, { fingerprint: string; rolloutIds: string[]; task: RolloutTask }>();
+    const records: JournalRecord[] = [];
+    const at = new Date().toISOString();
     for (const task of tasks) {
       const taskId = task.id ?? randomUUID();
       const fingerprint = stableStringify({ ...task, id: taskId });
-      const known = this.#tasks.get(taskId);
+      const known = this.#tasks.get(taskId) ?? fresh.get(taskId);
       if (known) {
         if (known.fingerprint !== fingerprint) {
           throw new RolloutError({ code: 'CONFLICT', message: `task id "${taskId}" was already submitted with a different body` });
@@ -218,11 +259,18 @@ export class RolloutService {
       }
       const rolloutIds = Array.from({ length: task.n }, (_, k) => (task.n === 1 ? taskId : `${taskId}:${k}`));
       const normalised = { ...task, id: taskId };
-      // Journaled before it is known: a task that could not be written was never accepted.
-      await this.#journal?.append({ type: 'task', taskId, task: normalised, rolloutIds, at: new Date().toISOString() });
-      this.#tasks.set(taskId, { fingerprint, rolloutIds });
-      rolloutIds.forEach((id, k) => this.#start(this.#newJob(id, taskId, k, normalised, this.#envs.get(task.env)!)));
+      fresh.set(taskId, { fingerprint, rolloutIds, task: normalised });
+      records.push({ type: 'task', taskId, task: normalised, rolloutIds, at });
       submitted.push({ taskId, rolloutIds, existing: false });
+    }
+    // Journaled before it is known, in one write: a batch that could not be written was never
+    // accepted; once written, a restart runs it even if the service dies before answering.
+    if (records.length > 0) await this.#journal?.append(records);
+    if (this.#closed) throw unavailable(); // journaled: it runs after the restart
+    for (const [taskId, { fingerprint, rolloutIds, task }] of fresh) {
+      this.#tasks.set(taskId, { fingerprint, rolloutIds });
+      const env = this.#envs.get(task.env)!;
+      rolloutIds.forEach((id, k) => this.#admit(this.#newJob(id, taskId, k, task, env)));
     }
     return submitted;
   }
@@ -248,6 +296,24 @@ export class RolloutService {
     this.#jobs.set(id, job);
     this.#order.push(id);
     return job;
+  }
+
+  /**
+   * Queues a job to start soon, off the caller's path: starting one runs the synchronous part of
+   * its first stage (a sandbox's creation, for one), so the backlog is started a slice of the
+   * event loop at a time and a big batch neither delays its own 202 nor stalls other requests.
+   */
+  #admit(job: Job): void {
+    this.#backlog.push(job);
+    if (this.#backlog.length === 1) setImmediate(() => this.#startBacklog());
+  }
+
+  #startBacklog(): void {
+    const until = performance.now() + 10;
+    let started = 0;
+    while (started < this.#backlog.length && performance.now() < until) this.#start(this.#backlog[started++]!);
+    this.#backlog.splice(0, started);
+    if (this.#backlog.length > 0) setImmediate(() => this.#startBacklog());
   }
 
   #start(job: Job): void {
@@ -337,9 +403,10 @@ export class RolloutService {
       await this.#stage('init', job, async (signal) => {
         if (env.sandbox) {
           const { image, network, resources } = env.sandbox;
-          const spec = env.sandbox.spec
+          const base = env.sandbox.spec
             ? env.sandbox.spec(row, config)
             : { ...(image ? { image } : {}), ...(network ? { network } : {}), ...(resources ? { resources } : {}) };
+          const spec = withTaskLimits(base, task.limits.sandbox);
           await sessionTools(session, { provider: this.#sandboxes(), spec }).sandbox();
         }
         const seedRow = env.seedRow ? env.seedRow.parse(row) : row;
@@ -364,11 +431,15 @@ export class RolloutService {
           toolTimeoutMs: task.limits.tool_timeout_s * 1000,
           signal,
           onToolCall: (call) => this.metrics.toolLatency.observe({ tool: call.name, status: call.status }, call.durationMs / 1000),
+          checkLimits: () => sessionTools(session).limitExceeded(),
         }),
       );
       turns = loop.turns;
       messages = loop.messages as Array<Record<string, unknown>>;
       response = buildResponse({ id: job.id, model: task.policy.model, turns, tools: loop.offeredTools, usage: loop.usage });
+      if (loop.stop === 'resource_limit') {
+        throw new RolloutError({ code: 'RESOURCE_LIMIT', message: `the rollout's sandbox went past a limit and was ended: ${loop.limit}` });
+      }
       this.options.models.release(job.id);
       stage = 'eval';
       // The agent's resources (sandbox, kernels) are freed before EVAL unless the environment
@@ -393,7 +464,10 @@ export class RolloutService {
     await this.complete(job, outcome);
   }
 
-  /** Journals a finished rollout and tells its waiters. */
+  /**
+   * Journals a finished rollout and tells its waiters. Results finishing together share the
+   * journal's next write (and fsync): see Journal.
+   */
   private async complete(job: Job, outcome: Outcome): Promise<void> {
     const result: RolloutResult = {
       id: job.id,
@@ -401,7 +475,8 @@ export class RolloutService {
       sampleIndex: job.sampleIndex,
       env: job.task.env,
       ...outcome,
-      filter: outcome.criticalError !== null,
+      // a sandbox limit the policy ran into is the policy's doing: a real 0, to train on
+      filter: outcome.criticalError !== null && outcome.error?.code !== 'RESOURCE_LIMIT',
       advantage: null,
       timing: { ...job.timing, totalMs: Date.now() - job.startedAt },
       ...(job.task.metadata ? { metadata: job.task.metadata } : {}),
@@ -481,6 +556,7 @@ export class RolloutService {
     const stages = Object.fromEntries(
       STAGES.map((name) => [name, { queued: this.#queues[name].size, active: this.#queues[name].pending, pool: this.#queues[name].concurrency }]),
     ) as Record<StageName, { queued: number; active: number; pool: number }>;
+    stages.init.queued += this.#backlog.length; // accepted, about to join INIT's queue
     if (this.#serial) {
       stages.init.queued += this.#serial.size;
       for (const stage of STAGES) stages[stage].pool = this.#serial.concurrency;

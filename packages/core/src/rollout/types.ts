@@ -30,6 +30,32 @@ export const RolloutLimits = z.object({
   max_turns: z.number().int().positive().max(1_000).default(16),
   /** Per tool call. */
   tool_timeout_s: z.number().positive().max(3_600).default(60),
+  /**
+   * Limits of the rollout's sandbox, over the environment's (`sandbox.resources`); see
+   * SandboxResources. Going past one ends the rollout with `error.code: RESOURCE_LIMIT`.
+   */
+  sandbox: z
+    .strictObject({
+      /** Memory of the sandbox as a whole (cgroup), MiB. */
+      total_memory_mib: z.number().int().positive().optional(),
+      /** Address space per process, MiB. */
+      memory_mib: z.number().int().positive().optional(),
+      /** Processes and threads. */
+      max_processes: z.number().int().positive().optional(),
+      /** Workspace size, MiB. */
+      workspace_mib: z.number().int().positive().optional(),
+      /** `/tmp` size, MiB. */
+      tmp_mib: z.number().int().positive().optional(),
+      /** Files and directories in the workspace and /tmp. */
+      max_inodes: z.number().int().positive().optional(),
+      /** Largest file, MiB. */
+      max_file_size_mib: z.number().int().positive().optional(),
+      /** Room for command output, MiB. */
+      output_mib: z.number().int().positive().optional(),
+      /** CPU seconds per process. */
+      cpu_seconds: z.number().int().positive().optional(),
+    })
+    .optional(),
 });
 
 export const TurnRewardWeights = z.object({

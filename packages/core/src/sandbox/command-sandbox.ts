@@ -1,10 +1,11 @@
 import { spawn as spawnChild, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
+import { writeFileSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
+import { join } from 'node:path';
 import * as pty from 'node-pty';
-import type { IPty } from 'node-pty';
 import { RolloutError } from '../errors.ts';
-import { exitCode, killTree, runProcess, shQuote, type KillTreeOptions } from './process.ts';
+import { childrenOf, exitCode, killDescendants, killTree, runProcess, shQuote, type KillTreeOptions } from './process.ts';
 import {
   BASE_ENV,
   DEFAULT_EXEC_TIMEOUT_MS,
@@ -13,6 +14,7 @@ import {
   type Sandbox,
   type SandboxExecResult,
   type SandboxProcess,
+  type SandboxPty,
   type SandboxSpec,
   type SandboxStatus,
   type SandboxSpawnOptions,
@@ -42,6 +44,8 @@ export abstract class CommandSandbox implements Sandbox {
   readonly id: string;
   protected closed = false;
   protected closing: Promise<void> | undefined;
+  /** Set when a limit ended the sandbox (see `checkLimits`). */
+  protected limitReason: string | undefined;
   private readonly live = new Set<{ pid: number; kill(): void }>();
   private execCount = 0;
 
@@ -60,6 +64,8 @@ export abstract class CommandSandbox implements Sandbox {
   protected abstract wrap(inner: string[], env: Record<string, string>): HostCommand;
   /** Ends the sandbox itself (its init, its instance). */
   protected abstract stop(): Promise<void>;
+  /** Frees what outlives the processes (a cgroup), once every process is gone. */
+  protected async released(): Promise<void> {}
   abstract status(): Promise<SandboxStatus>;
   /** Options for finding a timed-out process tree. */
   protected killOptions(tag: string): KillTreeOptions {
@@ -96,6 +102,16 @@ export abstract class CommandSandbox implements Sandbox {
     return `${this.id}.${++this.execCount}`;
   }
 
+  /** Providers that watch limits override this; see `Sandbox.checkLimits`. */
+  checkLimits(): string | undefined {
+    return this.limitReason;
+  }
+
+  /** The 125/'sandbox' answer of a sandbox that is closed or was ended by a limit. */
+  protected closedMessage(): string {
+    return this.limitReason === undefined ? 'sandbox is closed' : `sandbox ended: ${this.limitReason}`;
+  }
+
   async exec(command: string, options: SandboxExecOptions = {}): Promise<SandboxExecResult> {
     const raw = await this.execRaw(command, options);
     return {
@@ -111,7 +127,7 @@ export abstract class CommandSandbox implements Sandbox {
     options: SandboxExecOptions = {},
   ): Promise<{ stdout: Buffer; stderr: Buffer; returnCode: number; errorType?: 'timeout' | 'sandbox' }> {
     if (this.closed) {
-      return { stdout: Buffer.alloc(0), stderr: Buffer.from('sandbox is closed'), returnCode: 125, errorType: 'sandbox' };
+      return { stdout: Buffer.alloc(0), stderr: Buffer.from(this.closedMessage()), returnCode: 125, errorType: 'sandbox' };
     }
     const tag = this.nextTag();
     const cwd = options.cwd ?? this.workdir;
@@ -150,10 +166,10 @@ export abstract class CommandSandbox implements Sandbox {
   }
 
   private ensureOpen(): void {
-    if (this.closed) throw new RolloutError({ code: 'SANDBOX', message: `sandbox ${this.id} is closed` });
+    if (this.closed) throw new RolloutError({ code: 'SANDBOX', message: `sandbox ${this.id}: ${this.closedMessage()}` });
   }
 
-  spawnPty(argv: string[], options: SandboxPtyOptions = {}): IPty {
+  spawnPty(argv: string[], options: SandboxPtyOptions = {}): SandboxPty {
     this.ensureOpen();
     const cwd = options.cwd ?? this.workdir;
     const tag = this.nextTag();
@@ -172,7 +188,32 @@ export abstract class CommandSandbox implements Sandbox {
       running = false;
       untrack();
     });
-    return term;
+    return Object.assign(term, {
+      killChildren: () => {
+        // the leader may be an entering process outside the sandbox (nsenter): its child is the
+        // program, whose children are the jobs
+        const programs = this.entersSandbox() ? childrenOf(leader) : [leader];
+        for (const program of programs) for (const child of childrenOf(program)) killTree(child);
+      },
+      terminate: () => {
+        // the program's tree first; the leader (which may sit outside the sandbox) then reaps it
+        // and exits by itself
+        killDescendants(leader);
+        setTimeout(() => {
+          if (!running) return; // gone, and its pid may have been reused
+          try {
+            term.kill('SIGKILL');
+          } catch {
+            // raced with its exit
+          }
+        }, 1000).unref();
+      },
+    });
+  }
+
+  /** Whether `wrap` puts an entering process (nsenter, apptainer exec) between the host and the program. */
+  protected entersSandbox(): boolean {
+    return true;
   }
 
   spawn(argv: string[], options: SandboxSpawnOptions = {}): SandboxProcess {
@@ -213,6 +254,19 @@ export abstract class CommandSandbox implements Sandbox {
     };
   }
 
+  stageFile(name: string, data: string | Buffer): string {
+    this.ensureOpen();
+    if (!/^[\w.-]+$/.test(name)) throw new RolloutError({ code: 'SANDBOX', message: `bad staged file name ${JSON.stringify(name)}` });
+    // never follow or overwrite what is there
+    writeFileSync(join(this.stagingDir().host, name), data, { flag: 'wx', mode: 0o644 });
+    return `${this.stagingDir().sandbox}/${name}`;
+  }
+
+  /** Where `stageFile` writes: the socket directory unless the provider has a read-only one. */
+  protected stagingDir(): { host: string; sandbox: string } {
+    return this.socketDir;
+  }
+
   async upload(remotePath: string, data: string | Buffer): Promise<void> {
     const q = shQuote(remotePath);
     const result = await this.exec(`mkdir -p -- "$(dirname -- ${q})" && cat > ${q}`, { cwd: this.workdir, stdin: data });
@@ -247,6 +301,7 @@ export abstract class CommandSandbox implements Sandbox {
         for (const entry of this.live) entry.kill();
         this.live.clear();
         await Promise.all(this.tempDirs.map((dir) => rm(dir, { recursive: true, force: true, maxRetries: 3 })));
+        await this.released();
       }
     })();
     return this.closing;

@@ -1,29 +1,12 @@
 export * from './types.ts';
 export { createSandboxProvider, defaultSandboxProviderName, registerSandboxProvider, sandboxProviderNames } from './registry.ts';
 export type { SandboxProviderFactory, SandboxProviderOptionsMap } from './registry.ts';
-export {
-  agentScript,
-  ulimitScript,
-  buildBwrapArgs,
-  buildEnterArgs,
-  buildPrlimitArgs,
-  bwrapAvailable,
-  createBwrapProvider,
-  removeStaleSandboxDirs,
-  scanRoot,
-  DEFAULT_HOST_ROOT_DIRS,
-} from './bwrap.ts';
-export type { BwrapArgsInput, BwrapProviderOptions, BwrapEnterInput, RootEntry } from './bwrap.ts';
-export {
-  buildExecArgv,
-  buildInstanceStartArgv,
-  buildInstanceStopArgv,
-  createApptainerProvider,
-  findApptainerBinary,
-  limitWrapper,
-  normalizeImage,
-} from './apptainer.ts';
-export type { ApptainerProviderOptions, ApptainerExecInput, ApptainerStartInput } from './apptainer.ts';
+export * from './bwrap/index.ts';
+export { buildPrlimitArgs, limitWrapper, ulimitScript } from './limits.ts';
+export { removeStaleSandboxDirs } from './staging.ts';
+export { CommandSandbox, type HostCommand } from './command-sandbox.ts';
+export * from './apptainer/index.ts';
+export { cgroupSupport } from './cgroup.ts';
 export { createLocalProvider } from './local.ts';
 export type { LocalProviderOptions } from './local.ts';
 export { shQuote } from './process.ts';

@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { mkdir } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { buildPrlimitArgs } from './bwrap.ts';
+import { buildPrlimitArgs } from './limits.ts';
 import { CommandSandbox, type HostCommand } from './command-sandbox.ts';
 import type { SandboxProvider, SandboxSpec, SandboxStatus } from './types.ts';
 
@@ -28,6 +28,10 @@ class LocalSandbox extends CommandSandbox {
 
   protected wrap(inner: string[], env: Record<string, string>): HostCommand {
     return { argv: [...this.limits, ...inner], env, cwd: this.workdir };
+  }
+
+  protected override entersSandbox(): boolean {
+    return false; // prlimit execs the program itself
   }
 
   async status(): Promise<SandboxStatus> {

@@ -1,6 +1,6 @@
 import { RolloutError } from '../errors.ts';
-import { createApptainerProvider, findApptainerBinary, type ApptainerProviderOptions } from './apptainer.ts';
-import { bwrapAvailable, createBwrapProvider, type BwrapProviderOptions } from './bwrap.ts';
+import { createApptainerProvider, findApptainerBinary, type ApptainerProviderOptions } from './apptainer/index.ts';
+import { bwrapAvailable, createBwrapProvider, type BwrapProviderOptions } from './bwrap/index.ts';
 import { createLocalProvider, type LocalProviderOptions } from './local.ts';
 import type { SandboxProvider } from './types.ts';
 

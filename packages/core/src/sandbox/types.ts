@@ -36,6 +36,23 @@ export interface SandboxResources {
   cpuSeconds?: number;
   /** apptainer `--cpus`. */
   cpus?: number;
+  /**
+   * Memory of the sandbox as a whole, MiB: its processes, page cache and tmpfs files together
+   * (a cgroup; see `cgroupSupport()`: where no cgroup can be had, only the per-process
+   * `memoryMib` and the tmpfs sizes hold). @default 4096
+   */
+  totalMemoryMib?: number;
+  /** Size of the writable workspace (a tmpfs on bwrap), MiB. @default 4096 */
+  workspaceMib?: number;
+  /** Size of `/tmp` (a tmpfs), MiB; `/dev/shm` gets a quarter of it. @default 1024 */
+  tmpMib?: number;
+  /** Files and directories the sandbox may create in its workspace and `/tmp` together. @default 200_000 */
+  maxInodes?: number;
+  /**
+   * Room for command output and the service's channel files (`/run/rollserve`, a tmpfs), MiB: a
+   * command writing more gets ENOSPC. @default 256
+   */
+  outputMib?: number;
 }
 
 export interface SandboxBind {
@@ -82,6 +99,20 @@ export interface SandboxSpawnOptions {
   env?: Record<string, string>;
 }
 
+/**
+ * A pseudo-terminal process inside a sandbox (node-pty's `IPty`) with the process control a tool
+ * needs, so that no tool walks host `/proc` itself.
+ */
+export interface SandboxPty extends IPty {
+  /**
+   * SIGKILLs what the process started (a shell's foreground and background jobs) but not the
+   * process itself: the escalation after Ctrl-C was ignored.
+   */
+  killChildren(): void;
+  /** Ends the process and everything it started, inside the sandbox. */
+  terminate(): void;
+}
+
 /** A long-lived process inside a sandbox with pipes (for example the Python kernel). */
 export interface SandboxProcess {
   /** Host pid of the outermost process the provider started. */
@@ -107,14 +138,25 @@ export interface Sandbox {
   readonly socketDir: { host: string; sandbox: string };
   exec(command: string, options?: SandboxExecOptions): Promise<SandboxExecResult>;
   /** Starts `argv` on a pseudo-terminal inside the sandbox. */
-  spawnPty(argv: string[], options?: SandboxPtyOptions): IPty;
+  spawnPty(argv: string[], options?: SandboxPtyOptions): SandboxPty;
   /** Starts `argv` inside the sandbox with pipes. */
   spawn(argv: string[], options?: SandboxSpawnOptions): SandboxProcess;
+  /**
+   * Puts a file of the service's (a script, a kernel's source) where the sandbox can read it but
+   * nothing inside can change it or swap the path; returns its path inside the sandbox.
+   */
+  stageFile(name: string, data: string | Buffer): string;
   /** Writes `data` to `remotePath` inside the sandbox (parents created). */
   upload(remotePath: string, data: string | Buffer): Promise<void>;
   /** Reads `remotePath` inside the sandbox. */
   download(remotePath: string): Promise<Buffer>;
   status(): Promise<SandboxStatus>;
+  /**
+   * Why the sandbox was ended for going past one of its limits (memory, workspace, `/tmp`,
+   * inodes), or undefined while it is within them. Checks now; a provider also checks by itself
+   * from time to time. Once set, the sandbox's processes are gone and every call fails with it.
+   */
+  checkLimits(): string | undefined;
   /** Ends every process of the sandbox and removes its temporary directories. Idempotent. */
   close(): Promise<void>;
 }
@@ -135,6 +177,11 @@ export const DEFAULT_RESOURCES: Required<Omit<SandboxResources, 'cpus'>> = {
   maxProcesses: 512,
   maxFileSizeMib: 1024,
   cpuSeconds: 3600,
+  totalMemoryMib: 4096,
+  workspaceMib: 4096,
+  tmpMib: 1024,
+  maxInodes: 200_000,
+  outputMib: 256,
 };
 
 /** The environment every command starts from; nothing of the service's own environment leaks in. */
@@ -144,4 +191,16 @@ export const BASE_ENV: Record<string, string> = {
   LC_ALL: 'C.UTF-8',
   TERM: 'dumb',
   HOME: '/tmp',
+  // Nothing waits for a key: no pager (git diff, man, systemctl), no editor, no prompt.
+  PAGER: 'cat',
+  GIT_PAGER: 'cat',
+  MANPAGER: 'cat',
+  SYSTEMD_PAGER: '',
+  LESS: '-FRX',
+  GIT_EDITOR: 'true',
+  EDITOR: 'true',
+  VISUAL: 'true',
+  GIT_TERMINAL_PROMPT: '0',
+  DEBIAN_FRONTEND: 'noninteractive',
+  PIP_NO_INPUT: '1',
 };

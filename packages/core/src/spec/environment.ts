@@ -204,6 +204,13 @@ export interface EnvironmentDefinition<
    * @default 'unknown'
    */
   reverifyMode?: ReverifyMode;
+
+  /**
+   * Top-level verify-response fields that NeMo Gym declares as floats: integral values are sent
+   * as `1.0`, not `1`, so rollouts written from this server are byte-identical to Python's.
+   * @example ['reward', 'library_reward']
+   */
+  floatFields?: readonly string[];
 }
 
 /** What an environment needs from the sandbox layer; the rollout service's INIT creates it. */

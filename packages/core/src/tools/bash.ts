@@ -1,8 +1,6 @@
 import { randomBytes } from 'node:crypto';
-import type { IPty } from 'node-pty';
 import { RolloutError } from '../errors.ts';
-import { childrenOf, killDescendants, killTree } from '../sandbox/process.ts';
-import type { Sandbox } from '../sandbox/types.ts';
+import type { Sandbox, SandboxPty } from '../sandbox/types.ts';
 
 export interface BashSessionOptions {
   /** Start directory. @default the sandbox's workdir */
@@ -113,8 +111,7 @@ class Collector {
  * The terminal runs with `-echo -icanon -onlcr`: no echo, no 4 KiB canonical line limit, no \r.
  */
 export class BashSession {
-  private pty: IPty | undefined;
-  private ptyRunning: () => boolean = () => false;
+  private pty: SandboxPty | undefined;
   private readonly nonce = randomBytes(6).toString('hex');
   private seq = 0;
   private buffer = '';
@@ -166,10 +163,7 @@ export class BashSession {
         if (this.buffer.length > 2 * keep) this.buffer = this.buffer.slice(-keep);
       }
     });
-    let running = true;
-    this.ptyRunning = () => running;
     pty.onExit(({ exitCode }) => {
-      running = false;
       if (this.pty !== pty) return;
       this.exited = { code: exitCode };
       this.waiter?.('');
@@ -295,11 +289,7 @@ export class BashSession {
 
   /** SIGKILLs the process groups of the shell's children (the foreground job that ignored ^C). */
   private killShellChildren(): void {
-    const pty = this.pty;
-    if (pty === undefined) return;
-    for (const shell of childrenOf(pty.pid)) {
-      for (const child of childrenOf(shell)) killTree(child);
-    }
+    this.pty?.killChildren();
   }
 
   private result(output: string, exitCode: number | null, timedOut: boolean, collector: Collector): BashResult {
@@ -309,19 +299,7 @@ export class BashSession {
   private kill(): void {
     const pty = this.pty;
     this.pty = undefined;
-    if (pty === undefined) return;
-    const running = this.ptyRunning;
-    // the shell's own tree first; the PTY's leader (which may sit outside the sandbox) then reaps
-    // it and exits by itself
-    killDescendants(pty.pid);
-    setTimeout(() => {
-      if (!running()) return; // gone, and its pid may have been reused
-      try {
-        pty.kill('SIGKILL');
-      } catch {
-        // raced with its exit
-      }
-    }, 1000).unref();
+    pty?.terminate();
   }
 
   async close(): Promise<void> {

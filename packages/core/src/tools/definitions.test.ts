@@ -3,7 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import pino from 'pino';
 import { afterEach, describe, expect, it } from 'vitest';
-import { bwrapAvailable, createBwrapProvider } from '../sandbox/bwrap.ts';
+import { bwrapAvailable, createBwrapProvider } from '../sandbox/bwrap/index.ts';
 import type { EnvironmentContext, Session } from '../spec/environment.ts';
 import { toolDeclaration } from '../spec/tool.ts';
 import { bashTool, createBashTool, createEditorTool, createPythonTool, editorTool, pythonTool } from './definitions.ts';

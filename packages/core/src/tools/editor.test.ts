@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
-import { bwrapAvailable, createBwrapProvider } from '../sandbox/bwrap.ts';
+import { bwrapAvailable, createBwrapProvider } from '../sandbox/bwrap/index.ts';
 import type { Sandbox } from '../sandbox/types.ts';
 import { Editor, expandTabs } from './editor.ts';
 

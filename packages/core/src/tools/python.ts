@@ -85,11 +85,10 @@ export class PythonKernel {
   private async spawn(): Promise<void> {
     const name = `py-${randomBytes(6).toString('hex')}`;
     const dir = this.sandbox.socketDir;
-    // the socket directory is writable from inside: never follow or overwrite what is there
-    writeFileSync(join(dir.host, `${name}.py`), readFileSync(KERNEL_SOURCE_PATH), { flag: 'wx', mode: 0o644 });
+    const source = this.sandbox.stageFile(`${name}.py`, readFileSync(KERNEL_SOURCE_PATH));
     const socketHost = join(dir.host, `${name}.sock`);
     const proc = this.sandbox.spawn(
-      [this.options.python ?? 'python3', `${dir.sandbox}/${name}.py`, `${dir.sandbox}/${name}.sock`],
+      [this.options.python ?? 'python3', source, `${dir.sandbox}/${name}.sock`],
       {
         env: {
           PYTHONUNBUFFERED: '1',

@@ -25,6 +25,7 @@ export class SessionTools {
   private editorInstance: Editor | undefined;
   private closed = false;
   private ownsSandbox = true;
+  private created: Sandbox | undefined;
 
   constructor(private readonly options: SessionToolsOptions = {}) {}
 
@@ -33,12 +34,21 @@ export class SessionTools {
     if (this.sandboxPromise !== undefined) throw new Error('the session already has a sandbox');
     this.ownsSandbox = options.owned ?? false;
     this.sandboxPromise = Promise.resolve(sandbox);
+    this.created = sandbox;
   }
 
   sandbox(): Promise<Sandbox> {
     this.assertOpen();
-    this.sandboxPromise ??= (this.options.provider ?? createSandboxProvider()).create(this.options.spec ?? {});
+    if (this.sandboxPromise === undefined) {
+      this.sandboxPromise = (this.options.provider ?? createSandboxProvider()).create(this.options.spec ?? {});
+      this.sandboxPromise.then((sandbox) => (this.created = sandbox), () => {});
+    }
     return this.sandboxPromise;
+  }
+
+  /** Why the session's sandbox was ended by one of its limits, if it has one and it was. */
+  limitExceeded(): string | undefined {
+    return this.created?.checkLimits();
   }
 
   bash(): Promise<BashSession> {

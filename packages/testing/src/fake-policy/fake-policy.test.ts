@@ -310,10 +310,8 @@ describe('fake policy: faults and lifecycle', () => {
     const policy = await start({ latencyMs: 5_000 });
     const pending = post(policy, { messages }).catch((error: unknown) => error);
     await new Promise((resolve) => setTimeout(resolve, 50));
-    const started = performance.now();
     await policy.kill();
     expect(await pending).toMatchObject({ code: 'UND_ERR_SOCKET' });
-    expect(performance.now() - started).toBeLessThan(2_000);
   });
 
   it('serves /v1/models and /health, checks the api key and the model name', async () => {

@@ -207,10 +207,8 @@ describe('LlmBackendPool', () => {
 
   it('bounds the wait for a healthy backend by waitForBackendMs and by the signal', async () => {
     const backends = pool({ waitForBackendMs: 200 });
-    const started = performance.now();
     const error = await failure(backends.chat('r1', { messages: [{ role: 'user', content: 'hi' }] }));
     expect(error).toMatchObject({ code: 'LLM_BACKEND', kind: 'unavailable', retryable: true });
-    expect(performance.now() - started).toBeLessThan(5_000);
 
     const patient = pool({ waitForBackendMs: 60_000 });
     const controller = new AbortController();
@@ -233,10 +231,8 @@ describe('LlmBackendPool', () => {
     const a = await fake({ hang: true });
     const b = await fake();
     const backends = pool({ backends: [{ id: 'a', baseUrl: a.url }, { id: 'b', baseUrl: b.url }], requestTimeoutMs: 100 });
-    const started = performance.now();
     const error = await failure(backends.chat('r1', { messages: [{ role: 'user', content: 'hi' }] }));
     expect(error).toMatchObject({ kind: 'timeout', retryable: true });
-    expect(performance.now() - started).toBeLessThan(5_000);
     expect(b.requests).toHaveLength(0);
     expect(backends.get('a')).toMatchObject({ healthy: true, failures: 1 });
     const overridden = await failure(backends.chat('r1', { messages: [{ role: 'user', content: 'hi' }] }, { timeoutMs: 20 }));

@@ -185,10 +185,8 @@ describe('chatCompletion', () => {
 
   it('fails with kind timeout after timeoutMs', async () => {
     const { dispatcher, backend } = await setup({ hang: true });
-    const started = performance.now();
     const error = await failure(chatCompletion(backend, { messages }, { dispatcher, timeoutMs: 100 }));
     expect(error).toMatchObject({ code: 'LLM_BACKEND', kind: 'timeout', retryable: true });
-    expect(performance.now() - started).toBeLessThan(5_000);
   });
 
   it("turns the caller's abort into CANCELLED, and an AbortSignal.timeout into TIMEOUT", async () => {

@@ -8,9 +8,9 @@ import {
   buildInstanceStopArgv,
   createApptainerProvider,
   findApptainerBinary,
-  limitWrapper,
   normalizeImage,
-} from './apptainer.ts';
+} from './index.ts';
+import { limitWrapper } from '../limits.ts';
 
 // Behavioural tests of a real instance are in test/sandbox/providers.test.ts (skipped with the
 // reason printed where no binary exists); here, the exact command lines.

@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { afterEach, describe, expect, it } from 'vitest';
-import type { Sandbox, SandboxProvider, SandboxSpec } from '../../packages/core/src/sandbox/index.ts';
+import type { Sandbox, SandboxProvider, SandboxSpec } from '@rollserve/core';
 
 /** Sandboxes a test created; closed in afterEach whatever the test did. */
 export class SandboxPool {
@@ -17,7 +17,8 @@ export class SandboxPool {
 }
 
 /**
- * The behaviour every provider must show, run against bwrap, local and (where the binary exists)
+ * The behaviour every provider must show (`describeSandboxBehaviour('docker', () => createDockerProvider())`
+ * in a provider package's tests), run here against bwrap, local and (where the binary exists)
  * apptainer. `skip` is the printed reason when the provider cannot run here.
  */
 export function describeSandboxBehaviour(name: string, provider: () => SandboxProvider, options: { skip?: string; spec?: SandboxSpec } = {}): void {
@@ -88,6 +89,21 @@ export function describeSandboxBehaviour(name: string, provider: () => SandboxPr
       const result = await sandbox.exec('echo hi');
       expect(result.returnCode).toBe(125);
       expect(result.errorType).toBe('sandbox');
+    });
+
+    it('stays within its limits while it works, and says so', async () => {
+      const sandbox = await create();
+      await sandbox.exec('echo hi > f');
+      expect(sandbox.checkLimits()).toBeUndefined();
+      await sandbox.close();
+      expect(sandbox.checkLimits()).toBeUndefined(); // closed by its owner, not by a limit
+    });
+
+    it('stages read-only files for the sandbox', async () => {
+      const sandbox = await create();
+      const path = sandbox.stageFile('staged.txt', 'from the service');
+      expect((await sandbox.exec(`cat ${path}`)).stdout).toBe('from the service');
+      expect(() => sandbox.stageFile('../escape', 'x')).toThrow();
     });
 
     it('offers a PTY and piped processes inside the sandbox', async () => {

@@ -1,5 +1,7 @@
 import { describe, expect, it } from 'vitest';
-import { agentScript, buildBwrapArgs, buildEnterArgs, buildPrlimitArgs, scanRoot } from './bwrap.ts';
+import { buildPrlimitArgs } from '../limits.ts';
+import { agentScript } from './agent.ts';
+import { buildBwrapArgs, buildEnterArgs, scanRoot } from './args.ts';
 
 const input = {
   root: '/',
@@ -7,9 +9,9 @@ const input = {
     { name: 'usr', kind: 'dir' as const },
     { name: 'bin', kind: 'symlink' as const, target: 'usr/bin' },
   ],
-  workspaceHost: '/tmp/rollserve-rs-1/workspace',
   workdir: '/workspace',
-  socketHost: '/tmp/rollserve-rs-1/sock',
+  inputHost: '/tmp/rollserve-rs-1/in',
+  resources: { workspaceMib: 64, tmpMib: 32, outputMib: 8 },
   network: false,
   devices: ['null'],
   env: { PATH: '/usr/bin' },
@@ -29,10 +31,12 @@ describe('buildBwrapArgs', () => {
       '--symlink', '/proc/self/fd/0', '/dev/stdin',
       '--symlink', '/proc/self/fd/1', '/dev/stdout',
       '--symlink', '/proc/self/fd/2', '/dev/stderr',
-      '--tmpfs', '/dev/shm',
-      '--tmpfs', '/tmp',
-      '--bind', '/tmp/rollserve-rs-1/workspace', '/workspace',
-      '--bind', '/tmp/rollserve-rs-1/sock', '/run/rollserve',
+      // every writable place is a tmpfs of its own size; the service's files come in read-only
+      '--perms', '1777', '--size', String(8 << 20), '--tmpfs', '/dev/shm',
+      '--perms', '1777', '--size', String(32 << 20), '--tmpfs', '/tmp',
+      '--size', String(64 << 20), '--tmpfs', '/workspace',
+      '--size', String(8 << 20), '--tmpfs', '/run/rollserve',
+      '--ro-bind', '/tmp/rollserve-rs-1/in', '/run/rollserve-in',
       '--remount-ro', '/', '--chdir', '/workspace', '--clearenv', '--setenv', 'PATH', '/usr/bin',
       '--info-fd', '3', '--', '/bin/sh', '-c', 'agent',
     ]);
@@ -52,12 +56,20 @@ describe('buildBwrapArgs', () => {
 });
 
 describe('buildEnterArgs', () => {
-  it('enters the namespaces, dropping to the sandbox uid when root', () => {
+  it('enters every namespace of the sandbox, dropping to the sandbox uid when root', () => {
     expect(buildEnterArgs({ initPid: 42, user: { uid: 65534, gid: 65534 } })).toEqual([
       'setpriv', '--reuid=65534', '--regid=65534', '--clear-groups', '--no-new-privs', '--',
-      'nsenter', '-t', '42', '-U', '-m', '-p', '--preserve-credentials', '--',
+      'nsenter', '-t', '42', '-U', '-m', '-p', '-n', '-i', '-u', '-C', '--preserve-credentials', '--',
     ]);
     expect(buildEnterArgs({ initPid: 42 })).not.toContain('setpriv');
+    // a sandbox with network shares the host's: that one is not entered
+    expect(buildEnterArgs({ initPid: 42, namespaces: ['ipc', 'uts'] })).toEqual(['nsenter', '-t', '42', '-U', '-m', '-p', '-i', '-u', '--preserve-credentials', '--']);
+  });
+
+  it('joins the sandbox cgroup first, as the service, then drops privileges', () => {
+    const args = buildEnterArgs({ initPid: 42, user: { uid: 65534, gid: 65534 }, cgroupProcs: ['/cg/mem/procs', '/cg/pids/procs'] });
+    expect(args.slice(0, 7)).toEqual(['/bin/sh', '-c', expect.stringContaining('exec "$@"'), 'rs-cgroup', '2', '/cg/mem/procs', '/cg/pids/procs']);
+    expect(args[7]).toBe('setpriv');
   });
 
   it('prlimit leaves RLIMIT_NPROC out when asked (the local provider)', () => {
@@ -91,7 +103,7 @@ describe('bwrap image root (real sandbox)', () => {
     const { chmodSync, mkdtempSync, mkdirSync, rmSync, symlinkSync, writeFileSync } = await import('node:fs');
     const { tmpdir } = await import('node:os');
     const { join } = await import('node:path');
-    const { bwrapAvailable, createBwrapProvider } = await import('./bwrap.ts');
+    const { bwrapAvailable, createBwrapProvider } = await import('./provider.ts');
     if (!bwrapAvailable()) {
       console.warn('[bwrap image test] skipped: bwrap is not installed');
       return;
@@ -120,7 +132,8 @@ describe('removeStaleSandboxDirs', () => {
     const { chmodSync, mkdtempSync, mkdirSync, rmSync, existsSync, utimesSync } = await import('node:fs');
     const { tmpdir } = await import('node:os');
     const { join } = await import('node:path');
-    const { removeStaleSandboxDirs, createBwrapProvider, bwrapAvailable } = await import('./bwrap.ts');
+    const { removeStaleSandboxDirs } = await import('../staging.ts');
+    const { createBwrapProvider, bwrapAvailable } = await import('./provider.ts');
     const dir = mkdtempSync(join(tmpdir(), 'rs-stale-'));
     chmodSync(dir, 0o755); // the sandbox uid must be able to reach its directories
     try {
@@ -137,7 +150,8 @@ describe('removeStaleSandboxDirs', () => {
         const livePath = join(dir, `rollserve-${live.id}`);
         utimesSync(livePath, old, old);
       }
-      expect(await removeStaleSandboxDirs({ tmpDir: dir })).toEqual([stale]);
+      // (stale cgroups of dead services, if any, go too)
+      expect((await removeStaleSandboxDirs({ tmpDir: dir })).filter((path) => path.startsWith(dir))).toEqual([stale]);
       expect(existsSync(fresh) && existsSync(other)).toBe(true);
       if (live) {
         expect(existsSync(join(dir, `rollserve-${live.id}`))).toBe(true);

@@ -1,0 +1,102 @@
+import { spawn } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { closeSync, existsSync, openSync, readFileSync } from 'node:fs';
+import { mkdir } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { RolloutError } from '../../errors.ts';
+import { BASE_ENV, DEFAULT_WORKDIR, type SandboxProvider, type SandboxSpec } from '../types.ts';
+import { buildInstanceStartArgv } from './args.ts';
+import { ApptainerSandbox, pickHostEnv } from './sandbox.ts';
+
+export interface ApptainerProviderOptions {
+  /** A directory holding `apptainer` or `singularity` (NeMo Gym's `bin_path`). Else PATH is searched. */
+  binDir?: string;
+  /** An explicit binary; wins over `binDir`. */
+  binary?: string;
+  /** Where the per-sandbox staging directories go. @default os.tmpdir() */
+  tmpDir?: string;
+  /** Appended to `instance start` (NeMo Gym's `create.extra_start_args`). */
+  extraStartArgs?: string[];
+  /** Appended to `exec` (NeMo Gym's `exec.extra_exec_args`). */
+  extraExecArgs?: string[];
+  /** Pass `--cpus` / `--memory` (needs cgroup delegation, often missing on HPC). @default false */
+  applyResourceLimits?: boolean;
+  /** How long `instance start` (an image pull included) may take. @default 600_000 */
+  startTimeoutMs?: number;
+}
+
+/** `apptainer` or `singularity`, from `binDir` or PATH, whichever is found first. */
+export function findApptainerBinary(options: Pick<ApptainerProviderOptions, 'binDir' | 'binary'> = {}): string | undefined {
+  if (options.binary !== undefined) return existsSync(options.binary) ? options.binary : undefined;
+  const dirs = options.binDir !== undefined ? [options.binDir] : (process.env.PATH ?? '').split(':').filter((d) => d !== '');
+  for (const dir of dirs) {
+    for (const name of ['apptainer', 'singularity']) {
+      const path = join(dir, name);
+      if (existsSync(path)) return path;
+    }
+  }
+  return undefined;
+}
+
+/** A bare name becomes `docker://<name>`; `.sif`, paths and `scheme://` URIs are kept (NeMo Gym's rule). */
+
+export function createApptainerProvider(options: ApptainerProviderOptions = {}): SandboxProvider {
+  return {
+    name: 'apptainer',
+    async create(spec: SandboxSpec = {}) {
+      const binary = findApptainerBinary(options);
+      if (binary === undefined) {
+        throw new RolloutError({ code: 'SANDBOX', message: 'neither apptainer nor singularity was found' });
+      }
+      if (spec.image === undefined) {
+        throw new RolloutError({ code: 'SANDBOX', message: 'the apptainer provider needs spec.image' });
+      }
+      const id = `rs-${randomBytes(6).toString('hex')}`;
+      const name = `rollserve-${id}`;
+      const base = join(options.tmpDir ?? tmpdir(), `rollserve-${id}`);
+      const workspaceHost = join(base, 'workspace');
+      const socketHost = join(base, 'sock');
+      await mkdir(base, { mode: 0o700 });
+      await Promise.all([mkdir(workspaceHost), mkdir(socketHost), mkdir(join(base, 'env'), { mode: 0o700 })]);
+      const argv = buildInstanceStartArgv({
+        binary,
+        image: spec.image,
+        name,
+        workspaceHost,
+        workdir: spec.workdir ?? DEFAULT_WORKDIR,
+        socketHost,
+        network: spec.network ?? false,
+        ...(spec.binds === undefined ? {} : { binds: spec.binds }),
+        ...(spec.resources === undefined ? {} : { resources: spec.resources }),
+        ...(options.applyResourceLimits === undefined ? {} : { applyResourceLimits: options.applyResourceLimits }),
+        ...(options.extraStartArgs === undefined ? {} : { extraStartArgs: options.extraStartArgs }),
+      });
+      // daemonize mode: the instance inherits the output fds, so they go to a file and only the
+      // foreground process is awaited
+      const log = join(base, 'start.log');
+      const fd = openSync(log, 'w', 0o600);
+      const code = await new Promise<number>((resolve) => {
+        const child = spawn(argv[0]!, argv.slice(1), { env: { ...BASE_ENV, ...pickHostEnv() }, stdio: ['ignore', fd, fd], cwd: base });
+        const timer = setTimeout(() => child.kill('SIGKILL'), options.startTimeoutMs ?? 600_000);
+        child.on('error', () => resolve(127));
+        child.on('exit', (c) => {
+          clearTimeout(timer);
+          resolve(c ?? 125);
+        });
+      });
+      closeSync(fd);
+      const sandbox = new ApptainerSandbox(id, spec.workdir ?? DEFAULT_WORKDIR, socketHost, spec, base, binary, name, options);
+      const fail = async (message: string): Promise<never> => {
+        await sandbox.close();
+        throw new RolloutError({ code: 'SANDBOX', message, retryable: true });
+      };
+      if (code !== 0) await fail(`apptainer instance start failed (${code}): ${readFileSync(log, 'utf8').slice(-2000)}`);
+      const probe = await sandbox.exec('printf apptainer-sandbox-ready', { timeoutMs: 30_000, cwd: '/' });
+      if (probe.stdout !== 'apptainer-sandbox-ready') await fail(`apptainer instance not ready: ${probe.stderr.slice(-2000)}`);
+      await sandbox.writeSpecFiles();
+      return sandbox;
+    },
+  };
+}
+

@@ -1,0 +1,21 @@
+import { SOCKET_MOUNT, type SandboxResources } from '../types.ts';
+import { ulimitScript } from '../limits.ts';
+import { EXEC_DIR, INPUT_MOUNT } from './args.ts';
+
+/**
+ * The in-sandbox exec agent (POSIX sh: dash, bash, busybox). Limits first (the user namespace
+ * exists by now, so RLIMIT_NPROC counts this sandbox only); `ulimit -f` counts 512-byte blocks.
+ */
+export function agentScript(resources: SandboxResources = {}): string {
+  return [
+    `D=${SOCKET_MOUNT}/${EXEC_DIR}; I=${INPUT_MOUNT}`,
+    'mkdir -m 700 "$D" || exit 1',
+    ulimitScript(resources),
+    `printf 'R\\n'`,
+    'while IFS= read -r id; do',
+    '  i=/dev/null; [ -e "$I/$id.in" ] && i="$I/$id.in"',
+    '  ( { ( ROLLSERVE_SANDBOX=$id; export ROLLSERVE_SANDBOX; exec /bin/sh "$I/$id.sh" ) <"$i" >"$D/$id.out" 2>"$D/$id.err"; echo "$id $?"; } & )',
+    'done',
+  ].join('\n');
+}
+

@@ -1,0 +1,186 @@
+import { lstatSync, readdirSync, readlinkSync } from 'node:fs';
+import { join } from 'node:path';
+import { BASE_ENV, DEFAULT_RESOURCES, SOCKET_MOUNT, type SandboxBind, type SandboxResources } from '../types.ts';
+
+export const DEFAULT_HOST_ROOT_DIRS = ['usr', 'bin', 'sbin', 'lib', 'lib32', 'lib64', 'libx32', 'etc', 'opt'];
+export const EXEC_DIR = '.exec';
+/**
+ * Where the service's files for the sandbox (command scripts, stdin, the kernel's source) appear:
+ * a host directory bound read-only, so nothing inside can swap a path the service writes through.
+ */
+export const INPUT_MOUNT = '/run/rollserve-in';
+
+
+export const DEVICES = ['null', 'zero', 'full', 'random', 'urandom', 'tty'];
+const IMAGE_SKIP = new Set(['proc', 'dev', 'tmp', 'sys', 'run']);
+
+/** A top-level entry of the sandbox's root. */
+export interface RootEntry {
+  name: string;
+  kind: 'dir' | 'file' | 'symlink';
+  /** Link target, for symlinks. */
+  target?: string;
+}
+
+/** Lists the top-level entries of `dir` that become the sandbox's read-only root. */
+export function scanRoot(dir: string, include?: string[]): RootEntry[] {
+  const names = include ?? readdirSync(dir).filter((name) => !IMAGE_SKIP.has(name));
+  const entries: RootEntry[] = [];
+  for (const name of names) {
+    const path = join(dir, name);
+    let stat;
+    try {
+      stat = lstatSync(path);
+    } catch {
+      continue;
+    }
+    if (stat.isSymbolicLink()) entries.push({ name, kind: 'symlink', target: readlinkSync(path) });
+    else if (stat.isDirectory()) entries.push({ name, kind: 'dir' });
+    else if (stat.isFile()) entries.push({ name, kind: 'file' });
+  }
+  return entries;
+}
+
+export interface BwrapArgsInput {
+  /** Host directory holding the root entries (`/` or the image). */
+  root: string;
+  entries: RootEntry[];
+  workdir: string;
+  /** Host directory of the service's files for the sandbox, bound read-only at INPUT_MOUNT. */
+  inputHost: string;
+  network: boolean;
+  /** Sizes of the sandbox's tmpfs mounts (workspace, /tmp, output channel); the defaults otherwise. */
+  resources?: SandboxResources;
+  binds?: SandboxBind[];
+  /** Device names under /dev to bind in. @default null zero full random urandom tty */
+  devices?: string[];
+  /** The environment of the agent, so of every exec. @default BASE_ENV */
+  env?: Record<string, string>;
+  /** The command bwrap runs (the init). */
+  command: string[];
+}
+
+/** The bwrap argv (without the binary) for a sandbox. Pure: unit-tested as is. */
+export function buildBwrapArgs(input: BwrapArgsInput): string[] {
+  const args = [
+    '--unshare-user',
+    '--unshare-pid',
+    '--unshare-ipc',
+    '--unshare-uts',
+    '--unshare-cgroup-try',
+    ...(input.network ? [] : ['--unshare-net']),
+    '--die-with-parent',
+    '--new-session',
+    '--hostname',
+    'sandbox',
+  ];
+  for (const entry of input.entries) {
+    const dest = `/${entry.name}`;
+    if (entry.kind === 'symlink') args.push('--symlink', entry.target!, dest);
+    else args.push('--ro-bind', join(input.root, entry.name), dest);
+  }
+  args.push('--proc', '/proc', '--tmpfs', '/dev');
+  for (const device of input.devices ?? DEVICES) args.push('--dev-bind', `/dev/${device}`, `/dev/${device}`);
+  args.push(
+    '--symlink', '/proc/self/fd', '/dev/fd',
+    '--symlink', '/proc/self/fd/0', '/dev/stdin',
+    '--symlink', '/proc/self/fd/1', '/dev/stdout',
+    '--symlink', '/proc/self/fd/2', '/dev/stderr',
+  );
+  // Every writable place is a tmpfs of its own size, charged to the sandbox's memory cgroup: a
+  // sandbox can fill none of the host's disks, and the service reaches these through
+  // /proc/<init>/root.
+  const r = { ...DEFAULT_RESOURCES, ...input.resources };
+  const mib = 1024 * 1024;
+  args.push(
+    '--perms', '1777', '--size', String(Math.max(1, Math.floor(r.tmpMib / 4)) * mib), '--tmpfs', '/dev/shm',
+    '--perms', '1777', '--size', String(r.tmpMib * mib), '--tmpfs', '/tmp',
+    '--size', String(r.workspaceMib * mib), '--tmpfs', input.workdir,
+    '--size', String(r.outputMib * mib), '--tmpfs', SOCKET_MOUNT,
+    '--ro-bind', input.inputHost, INPUT_MOUNT,
+  );
+  for (const bind of input.binds ?? []) args.push(bind.readOnly ? '--ro-bind' : '--bind', bind.host, bind.sandbox);
+  args.push('--remount-ro', '/', '--chdir', input.workdir, '--clearenv');
+  for (const [key, value] of Object.entries(input.env ?? BASE_ENV)) args.push('--setenv', key, value);
+  args.push('--info-fd', '3', '--', ...input.command);
+  return args;
+}
+
+/** prlimit arguments for the limits (prefix of every process that enters the sandbox). */
+
+export interface BwrapEnterInput {
+  initPid: number;
+  /** Namespaces to join besides user, mount and pid. @default net ipc uts cgroup */
+  namespaces?: EnterableNamespace[];
+  /** `cgroup.procs` files the process joins first (as the service, before it drops privileges). */
+  cgroupProcs?: string[];
+  /** Set when the service runs as root: the uid and gid to drop to. */
+  user?: { uid: number; gid: number };
+}
+
+/**
+ * The host command prefix that runs a command inside a running bwrap sandbox. Pure. The limits
+ * are applied after entering, by the in-sandbox wrapper (ulimitScript).
+ */
+export function buildEnterArgs(input: BwrapEnterInput): string[] {
+  const namespaces = input.namespaces ?? ['net', 'ipc', 'uts', 'cgroup'];
+  return [
+    ...(input.cgroupProcs === undefined || input.cgroupProcs.length === 0 ? [] : joinCgroupArgs(input.cgroupProcs)),
+    ...(input.user === undefined ? [] : dropPrivileges(input.user)),
+    'nsenter',
+    '-t',
+    String(input.initPid),
+    '-U',
+    '-m',
+    '-p',
+    ...namespaces.map((ns) => NSENTER_FLAGS[ns]),
+    '--preserve-credentials',
+    '--',
+  ];
+}
+
+const NSENTER_FLAGS: Record<EnterableNamespace, string> = { net: '-n', ipc: '-i', uts: '-u', cgroup: '-C' };
+
+/** Namespaces besides user, mount and pid that a process entering a sandbox joins. */
+export type EnterableNamespace = 'net' | 'ipc' | 'uts' | 'cgroup';
+
+/**
+ * The namespaces of `pid` (besides user, mount and pid) that differ from the service's own: all
+ * of them but `net` for a sandbox with network, and `cgroup` where the kernel has none.
+ */
+export function ownNamespaces(pid: number): EnterableNamespace[] {
+  const own: EnterableNamespace[] = [];
+  for (const ns of ['net', 'ipc', 'uts', 'cgroup'] as const) {
+    let theirs: string | undefined;
+    try {
+      theirs = readlinkSync(`/proc/${pid}/ns/${ns}`);
+    } catch {
+      continue;
+    }
+    let ours: string | undefined;
+    try {
+      ours = readlinkSync(`/proc/self/ns/${ns}`);
+    } catch {
+      ours = undefined;
+    }
+    if (theirs !== ours) own.push(ns);
+  }
+  return own;
+}
+
+/** A host prefix that puts the process in the sandbox's cgroup before it enters the sandbox. */
+function joinCgroupArgs(procsFiles: string[]): string[] {
+  return [
+    '/bin/sh',
+    '-c',
+    'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || { echo "rs-cgroup: cannot join $1" >&2; exit 125; }; shift; n=$((n-1)); done; exec "$@"',
+    'rs-cgroup',
+    String(procsFiles.length),
+    ...procsFiles,
+  ];
+}
+
+function dropPrivileges(user: { uid: number; gid: number }): string[] {
+  return ['setpriv', `--reuid=${user.uid}`, `--regid=${user.gid}`, '--clear-groups', '--no-new-privs', '--'];
+}
+

@@ -1,0 +1,381 @@
+import type { ChildProcess } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { closeSync, constants, fstatSync, openSync, readSync, statfsSync, statSync, unlinkSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import type { SandboxCgroup } from '../cgroup.ts';
+import { CommandSandbox, type HostCommand } from '../command-sandbox.ts';
+import { ulimitScript } from '../limits.ts';
+import { childrenOf, killDescendants, killTree, pidNamespaceOf, shQuote, type KillTreeOptions } from '../process.ts';
+import {
+  DEFAULT_EXEC_TIMEOUT_MS,
+  DEFAULT_RESOURCES,
+  SOCKET_MOUNT,
+  type SandboxExecOptions,
+  type SandboxResources,
+  type SandboxSpec,
+  type SandboxStatus,
+} from '../types.ts';
+import { buildEnterArgs, EXEC_DIR, INPUT_MOUNT, ownNamespaces } from './args.ts';
+
+/*
+ * How exec works, and why.
+ *
+ * Each sandbox is ONE long-lived `bwrap` (user, mount, pid, ipc, uts and, unless asked, net
+ * namespaces) whose command is a ten-line POSIX sh agent (AGENT_SCRIPT). `exec` writes the command
+ * as a script file into a directory bound into the sandbox and sends its id on the agent's stdin;
+ * the agent double-forks `sh <script>` with stdout and stderr going to files next to it and
+ * answers "<id> <exit code>" on its stdout. Long-lived processes with their own terminal or pipes
+ * (the bash tool's PTY, the Python kernel) instead ENTER the sandbox's namespaces with
+ * `nsenter -t <agent> -U -m -p` (after `setpriv` to the sandbox uid) and set their limits with
+ * `ulimit` once inside.
+ *
+ * Measured on the dev box (2 cores, Node 20): spawning any child from Node costs ≈ 2 ms (fork of a
+ * large process), an nsenter chain ≈ 5 ms, the agent round trip ≈ 0.5-1 ms; bwrap start ≈ 5 ms.
+ * So create + first command + close stays near 10 ms with the agent, and ≈ 16 ms when every exec
+ * spawns an nsenter chain. A bwrap per exec would cost the same 5 ms per command and could not
+ * share /tmp or background processes; a Python agent costs ≥ 15 ms of interpreter start.
+ *
+ * `--dev` is NOT used: it makes bwrap add a second, nested user namespace (to mount devpts as uid
+ * 0), and the pid namespace, owned by the outer one, can then not be entered. /dev is a tmpfs with
+ * the few device nodes bound in instead; PTYs come from the host's devpts through node-pty.
+ *
+ * Processes: RLIMIT_NPROC is counted per (user namespace, uid) since Linux 5.14, so a limit set
+ * INSIDE the sandbox's user namespace (the agent's `ulimit`, and the same `ulimit`s in the wrapper
+ * of every entering process) caps that sandbox alone; the namespace itself is created under the service's (high) limit,
+ * which bounds the sum over all sandboxes. Root is exempt from RLIMIT_NPROC, so a service running
+ * as root drops the sandbox to a dedicated uid (65534 unless configured): Node's spawn `uid`/`gid`
+ * for bwrap itself, `setpriv` (with no_new_privs) for the processes that enter it.
+ *
+ * Lifetime: killing pid 1 of the pid namespace makes the kernel kill every process of the
+ * sandbox; `--die-with-parent` and the agent's stdin pipe do the same when the service dies.
+ * A timed-out command is found by the ROLLSERVE_SANDBOX=<exec id> variable it and its children
+ * carry, within the sandbox's pid namespace.
+ *
+ * The exec directory is writable from inside, so the host opens what it reads with O_NOFOLLOW,
+ * accepts only regular files with one link, and creates what it writes with O_EXCL.
+ */
+
+
+const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
+
+/**
+ * Reads an output file the sandbox wrote, through /proc/<init>/root. Whatever was planted on the
+ * way (a symlinked directory) is refused: the file must be a regular file with one link on the
+ * sandbox's own output tmpfs (`dev`).
+ */
+function readCapped(path: string, cap: number, dev: number): Buffer {
+  let fd: number;
+  try {
+    fd = openSync(path, constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK);
+  } catch {
+    return Buffer.alloc(0);
+  }
+  try {
+    const stat = fstatSync(fd);
+    if (!stat.isFile() || stat.nlink !== 1 || stat.dev !== dev) return Buffer.from('[output file was replaced; not read]\n');
+    const readAt = (position: number, length: number): Buffer => {
+      const buffer = Buffer.alloc(length);
+      const n = readSync(fd, buffer, 0, length, position);
+      return buffer.subarray(0, n);
+    };
+    if (stat.size <= cap) return readAt(0, stat.size);
+    const half = Math.floor(cap / 2);
+    const notice = Buffer.from(`\n[... ${stat.size - 2 * half} bytes of output truncated ...]\n`);
+    return Buffer.concat([readAt(0, half), notice, readAt(stat.size - half, half)]);
+  } finally {
+    closeSync(fd);
+  }
+}
+
+function unlinkQuiet(path: string): void {
+  try {
+    unlinkSync(path);
+  } catch {
+    // not created
+  }
+}
+
+/** The longest line the exec agent writes ("<id> <exit code>"); anything longer was forged. */
+const MAX_AGENT_LINE = 64;
+const AGENT_LINE = /^x[0-9a-z]+ \d{1,3}$/;
+/** How often a sandbox checks its cgroup and tmpfs usage by itself (tool calls also check). */
+const LIMIT_CHECK_MS = 1000;
+
+export class BwrapSandbox extends CommandSandbox {
+  readonly provider = 'bwrap';
+  private exited = false;
+  private readonly exitedPromise: Promise<void>;
+  private enter: string[] = [];
+  private pidNamespace: string | undefined;
+  private readonly pending = new Map<string, (code: number) => void>();
+  private agentLine = '';
+  private seq = 0;
+  private execDir = '';
+  private outputDev = -1;
+  private monitor: NodeJS.Timeout | undefined;
+  private readonly limits: Required<Omit<SandboxResources, 'cpus'>>;
+  initPid = 0;
+
+  constructor(
+    id: string,
+    workdir: string,
+    spec: SandboxSpec,
+    private readonly init: ChildProcess,
+    private readonly user: { uid: number; gid: number } | undefined,
+    private readonly cgroup: SandboxCgroup | undefined,
+    private readonly inputHost: string,
+    tempDirs: string[],
+  ) {
+    // the host path of the channel directory is known once the sandbox runs (started)
+    super(workdir, { host: '', sandbox: SOCKET_MOUNT }, spec, tempDirs, id);
+    this.limits = { ...DEFAULT_RESOURCES, ...spec.resources };
+    this.exitedPromise = new Promise<void>((resolve) => {
+      if (init.exitCode !== null || init.signalCode !== null) resolve();
+      init.once('exit', () => resolve());
+    }).then(() => {
+      this.exited = true;
+    });
+    init.stdin!.on('error', () => {});
+  }
+
+  /** Called once the agent answered: from now on its stdout carries "<id> <code>" lines. */
+  started(initPid: number): void {
+    this.initPid = initPid;
+    this.pidNamespace = pidNamespaceOf(initPid);
+    // bwrap's pid 1 and the agent it started: every later process of the sandbox descends from them
+    if (this.cgroup !== undefined) for (const pid of [initPid, ...childrenOf(initPid)]) this.cgroup.join(pid);
+    (this.socketDir as { host: string }).host = `/proc/${initPid}/root${SOCKET_MOUNT}`;
+    this.execDir = join(this.socketDir.host, EXEC_DIR);
+    this.outputDev = statSync(this.socketDir.host).dev;
+    this.enter = buildEnterArgs({
+      initPid,
+      namespaces: ownNamespaces(initPid),
+      ...(this.cgroup === undefined ? {} : { cgroupProcs: this.cgroup.procsFiles }),
+      ...(this.user === undefined ? {} : { user: this.user }),
+    });
+    // The agent's stdout can be written from inside the sandbox (same uid: pidfd_getfd). It is
+    // parsed in bounded time and memory: lines are short and well-formed, or the sandbox ends.
+    this.init.stdout!.on('data', (chunk: Buffer) => {
+      let from = 0;
+      for (let newline = chunk.indexOf(10); newline >= 0; newline = chunk.indexOf(10, from)) {
+        if (this.agentLine.length + newline - from > MAX_AGENT_LINE) return this.corrupt();
+        const line = this.agentLine + chunk.toString('latin1', from, newline);
+        this.agentLine = '';
+        from = newline + 1;
+        if (!AGENT_LINE.test(line)) return this.corrupt();
+        const space = line.indexOf(' ');
+        const id = line.slice(0, space);
+        this.pending.get(id)?.(Number(line.slice(space + 1)));
+        this.pending.delete(id);
+      }
+      if (this.agentLine.length + chunk.length - from > MAX_AGENT_LINE) return this.corrupt();
+      this.agentLine += chunk.toString('latin1', from);
+    });
+    this.init.stderr!.resume();
+    this.monitor = setInterval(() => this.checkLimits(), LIMIT_CHECK_MS);
+    this.monitor.unref();
+  }
+
+  protected override stagingDir(): { host: string; sandbox: string } {
+    return { host: this.inputHost, sandbox: INPUT_MOUNT };
+  }
+
+  /** Something inside wrote to the exec channel: nothing it says can be trusted any more. */
+  private corrupt(): void {
+    this.init.stdout!.removeAllListeners('data');
+    this.init.stdout!.resume();
+    this.endForLimit('a process in the sandbox wrote to the exec agent\'s control channel');
+  }
+
+  private endForLimit(reason: string): void {
+    if (this.limitReason !== undefined || this.closed) return;
+    this.limitReason = reason;
+    void this.close();
+  }
+
+  override checkLimits(): string | undefined {
+    if (this.limitReason !== undefined || this.closed || this.initPid === 0) return this.limitReason;
+    const reason = this.cgroup?.exceeded() ?? this.storageExceeded();
+    if (reason !== undefined) this.endForLimit(reason);
+    return this.limitReason;
+  }
+
+  /** The workspace or /tmp full, or more files than allowed (tmpfs has no inode cap of its own here). */
+  private storageExceeded(): string | undefined {
+    let inodes = 0;
+    const root = `/proc/${this.initPid}/root`;
+    for (const [mount, label, sizeMib] of [
+      [this.workdir, 'workspace', this.limits.workspaceMib],
+      ['/tmp', '/tmp', this.limits.tmpMib],
+      ['/dev/shm', '/dev/shm', Math.max(1, Math.floor(this.limits.tmpMib / 4))],
+    ] as const) {
+      let stats;
+      try {
+        stats = statfsSync(root + mount);
+      } catch {
+        return undefined; // ending already
+      }
+      if (stats.bavail === 0) return `${label} is full: the sandbox may write ${sizeMib} MiB there`;
+      inodes += stats.files - stats.ffree;
+    }
+    if (inodes > this.limits.maxInodes) return `too many files: the sandbox may create ${this.limits.maxInodes} in its workspace and /tmp, and made ${inodes}`;
+    return undefined;
+  }
+
+  protected override async execRaw(
+    command: string,
+    options: SandboxExecOptions = {},
+  ): Promise<{ stdout: Buffer; stderr: Buffer; returnCode: number; errorType?: 'timeout' | 'sandbox' }> {
+    const sandboxError = (message: string) => ({
+      stdout: Buffer.alloc(0),
+      stderr: Buffer.from(message),
+      returnCode: 125,
+      errorType: 'sandbox' as const,
+    });
+    if (this.closed) return sandboxError(this.closedMessage());
+    if (this.exited) return sandboxError('sandbox agent exited');
+    const id = `x${(++this.seq).toString(36)}${randomBytes(4).toString('hex')}`;
+    const base = join(this.execDir, id);
+    const input = join(this.inputHost, id);
+    let script = '';
+    for (const [key, value] of Object.entries({ ...this.spec.env, ...options.env })) {
+      if (!ENV_NAME.test(key)) return sandboxError(`invalid environment variable name ${JSON.stringify(key)}`);
+      if (key !== 'ROLLSERVE_SANDBOX') script += `export ${key}=${shQuote(value)}\n`;
+    }
+    script += `cd -- ${shQuote(options.cwd ?? this.workdir)} || exit 1\n${command}\n`;
+    try {
+      writeFileSync(`${input}.sh`, script, { flag: 'wx', mode: 0o644 });
+      if (options.stdin !== undefined) writeFileSync(`${input}.in`, options.stdin, { flag: 'wx', mode: 0o644 });
+    } catch (error) {
+      return sandboxError(`cannot stage the command: ${(error as Error).message}`);
+    }
+    const timeoutMs = options.timeoutMs ?? DEFAULT_EXEC_TIMEOUT_MS;
+    let timer: NodeJS.Timeout | undefined;
+    const done = new Promise<number>((resolve) => this.pending.set(id, resolve));
+    const gone = this.exitedPromise.then(() => 'gone' as const);
+    this.init.stdin!.write(`${id}\n`);
+    const first = await Promise.race([
+      done,
+      gone,
+      new Promise<'timeout'>((resolve) => {
+        timer = setTimeout(() => resolve('timeout'), timeoutMs);
+      }),
+    ]);
+    clearTimeout(timer);
+    let outcome: number | 'timeout' | 'gone' = first;
+    if (first === 'timeout') {
+      killTree(undefined, this.killOptions(`ROLLSERVE_SANDBOX=${id}`));
+      // let the files settle: the agent reports once the killed shell is reaped
+      await Promise.race([done, gone, new Promise((resolve) => setTimeout(resolve, 200))]);
+    }
+    this.pending.delete(id);
+    const cap = options.maxOutputBytes ?? 10 * 1024 * 1024;
+    const stdout = readCapped(`${base}.out`, cap, this.outputDev);
+    const stderr = readCapped(`${base}.err`, cap, this.outputDev);
+    unlinkQuiet(`${input}.sh`);
+    if (options.stdin !== undefined) unlinkQuiet(`${input}.in`);
+    for (const suffix of ['.out', '.err']) unlinkQuiet(`${base}${suffix}`);
+    if (outcome !== 'timeout' && outcome !== 'gone' && !this.closed) this.checkLimits();
+    if (outcome === 'gone' || this.closed) {
+      const why = this.limitReason === undefined ? 'sandbox ended while the command ran' : `sandbox ended: ${this.limitReason}`;
+      return { stdout, stderr: Buffer.concat([stderr, Buffer.from(`${why}\n`)]), returnCode: 125, errorType: 'sandbox' };
+    }
+    if (outcome === 'timeout') {
+      const notice = Buffer.from(`\ncommand timed out after ${timeoutMs} ms\n`);
+      return { stdout, stderr: Buffer.concat([stderr, notice]), returnCode: 125, errorType: 'timeout' };
+    }
+    return { stdout, stderr, returnCode: outcome };
+  }
+
+  protected wrap(inner: string[], env: Record<string, string>): HostCommand {
+    return { argv: [...this.enter, ...inner], env, cwd: '/' };
+  }
+
+  protected override limitScript(): string {
+    return ulimitScript(this.spec.resources);
+  }
+
+  protected override killOptions(tag: string): KillTreeOptions {
+    return { envTag: tag, ...(this.pidNamespace === undefined ? {} : { pidNamespace: this.pidNamespace }) };
+  }
+
+  protected override killEntered(leader: number, tag: string, running: () => boolean): void {
+    // nsenter (outside the pid namespace) must reap its child itself: see killDescendants
+    killDescendants(leader);
+    killTree(undefined, this.killOptions(`ROLLSERVE_SANDBOX=${tag}`));
+    setTimeout(() => {
+      if (!running()) return; // exited, as it should (and its pid may belong to someone else now)
+      try {
+        process.kill(leader, 'SIGKILL');
+      } catch {
+        // raced with its exit
+      }
+    }, 1000).unref();
+  }
+
+  protected override isSandboxFailure(stderr: string): boolean {
+    return /^(nsenter|setpriv|prlimit|rs-cgroup):/m.test(stderr);
+  }
+
+  async status(): Promise<SandboxStatus> {
+    if (this.closed) return 'stopped';
+    return this.exited ? 'error' : 'running';
+  }
+
+  protected async stop(): Promise<void> {
+    clearInterval(this.monitor);
+    if (!this.exited) {
+      // pid 1 of the namespace: the kernel kills every process of the sandbox before it is reaped
+      if (this.initPid > 0) {
+        try {
+          process.kill(this.initPid, 'SIGKILL');
+        } catch {
+          // already gone
+        }
+      } else {
+        this.init.kill('SIGKILL');
+      }
+      const timer = setTimeout(() => this.init.kill('SIGKILL'), 2000);
+      await this.exitedPromise;
+      clearTimeout(timer);
+    }
+    for (const resolve of this.pending.values()) resolve(125);
+    this.pending.clear();
+  }
+
+  protected override async released(): Promise<void> {
+    if (this.cgroup !== undefined) await removeCgroup(this.cgroup);
+  }
+
+  /** Whether the sandbox still runs (a warm one may have been killed while it waited). */
+  alive(): boolean {
+    return !this.exited && !this.closed;
+  }
+
+  /** Hands a warm sandbox its spec (env and files; the rest matched the pool's). */
+  adopt(spec: SandboxSpec): void {
+    (this as unknown as { spec: SandboxSpec }).spec = spec;
+  }
+
+  /** Fails `create` cleanly. */
+  async abort(): Promise<void> {
+    this.init.kill('SIGKILL');
+    await this.close();
+  }
+}
+
+/** Removes a sandbox's cgroup once its last process is reaped (that takes a moment after a SIGKILL). */
+
+async function removeCgroup(cgroup: SandboxCgroup): Promise<void> {
+  for (let attempt = 0; attempt < 50; attempt++) {
+    if (cgroup.remove()) return;
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+  // an init that is slow to reap the last zombies: go on trying without holding close()
+  const retry = (left: number): void => {
+    if (cgroup.remove() || left === 0) return;
+    setTimeout(() => retry(left - 1), 500).unref();
+  };
+  retry(60);
+}
+

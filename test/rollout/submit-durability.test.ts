@@ -1,0 +1,96 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import type { RolloutResult } from '@rollserve/core';
+import { startFakePolicy, workspaceRoot } from '@rollserve/testing';
+import { request } from 'undici';
+import { afterEach, describe, expect, it } from 'vitest';
+
+// The 202 of POST /v1/rollouts means the batch is journaled: a service killed right after it runs
+// every task of the batch after its restart, each rollout once.
+
+const cleanups: Array<() => Promise<void>> = [];
+afterEach(async () => {
+  while (cleanups.length) await cleanups.pop()!();
+});
+
+/** The service of fixtures/sandboxed-server.ts in a child process; resolves with its URL. */
+async function startChild(options: { journalPath: string; llm: string }): Promise<{ url: string; child: ChildProcess }> {
+  const script = fileURLToPath(new URL('./fixtures/sandboxed-server.ts', import.meta.url));
+  const child = spawn(process.execPath, ['--import', 'tsx', '--conditions=@rollserve/source', script, JSON.stringify(options)], {
+    cwd: workspaceRoot(),
+    stdio: ['ignore', 'pipe', 'pipe'],
+    env: { ...process.env, ROLLSERVE_LOG_LEVEL: 'silent' },
+  });
+  cleanups.push(async () => {
+    if (child.exitCode === null && child.signalCode === null) {
+      child.kill('SIGKILL');
+      await once(child, 'exit');
+    }
+  });
+  let stderr = '';
+  child.stderr!.on('data', (chunk: Buffer) => (stderr += chunk));
+  const url = await new Promise<string>((resolve, reject) => {
+    let stdout = '';
+    child.stdout!.on('data', (chunk: Buffer) => {
+      stdout += chunk;
+      const line = stdout.match(/^(http:\/\/\S+)$/m);
+      if (line) resolve(line[1]!);
+    });
+    child.once('exit', (code, signal) => reject(new Error(`the service exited (${code ?? signal}) before serving: ${stderr}`)));
+  });
+  return { url, child };
+}
+
+async function journalLines(path: string): Promise<Array<{ type: string; taskId?: string; result?: RolloutResult }>> {
+  return (await readFile(path, 'utf8')).split('\n').filter(Boolean).map((line) => JSON.parse(line));
+}
+
+describe('submitting to a sandboxed environment', () => {
+  it('loses nothing when the service is killed right after the 202: every rollout runs once after the restart', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'rollserve-submit-'));
+    cleanups.push(() => rm(dir, { recursive: true, force: true }));
+    const journalPath = join(dir, 'journal.jsonl');
+    const fake = await startFakePolicy({
+      script: (req) => {
+        const messages = req.messages as Array<{ role: string; content?: unknown }>;
+        if (messages.some((m) => m.role === 'tool')) return 'done';
+        const tag = JSON.stringify(messages).match(/tag (\w+)/)![1]!;
+        return { toolCalls: [{ name: 'bash', arguments: { command: `echo tag-${tag}` } }] };
+      },
+    });
+    cleanups.push(() => fake.close());
+    const ids = Array.from({ length: 64 }, (_, i) => `k${i}`);
+    const tasks = ids.map((id) => ({ id, env: 'shell', row: { responses_create_params: { input: `print tag ${id}` }, tag: id }, policy: { model: 'fake-policy' } }));
+
+    const first = await startChild({ journalPath, llm: fake.url });
+    const response = await request(`${first.url}/v1/rollouts`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ tasks }) });
+    first.child.kill('SIGKILL'); // right after the 202, before the batch has done anything much
+    expect(response.statusCode).toBe(202);
+    const accepted = (await response.body.json()) as { tasks: Array<{ task_id: string; existing: boolean }> };
+    expect(accepted.tasks.map((t) => t.task_id)).toEqual(ids);
+    await once(first.child, 'exit');
+    expect((await journalLines(journalPath)).filter((r) => r.type === 'task').map((r) => r.taskId)).toEqual(ids);
+
+    // The restart runs what the first process had accepted, by itself.
+    const second = await startChild({ journalPath, llm: fake.url });
+    const stream = await request(`${second.url}/v1/rollouts/stream?ids=${ids.join(',')}`);
+    const results = (await stream.body.text()).trim().split('\n').map((line) => JSON.parse(line) as RolloutResult);
+    expect(results.map((r) => r.id).sort()).toEqual([...ids].sort());
+    for (const result of results) expect({ id: result.id, state: result.state, reward: result.reward, error: result.error }).toEqual({ id: result.id, state: 'done', reward: 1, error: null });
+    // Resubmitting the batch starts nothing new.
+    const again = await request(`${second.url}/v1/rollouts`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ tasks }) });
+    expect(again.statusCode).toBe(202);
+    expect(((await again.body.json()) as { tasks: Array<{ existing: boolean }> }).tasks.every((t) => t.existing)).toBe(true);
+    second.child.kill('SIGTERM');
+    await once(second.child, 'exit');
+
+    const lines = await journalLines(journalPath);
+    expect(lines.filter((r) => r.type === 'task')).toHaveLength(ids.length);
+    const finished = lines.filter((r) => r.type === 'result').map((r) => r.result!.id);
+    expect(finished.sort()).toEqual([...ids].sort()); // each rollout finished exactly once
+  }, 120_000);
+});
