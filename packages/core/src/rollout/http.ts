@@ -99,6 +99,7 @@ export function createRolloutApi(service: RolloutService, options: RolloutApiOpt
     );
   }
 
+  // The 202 comes once the batch is journaled (a restart runs it), before any of its work starts.
   app.post('/v1/rollouts', async (c) => {
     const request = parse(SubmitRequest, await body(c));
     const tasks = 'tasks' in request ? request.tasks : [request];

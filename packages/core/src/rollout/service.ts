@@ -45,6 +45,11 @@ export interface RolloutServiceOptions {
   sandboxProvider?: SandboxProvider;
   /** JSONL journal of tasks and results; omitted: results live in memory only. */
   journalPath?: string;
+  /**
+   * fdatasync each journal write: accepted tasks and results then survive the machine going down,
+   * not just the process (SIGKILL, OOM). Writes are grouped, so it costs one sync per write.
+   * @default false
+   */
   journalFsync?: boolean;
   logger?: Logger;
 }
