@@ -3,6 +3,7 @@ const BENCHES: Record<string, () => Promise<{ default: () => Promise<void> }>> =
   'math-verify': () => import('./math-verify.ts'),
   'verify-http': () => import('./verify-http.ts'),
   tools: () => import('./tools.ts'),
+  isolation: () => import('./isolation.ts'),
   rollouts: () => import('./rollouts.ts'),
   'code-verify': () => import('./code-verify.ts'),
   swe: () => import('./swe.ts'),

@@ -217,7 +217,10 @@ export default async function bench(): Promise<void> {
   }
 
   const width = Math.max(...rows.map(([name]) => name.length));
-  console.log(`per-sandbox cgroup: ${cgroupSupport() === null ? 'none here (rlimit fallback)' : `v${cgroupSupport()}`}; targets (issue 10): within 20 % of 892c5cf, which measured create+exec+close p50 10.1 ms and bash over HTTP p50 0.61 ms on this machine`);
+  console.log(
+    `per-sandbox cgroup: ${cgroupSupport() === null ? 'none here (rlimit fallback)' : `v${cgroupSupport()}`}; ` +
+      'target (issue 10): create+exec+close and bash over HTTP within 20 % of 892c5cf (before the stronger isolation) measured on the same machine at the same time',
+  );
   for (const [name, times] of rows) console.log(`${name.padEnd(width)}  ${latencyLine(times)}`);
   const bashP50 = percentile(bashTimes, 50);
   const tmuxP50 = percentile(tmuxTimes, 50);
