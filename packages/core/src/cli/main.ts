@@ -9,6 +9,7 @@ import { PoolModelProvider } from '../rollout/model-provider.ts';
 import { removeStaleSandboxDirs } from '../sandbox/staging.ts';
 import { startRolloutServer, type RolloutServer } from '../rollout/server.ts';
 import { RolloutService } from '../rollout/service.ts';
+import { checkArgv, type CheckedCommand } from './argv-check.ts';
 import { collectRollouts, sidecarPaths } from './collect.ts';
 import { nemoGymConfig } from './gym-config.ts';
 import { scaffoldEnvironment } from './scaffold.ts';
@@ -131,7 +132,7 @@ const rollout = defineCommand({
     input: { type: 'string', description: 'Rows (JSONL)', required: true },
     output: { type: 'string', description: 'Results (JSONL); <stem>_failures.jsonl and <stem>_aggregate_metrics.json go beside it', required: true },
     policy: { type: 'string', description: 'Policy inference servers (OpenAI base URLs, comma-separated)', required: true },
-    model: { type: 'string', description: 'Served model name', default: 'policy' },
+    model: { type: 'string', description: 'Served model name (as the inference servers name it)', required: true },
     n: { type: 'string', description: 'Samples per row', default: '1' },
     temperature: { type: 'string', description: 'Sampling temperature' },
     'max-tokens': { type: 'string', description: 'Generation limit per turn' },
@@ -214,9 +215,33 @@ const nemoGym = defineCommand({
   },
 });
 
+const subCommands = { serve, list, start, rollout, new: create, 'gym-config': gymConfig, 'nemo-gym': nemoGym };
+
+// A mistake on the command line, or a failure of the command, is one line that says what went
+// wrong (exit 2 and 1), never a stack trace; ROLLSERVE_DEBUG=1 shows the trace.
+const problem = checkArgv(process.argv.slice(2), subCommands as Record<string, CheckedCommand>);
+if (problem !== undefined) {
+  console.error(`rollserve: ${problem}`);
+  process.exit(2);
+}
+for (const [name, command] of Object.entries(subCommands) as Array<[string, { run?: (context: unknown) => unknown }]>) {
+  const run = command.run;
+  if (run === undefined) continue;
+  command.run = async (context: unknown) => {
+    try {
+      return await run(context);
+    } catch (error) {
+      if (process.env.ROLLSERVE_DEBUG === '1') console.error(error);
+      const cause = (error as Error).cause instanceof Error ? ` (${((error as Error).cause as Error).message})` : '';
+      console.error(`rollserve ${name}: ${error instanceof Error ? error.message : String(error)}${cause}`);
+      process.exit(1);
+    }
+  };
+}
+
 await runMain(
   defineCommand({
     meta: { name: 'rollserve', version, description: 'Rollout infrastructure for RL of LLM agents' },
-    subCommands: { serve, list, start, rollout, new: create, 'gym-config': gymConfig, 'nemo-gym': nemoGym },
+    subCommands,
   }),
 );

@@ -1,0 +1,57 @@
+import { distance } from 'fastest-levenshtein';
+
+/** What argv-check needs of a citty command: its argument definitions. */
+export interface CheckedCommand {
+  args?: Record<string, { type?: string; alias?: string | string[] }>;
+}
+
+/** The closest of `candidates` to `word`, when it is close enough to be what was meant. */
+export function suggest(word: string, candidates: readonly string[]): string | undefined {
+  // fewest edits first; among equals, one that starts as the word does (--nn meant --n, not --env)
+  const ranked = candidates
+    .map((candidate) => ({ candidate, edits: distance(word, candidate), sameStart: candidate[0] === word[0] ? 0 : 1 }))
+    .sort((a, b) => a.edits - b.edits || a.sameStart - b.sameStart);
+  const best = ranked[0];
+  return best !== undefined && best.edits <= Math.max(2, Math.floor(best.candidate.length / 3)) ? best.candidate : undefined;
+}
+
+/**
+ * Checks a command line before citty runs it: an unknown command or option is an error that says
+ * what was meant, not a default silently used nor a stack trace. Returns the message, or undefined
+ * when the line is well-formed. (citty itself accepts any `--flag`.)
+ */
+export function checkArgv(argv: readonly string[], commands: Readonly<Record<string, CheckedCommand>>): string | undefined {
+  const [name, ...rest] = argv;
+  if (name === undefined || name.startsWith('-')) return undefined; // --help, --version
+  const command = commands[name];
+  if (command === undefined) {
+    const hint = suggest(name, Object.keys(commands));
+    return `unknown command "${name}"${hint === undefined ? '' : `; did you mean "${hint}"?`} (rollserve --help lists the commands)`;
+  }
+  const args = command.args ?? {};
+  const flags = new Map<string, string>();
+  for (const [key, def] of Object.entries(args)) {
+    if (def.type === 'positional') continue;
+    flags.set(key, def.type ?? 'string');
+    for (const alias of [def.alias ?? []].flat()) flags.set(alias, def.type ?? 'string');
+    if (def.type === 'boolean') flags.set(`no-${key}`, 'boolean');
+  }
+  flags.set('help', 'boolean');
+  flags.set('h', 'boolean');
+  for (let i = 0; i < rest.length; i++) {
+    const token = rest[i]!;
+    if (token === '--') break;
+    if (!token.startsWith('-') || token === '-') continue;
+    const [flag, inline] = token.replace(/^--?/, '').split(/=(.*)/s) as [string, string | undefined];
+    const type = flags.get(flag);
+    if (type === undefined) {
+      const hint = suggest(flag, [...flags.keys()].filter((key) => key !== 'h'));
+      return `unknown option ${token.split('=')[0]} for "rollserve ${name}"${hint === undefined ? '' : `; did you mean --${hint}?`} (rollserve ${name} --help lists its options)`;
+    }
+    if (type === 'string' && inline === undefined) {
+      if (i + 1 >= rest.length) return `option --${flag} of "rollserve ${name}" needs a value`;
+      i++;
+    }
+  }
+  return undefined;
+}

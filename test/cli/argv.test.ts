@@ -1,0 +1,44 @@
+import { spawnSync } from 'node:child_process';
+import { join } from 'node:path';
+import { describe, expect, it } from 'vitest';
+
+// Mistakes on the command line, as a user makes them, against the built CLI.
+const bin = join(import.meta.dirname, '../../packages/core/bin/rollserve.js');
+const run = (...args: string[]) => spawnSync(process.execPath, [bin, ...args], { encoding: 'utf8', env: { ...process.env, ROLLSERVE_LOG_LEVEL: 'silent' } });
+
+describe('rollserve command line', () => {
+  it('names an unknown command and suggests the one meant', () => {
+    const result = run('strat');
+    expect(result.status).toBe(2);
+    expect(result.stderr.trim()).toBe('rollserve: unknown command "strat"; did you mean "start"? (rollserve --help lists the commands)');
+  });
+
+  it('refuses an unknown option instead of running with a default, and suggests the one meant', () => {
+    const result = run('serve', 'math', '--prot', '9001');
+    expect(result.status).toBe(2);
+    expect(result.stderr).toContain('unknown option --prot for "rollserve serve"; did you mean --port?');
+    expect(result.stderr).not.toMatch(/\n\s+at /); // no stack trace
+    expect(run('rollout', '--env', 'math', '--input', 'x', '--output', 'y', '--policy', 'http://127.0.0.1:9/v1', '--model', 'm', '--nn', '4').stderr).toContain(
+      'unknown option --nn for "rollserve rollout"; did you mean --n?',
+    );
+  });
+
+  it('says which option lacks its value', () => {
+    const result = run('start', '--llm');
+    expect(result.status).toBe(2);
+    expect(result.stderr.trim()).toBe('rollserve: option --llm of "rollserve start" needs a value');
+  });
+
+  it('reports a failing command in one line, without a stack trace', () => {
+    const result = run('serve', 'nosuchenv', '--port', '0');
+    expect(result.status).toBe(1);
+    expect(result.stderr.trim()).toMatch(/^rollserve serve: no environment "nosuchenv" is installed/);
+    expect(result.stderr).not.toMatch(/\n\s+at /);
+  });
+
+  it('rollout requires --model', () => {
+    const result = run('rollout', '--env', 'math', '--input', 'x', '--output', 'y', '--policy', 'http://127.0.0.1:9/v1');
+    expect(result.status).not.toBe(0);
+    expect(result.stdout + result.stderr).toContain('Missing required argument: --model');
+  });
+});
