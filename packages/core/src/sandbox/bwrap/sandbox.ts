@@ -20,20 +20,25 @@ import { buildEnterArgs, EXEC_DIR, INPUT_MOUNT, ownNamespaces } from './args.ts'
 /*
  * How exec works, and why.
  *
- * Each sandbox is ONE long-lived `bwrap` (user, mount, pid, ipc, uts and, unless asked, net
- * namespaces) whose command is a ten-line POSIX sh agent (AGENT_SCRIPT). `exec` writes the command
- * as a script file into a directory bound into the sandbox and sends its id on the agent's stdin;
- * the agent double-forks `sh <script>` with stdout and stderr going to files next to it and
- * answers "<id> <exit code>" on its stdout. Long-lived processes with their own terminal or pipes
- * (the bash tool's PTY, the Python kernel) instead ENTER the sandbox's namespaces with
- * `nsenter -t <agent> -U -m -p` (after `setpriv` to the sandbox uid) and set their limits with
- * `ulimit` once inside.
+ * Each sandbox is ONE long-lived `bwrap` (user, mount, pid, ipc, uts, cgroup and, unless asked,
+ * net namespaces) whose command is a ten-line POSIX sh agent (agentScript). `exec` writes the
+ * command as a script into the input directory (a host directory bound READ-ONLY at INPUT_MOUNT)
+ * and sends its id on the agent's stdin; the agent double-forks `sh <script>` with stdout and
+ * stderr going to files in the output tmpfs (SOCKET_MOUNT/.exec) and answers "<id> <exit code>" on
+ * its stdout. Long-lived processes with their own terminal or pipes (the bash tool's PTY, the
+ * Python kernel) instead ENTER the sandbox with `nsenter -t <init> -U -m -p` plus every other
+ * namespace the sandbox does not share with the host (after joining its cgroup and `setpriv` to the
+ * sandbox uid), and set their limits with `ulimit` once inside.
  *
- * Measured on the dev box (2 cores, Node 20): spawning any child from Node costs ≈ 2 ms (fork of a
- * large process), an nsenter chain ≈ 5 ms, the agent round trip ≈ 0.5-1 ms; bwrap start ≈ 5 ms.
- * So create + first command + close stays near 10 ms with the agent, and ≈ 16 ms when every exec
- * spawns an nsenter chain. A bwrap per exec would cost the same 5 ms per command and could not
- * share /tmp or background processes; a Python agent costs ≥ 15 ms of interpreter start.
+ * Writable places are tmpfs mounts of set sizes (workspace, /tmp, /dev/shm, the output directory),
+ * charged to the sandbox's cgroup where it has one; the service reaches them through
+ * /proc/<init>/root. The sandbox writes nothing to a host disk.
+ *
+ * Measured (2 cores, Node 20): spawning any child from Node costs ≈ 2 ms (fork of a large
+ * process), an nsenter chain ≈ 5 ms, the agent round trip ≈ 0.5-1 ms; bwrap start ≈ 5 ms. A bwrap
+ * per exec would cost the same 5 ms per command and could not share /tmp or background processes;
+ * a Python agent costs ≥ 15 ms of interpreter start. `pnpm bench isolation` compares with a
+ * baseline checkout.
  *
  * `--dev` is NOT used: it makes bwrap add a second, nested user namespace (to mount devpts as uid
  * 0), and the pid namespace, owned by the outer one, can then not be entered. /dev is a tmpfs with
@@ -41,18 +46,19 @@ import { buildEnterArgs, EXEC_DIR, INPUT_MOUNT, ownNamespaces } from './args.ts'
  *
  * Processes: RLIMIT_NPROC is counted per (user namespace, uid) since Linux 5.14, so a limit set
  * INSIDE the sandbox's user namespace (the agent's `ulimit`, and the same `ulimit`s in the wrapper
- * of every entering process) caps that sandbox alone; the namespace itself is created under the service's (high) limit,
- * which bounds the sum over all sandboxes. Root is exempt from RLIMIT_NPROC, so a service running
- * as root drops the sandbox to a dedicated uid (65534 unless configured): Node's spawn `uid`/`gid`
- * for bwrap itself, `setpriv` (with no_new_privs) for the processes that enter it.
+ * of every entering process) caps that sandbox alone. Root is exempt from RLIMIT_NPROC, so a
+ * service running as root drops the sandbox to a dedicated uid (65534 unless configured): Node's
+ * spawn `uid`/`gid` for bwrap itself, `setpriv` (with no_new_privs) for the processes that enter.
  *
  * Lifetime: killing pid 1 of the pid namespace makes the kernel kill every process of the
  * sandbox; `--die-with-parent` and the agent's stdin pipe do the same when the service dies.
  * A timed-out command is found by the ROLLSERVE_SANDBOX=<exec id> variable it and its children
  * carry, within the sandbox's pid namespace.
  *
- * The exec directory is writable from inside, so the host opens what it reads with O_NOFOLLOW,
- * accepts only regular files with one link, and creates what it writes with O_EXCL.
+ * Trust: anything inside may write to the output directory and to the agent's stdout (same uid:
+ * pidfd_getfd). The host reads output files with O_NOFOLLOW, only regular files with one link on
+ * the output tmpfs itself; it parses the agent's lines in bounded time and memory and ends the
+ * sandbox on anything malformed.
  */
 
 
@@ -122,7 +128,7 @@ export class BwrapSandbox extends CommandSandbox {
     spec: SandboxSpec,
     private readonly init: ChildProcess,
     private readonly user: { uid: number; gid: number } | undefined,
-    private readonly cgroup: SandboxCgroup | undefined,
+    private cgroup: SandboxCgroup | undefined,
     private readonly inputHost: string,
     tempDirs: string[],
   ) {
@@ -143,7 +149,17 @@ export class BwrapSandbox extends CommandSandbox {
     this.initPid = initPid;
     this.pidNamespace = pidNamespaceOf(initPid);
     // bwrap's pid 1 and the agent it started: every later process of the sandbox descends from them
-    if (this.cgroup !== undefined) for (const pid of [initPid, ...childrenOf(initPid)]) this.cgroup.join(pid);
+    if (this.cgroup !== undefined) {
+      try {
+        for (const pid of [initPid, ...childrenOf(initPid)]) this.cgroup.join(pid);
+      } catch {
+        // a cgroup we may create but not move processes into (a v2 hierarchy without delegation
+        // of the common ancestor): the rlimit fallback holds, as where there is no cgroup at all
+        const empty = this.cgroup;
+        this.cgroup = undefined;
+        void removeCgroup(empty);
+      }
+    }
     (this.socketDir as { host: string }).host = `/proc/${initPid}/root${SOCKET_MOUNT}`;
     this.execDir = join(this.socketDir.host, EXEC_DIR);
     this.outputDev = statSync(this.socketDir.host).dev;
