@@ -127,8 +127,10 @@ describe('rollout service: tools, turns and limits', () => {
     // The model saw each tool output as a tool message on its next call.
     const fourth = fake.requests[3]!.messages as Array<{ role: string; content: string }>;
     expect(fourth.filter((m) => m.role === 'tool').map((m) => m.content).slice(-2)).toEqual(['{"success":true}', '{"success":true}']);
-    // Turn rewards: format/tool per turn, outcome on the last; returns discounted by 0.5.
-    expect(result.turns.map((t) => t.rewards.format)).toEqual([0, 0, 1, 1, 1]);
+    // Turn rewards: format/tool per turn, outcome on the last; returns discounted by 0.5. The
+    // legacy turn_rewards.format (0.1) is the format component's value on a well-formed turn.
+    expect(result.turns.map((t) => t.rewards.format)).toEqual([0, 0, 0.1, 0.1, 0.1]);
+    expect(result.turns.map((t) => t.status)).toEqual(['malformed', 'malformed', 'ok', 'ok', 'none']);
     expect(result.turns[4]!.reward).toBeCloseTo(1.2);
     expect(result.turns[3]!.return).toBeCloseTo(0.2 + 0.5 * 1.2);
     const types = (result.response!.output as Array<{ type: string }>).map((o) => o.type);
@@ -237,6 +239,33 @@ describe('rollout service: reliability', () => {
     expect(results.every((r) => r.criticalError === null)).toBe(true);
     expect(results.every((r) => r.reward === 1)).toBe(true);
     expect(b.requests.length).toBeGreaterThan(0);
+  });
+
+  it('fills every group, even when its samples finish together, and journals the group\'s credit', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'rollserve-journal-'));
+    cleanups.push(() => rm(dir, { recursive: true, force: true }));
+    const journalPath = join(dir, 'journal.jsonl');
+    const fake = await policy({ script: () => 'done' });
+    const tasks: RolloutTaskInput[] = Array.from({ length: 12 }, (_, i) => ({
+      id: `g${i}`,
+      env: 'counter',
+      row: { responses_create_params: { input: `group ${i}` }, initial_count: i, expected_count: i },
+      policy: { model: 'fake-policy' },
+      n: 8,
+    }));
+    const svc = await service({ backends: [fake.url], environments: [counterEnvironment], journalPath });
+    const submitted = await svc.submit(tasks);
+    const results = await Promise.all(submitted.flatMap((t) => t.rolloutIds).map((id) => svc.wait(id)));
+    expect(results).toHaveLength(96);
+    expect(results.filter((r) => r.advantage === null).map((r) => r.id)).toEqual([]);
+    // the journal's last word on each rollout carries its group's credit too
+    const last = new Map<string, RolloutResult>();
+    for (const line of (await readFile(journalPath, 'utf8')).split('\n').filter(Boolean)) {
+      const record = JSON.parse(line) as { type: string; result?: RolloutResult };
+      if (record.type === 'result') last.set(record.result!.id, record.result!);
+    }
+    expect(last.size).toBe(96);
+    expect([...last.values()].filter((r) => r.advantage === null).map((r) => r.id)).toEqual([]);
   });
 
   it('loses nothing and duplicates nothing across a restart mid-batch', async () => {

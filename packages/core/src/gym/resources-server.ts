@@ -259,7 +259,10 @@ export function createResourcesServer(env: Environment<any, any, any>, options: 
   async function runTool(c: Context<Vars>, tool: ToolDefinition<any, any>, args: unknown) {
     const { signal: _signal, ...ctx } = contextFor(c);
     const outcome = await invokeTool(tool, args, ctx, { timeoutMs: tool.timeoutMs ?? defaultToolTimeoutMs, signal: c.req.raw.signal });
-    if (outcome.ok) return typeof outcome.value === 'string' ? c.text(outcome.value) : c.json(outcome.value ?? null);
+    if (outcome.ok) {
+      if (tool.text) return c.text(tool.text(outcome.value));
+      return typeof outcome.value === 'string' ? c.text(outcome.value) : c.json(outcome.value ?? null);
+    }
     if (outcome.timedOut) return c.json({ detail: (outcome.error as Error).message }, 504);
     throw outcome.error;
   }

@@ -2,9 +2,10 @@ import { z } from 'zod';
 import { RolloutError } from '../errors.ts';
 import { jsonInvalidError, NOT_FOUND_BODY, reprError, zodIssuesToPydantic } from '../gym/fastapi-errors.ts';
 import type { Environment, EnvironmentContext } from '../spec/environment.ts';
-import { invokeTool, toolOutputText } from '../spec/invoke-tool.ts';
-import { toolDeclaration, type ToolDefinition } from '../spec/tool.ts';
+import { invokeTool, toolCallCode, toolOutputText } from '../spec/invoke-tool.ts';
+import { toolDeclaration, type ToolDefinition, type ToolExecution } from '../spec/tool.ts';
 import { inputToMessages, responsesToolsToChat, type ChatMessage, type ChatTool } from './messages.ts';
+import { TURN_REWARD_NAMES } from './rewards/components.ts';
 import type { ToolCallRecord, ToolCallStatus, TurnRecord } from './types.ts';
 
 /** What the agent loop needs from one model call (the LLM client's result). */
@@ -67,12 +68,14 @@ async function runToolCall(
   call: { id: string; name: string; arguments: string },
 ): Promise<ToolCallRecord> {
   const started = performance.now();
-  const done = (status: ToolCallStatus, output: string): ToolCallRecord => ({
+  const done = (status: ToolCallStatus, output: string, execution: ToolExecution | null = null, code: string | null = null): ToolCallRecord => ({
     id: call.id,
     name: call.name,
     arguments: call.arguments,
     output,
     status,
+    execution,
+    code,
     durationMs: performance.now() - started,
   });
   // NeMo Gym names may arrive MCP-namespaced (mcp__<server>__<tool>).
@@ -90,18 +93,38 @@ async function runToolCall(
   if (!parsed.success) {
     return done('invalid_arguments', JSON.stringify({ detail: zodIssuesToPydantic(parsed.error.issues, args, tool.parameters) }));
   }
+  let code: string | null = null;
+  try {
+    code = toolCallCode(tool, parsed.data);
+  } catch {
+    code = null;
+  }
   const outcome = await invokeTool(tool, parsed.data, options.ctx, { timeoutMs: options.toolTimeoutMs, signal: options.signal });
   if (outcome.ok) {
-    let clean = true;
+    let execution: ToolExecution = { exitCode: null, timedOut: false, exception: null };
+    let text: string;
     try {
-      clean = tool.succeeded ? tool.succeeded(outcome.value) !== false : true;
-    } catch {
-      clean = false;
+      if (tool.execution) execution = tool.execution(outcome.value);
+      // the legacy hook: a false is an error without more to say
+      if (execution.exception === null && tool.succeeded && tool.succeeded(outcome.value) === false) execution = { ...execution, exception: 'the tool reported failure' };
+      text = toolOutputText(outcome.value, tool);
+    } catch (error) {
+      execution = { ...execution, exception: `the tool's result could not be read: ${String(error)}` };
+      text = toolOutputText(outcome.value);
     }
-    return done(clean ? 'ok' : 'error', toolOutputText(outcome.value));
+    return done(executionStatus(execution), text, execution, code);
   }
-  if (outcome.timedOut) return done('timeout', JSON.stringify({ detail: (outcome.error as Error).message }));
-  return done('error', JSON.stringify(reprError(outcome.error)));
+  if (outcome.timedOut) return done('timeout', JSON.stringify({ detail: (outcome.error as Error).message }), { exitCode: null, timedOut: true, exception: null }, code);
+  const error = outcome.error as { name?: unknown; message?: unknown } | undefined;
+  const exception = `${typeof error?.name === 'string' ? error.name : 'Error'}: ${typeof error?.message === 'string' ? error.message : String(outcome.error)}`;
+  return done('error', JSON.stringify(reprError(outcome.error)), { exitCode: null, timedOut: false, exception }, code);
+}
+
+/** A call's status from its structured outcome: a time-out, an exception or a non-zero exit code. */
+export function executionStatus(execution: ToolExecution): ToolCallStatus {
+  if (execution.timedOut) return 'timeout';
+  if (execution.exception !== null || (execution.exitCode !== null && execution.exitCode !== 0)) return 'error';
+  return 'ok';
 }
 
 /**
@@ -142,7 +165,11 @@ export async function runAgentLoop(options: AgentLoopOptions): Promise<AgentLoop
       toolCalls: [],
       llmLatencyMs: model.latencyMs,
       backend: model.backend,
-      rewards: { format: 0, tool: 0, outcome: 0 },
+      code: null,
+      status: 'none',
+      malformed: null,
+      // filled in by the credit pass (rewards/) once the rollout is scored
+      rewards: Object.fromEntries(TURN_REWARD_NAMES.map((name) => [name, null])) as TurnRecord['rewards'],
       reward: 0,
       return: 0,
       normalizedReturn: null,
@@ -157,6 +184,7 @@ export async function runAgentLoop(options: AgentLoopOptions): Promise<AgentLoop
     for (const call of model.toolCalls) {
       const record = await runToolCall(options, call);
       turn.toolCalls.push(record);
+      if (record.code !== null) turn.code = turn.code === null ? record.code : `${turn.code}\n${record.code}`;
       options.onToolCall?.(record);
       messages.push({ role: 'tool', tool_call_id: call.id, content: record.output });
       const limit = options.checkLimits?.();

@@ -11,24 +11,29 @@ function turn(index: number, statuses: ToolCallRecord['status'][]): TurnRecord {
     finishReason: 'stop',
     text: null,
     reasoning: null,
-    toolCalls: statuses.map((status, i) => ({ id: `c${i}`, name: 'bash', arguments: '{}', output: '', status, durationMs: 1 })),
+    toolCalls: statuses.map((status, i) => ({ id: `c${i}`, name: 'bash', arguments: '{}', output: '', status, execution: null, code: null, durationMs: 1 })),
     llmLatencyMs: 1,
     backend: null,
-    rewards: { format: 0, tool: 0, outcome: 0 },
+    code: null,
+    status: 'none',
+    malformed: null,
+    rewards: { format: 0, tool: 0, outcome: 0, shaping: 0 },
     reward: 0,
     return: 0,
     normalizedReturn: null,
   };
 }
 
-describe('turn rewards', () => {
+// The functions credit.ts kept from before rewards/, with the legacy weights (see resolveCredit).
+describe('turn rewards (legacy turn_rewards and gamma)', () => {
   it('scores format, tool success and outcome per turn and discounts returns', () => {
     const turns = [turn(0, ['ok', 'error']), turn(1, ['invalid_arguments']), turn(2, [])];
     assignTurnRewards(turns, 1, { format: 0.1, tool: 0.2, outcome: 1 }, 0.5);
+    // the legacy format weight is the component's value on a well-formed turn
     expect(turns.map((t) => t.rewards)).toEqual([
-      { format: 1, tool: 0.5, outcome: 0 },
-      { format: 0, tool: 0, outcome: 0 },
-      { format: 1, tool: 1, outcome: 1 },
+      { format: 0.1, tool: 0.5, outcome: 0, shaping: 0 },
+      { format: 0, tool: 0, outcome: 0, shaping: 0 },
+      { format: 0.1, tool: 1, outcome: 1, shaping: 0 },
     ]);
     // rewards: 0.1 + 0.1 = 0.2; 0; 0.1 + 0.2 + 1 = 1.3
     expect(turns[2]!.reward).toBeCloseTo(1.3);
@@ -40,6 +45,7 @@ describe('turn rewards', () => {
   it('gives only the outcome with the default weights', () => {
     const turns = [turn(0, ['ok']), turn(1, [])];
     assignTurnRewards(turns, 0.75, { format: 0, tool: 0, outcome: 1 }, 1);
+    expect(turns.map((t) => t.status)).toEqual(['ok', 'none']);
     expect(turns.map((t) => t.return)).toEqual([0.75, 0.75]);
     expect(turns.map((t) => t.reward)).toEqual([0, 0.75]);
   });

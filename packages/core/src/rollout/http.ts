@@ -7,6 +7,7 @@ import { RolloutError } from '../errors.ts';
 import { checkToken } from '../gym/bind-policy.ts';
 import { rolloutOpenApi } from './openapi.ts';
 import type { RolloutService } from './service.ts';
+import { trainingView } from './training-view.ts';
 import { PolicySpec, RolloutLimits, SamplingParams, SubmitRequest, type RolloutResult, type RolloutState } from './types.ts';
 
 /** What `POST /v1/llm-backends` and the service's pool agree on. */
@@ -181,10 +182,21 @@ export function createRolloutApi(service: RolloutService, options: RolloutApiOpt
 
   app.get('/v1/rollouts/:id', (c) => {
     const id = c.req.param('id');
+    const viewName = c.req.query('view');
+    if (viewName !== undefined && viewName !== 'training') throw new RolloutError({ code: 'BAD_REQUEST', message: `view is "training" or omitted, not "${viewName}"` });
+    // ?view=training: what a loss needs (training-view.ts); a task id gives its finished samples' views.
+    const training = (rolloutId: string) => {
+      const result = service.get(rolloutId)?.result;
+      return result ? trainingView(result) : null;
+    };
     const view = service.get(id);
-    if (view) return c.json(view);
+    if (view) {
+      if (viewName !== 'training') return c.json(view);
+      if (!view.result) throw new RolloutError({ code: 'CONFLICT', message: `rollout "${id}" has not finished (state ${view.state})`, retryable: true });
+      return c.json(trainingView(view.result));
+    }
     const members = service.taskRollouts(id);
-    if (members) return c.json({ task_id: id, rollouts: members.map((m) => service.get(m)) });
+    if (members) return c.json({ task_id: id, rollouts: members.map((m) => (viewName === 'training' ? training(m) : service.get(m))) });
     throw new RolloutError({ code: 'NOT_FOUND', message: `no rollout or task "${id}"` });
   });
 

@@ -1,5 +1,6 @@
 export * from './agent-loop.ts';
 export * from './credit.ts';
+export * from './rewards/index.ts';
 export * from './http.ts';
 export * from './journal.ts';
 export * from './llm/index.ts';
@@ -8,4 +9,5 @@ export * from './model-provider.ts';
 export * from './openapi.ts';
 export * from './server.ts';
 export * from './service.ts';
+export * from './training-view.ts';
 export * from './types.ts';

@@ -10,7 +10,7 @@ import { sessionTools } from '../tools/session-tools.ts';
 import { SessionStore } from '../gym/session-store.ts';
 import type { Environment, EnvironmentContext } from '../spec/environment.ts';
 import { runAgentLoop, type CallModel } from './agent-loop.ts';
-import { assignTurnRewards, normalizeGroup } from './credit.ts';
+import { assignTaskGroupCredit, assignTaskSampleCredit, assignTurnRewards } from './credit.ts';
 import { Journal, type JournalRecord } from './journal.ts';
 import { buildResponse } from './messages.ts';
 import { createServiceMetrics, type ServiceMetrics } from './metrics.ts';
@@ -68,6 +68,8 @@ interface Job {
   timing: Record<StageName, StageTiming>;
   startedAt: number;
   result?: RolloutResult;
+  /** Set the moment its result exists, before any await: the group's last sample is the one that sees all. */
+  completed?: RolloutResult;
   done: Promise<RolloutResult>;
   resolve: (result: RolloutResult) => void;
 }
@@ -483,15 +485,28 @@ export class RolloutService {
       // a sandbox limit the policy ran into is the policy's doing: a real 0, to train on
       filter: outcome.criticalError !== null && outcome.error?.code !== 'RESOURCE_LIMIT',
       advantage: null,
+      credit: null,
       timing: { ...job.timing, totalMs: Date.now() - job.startedAt },
       ...(job.task.metadata ? { metadata: job.task.metadata } : {}),
       finishedAt: new Date().toISOString(),
     };
-    // Group normalisation needs every sample of the task: done when the last one finishes.
-    const group = this.#tasks.get(job.taskId)?.rolloutIds.map((id) => (id === job.id ? result : this.#jobs.get(id)?.result));
-    if (group && group.length > 1 && group.every((r) => r !== undefined)) normalizeGroup(group as RolloutResult[]);
+    // Turn credit (rewards/): the sample's own now; shaping and advantages need every sample of
+    // the task, so they are done when the last one finishes.
+    assignTaskSampleCredit(result, job.task);
+    job.completed = result;
+    const group = this.#tasks.get(job.taskId)?.rolloutIds.map((id) => {
+      const other = this.#jobs.get(id);
+      return other?.completed ?? other?.result; // (a result read back from the journal at start)
+    });
+    const records: Array<{ type: 'result'; result: RolloutResult }> = [{ type: 'result', result }];
+    if (group && group.length > 1 && group.every((r) => r !== undefined)) {
+      await assignTaskGroupCredit(group as RolloutResult[], job.task);
+      // the others were journaled before their group was whole: again, with their group's credit
+      // (the journal keeps a rollout's last record)
+      for (const other of group as RolloutResult[]) if (other !== result) records.push({ type: 'result', result: other });
+    }
     try {
-      await this.#journal?.append({ type: 'result', result });
+      await this.#journal?.append(records);
     } catch (error) {
       this.logger.error({ err: error, rollout: job.id }, 'journal write failed: the result is kept in memory only');
     }

@@ -39,7 +39,20 @@ export async function invokeTool<Config>(
   }
 }
 
-/** The text a model reads for a tool's value: a string as it is, anything else as JSON. */
-export function toolOutputText(value: unknown): string {
+/**
+ * The text a model reads for a tool's value: the tool's own `text` when it has one, else a string
+ * as it is and anything else as JSON.
+ */
+export function toolOutputText(value: unknown, tool?: Pick<ToolDefinition<any, any>, 'text'>): string {
+  if (tool?.text) return tool.text(value);
   return typeof value === 'string' ? value : JSON.stringify(value ?? null);
+}
+
+/** The code a call executes: the tool's `code`, else its `code` or `command` string argument. */
+export function toolCallCode(tool: Pick<ToolDefinition<any, any>, 'code'>, args: unknown): string | null {
+  if (tool.code) return tool.code(args);
+  const record = (args ?? {}) as Record<string, unknown>;
+  if (typeof record.code === 'string') return record.code;
+  if (typeof record.command === 'string') return record.command;
+  return null;
 }

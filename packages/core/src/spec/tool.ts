@@ -47,6 +47,39 @@ export interface ToolDefinition<Params extends z.ZodType = z.ZodType, Config = R
    * @example succeeded: (output) => output.success === true
    */
   succeeded?(output: any): boolean;
+
+  /**
+   * The text the model reads for a value `handler` returned, when it is not the value itself (a
+   * string as it is, anything else as JSON). Both faces send this text.
+   * @example text: (value) => value.output
+   */
+  text?(value: any): string;
+
+  /**
+   * How the call went, as structured data read from the value `handler` returned: the process's
+   * exit code, whether it hit its own time limit, the exception it raised. The rollout service
+   * records it on the call and derives the call's status from it (a time-out is 'timeout'; an
+   * exception or a non-zero exit code is 'error'). Omitted: a return is a clean run.
+   * @example execution: (value) => ({ exitCode: value.exitCode, timedOut: value.timedOut, exception: null })
+   */
+  execution?(value: any): ToolExecution;
+
+  /**
+   * The code a call executes, for code-based reward shaping (GTPO). Omitted: the `code` or else
+   * the `command` argument when it is a string, else none.
+   * @example code: (args) => args.script
+   */
+  code?(args: any): string | null;
+}
+
+/** A tool call's outcome as structured data (see `ToolDefinition.execution`). */
+export interface ToolExecution {
+  /** The exit code of the process the call ran; null when none exited (time-out, not a process). */
+  exitCode: number | null;
+  /** The call hit its own time limit (the command was interrupted). */
+  timedOut: boolean;
+  /** The exception the code raised (`ValueError: bad`), null when none. */
+  exception: string | null;
 }
 
 /** Declares a tool (identity at run time; it keeps the parameter types). */

@@ -5,6 +5,7 @@ import pino from 'pino';
 import { afterEach, describe, expect, it } from 'vitest';
 import { bwrapAvailable, createBwrapProvider } from '../sandbox/bwrap/index.ts';
 import type { EnvironmentContext, Session } from '../spec/environment.ts';
+import { toolOutputText } from '../spec/invoke-tool.ts';
 import { toolDeclaration } from '../spec/tool.ts';
 import { bashTool, createBashTool, createEditorTool, createPythonTool, editorTool, pythonTool } from './definitions.ts';
 import { sessionTools } from './session-tools.ts';
@@ -65,24 +66,34 @@ describe.skipIf(skip !== undefined)('ready-made tools on a session', () => {
   it('share one sandbox per session across bash, python and the editor', async () => {
     const session = open();
     const ctx = ctxOf(session);
-    expect(await bash.handler({ command: 'cd /workspace && echo hi > a.txt && cat a.txt' }, ctx)).toBe('hi\n');
-    expect(await bash.handler({ command: 'false' }, ctx)).toBe('\n[exit code: 1]');
+    expect(await bash.handler({ command: 'cd /workspace && echo hi > a.txt && cat a.txt' }, ctx)).toEqual({ output: 'hi\n', exitCode: 0, timedOut: false });
+    const failed = await bash.handler({ command: 'false' }, ctx);
+    expect(failed).toEqual({ output: '', exitCode: 1, timedOut: false });
+    // what the model reads, as before the result was structured
+    expect(toolOutputText(failed, bash)).toBe('\n[exit code: 1]');
+    expect(bash.execution!(failed)).toEqual({ exitCode: 1, timedOut: false, exception: null });
     expect(await python.handler({ code: 'open("/workspace/a.txt").read()' }, ctx)).toMatchObject({ status: 'ok', result: "'hi\\n'" });
     expect(await editor.handler({ command: 'str_replace', path: '/workspace/a.txt', old_str: 'hi', new_str: 'bye' }, ctx)).toContain(
       'has been edited',
     );
-    expect(await bash.handler({ command: 'cat /workspace/a.txt' }, ctx)).toBe('bye\n');
+    expect(toolOutputText(await bash.handler({ command: 'cat /workspace/a.txt' }, ctx), bash)).toBe('bye\n');
     const timedOut = (await python.handler({ code: 'import time; time.sleep(5)' }, ctx)) as { status: string; error: string };
     expect(timedOut.status).toBe('timeout');
     expect(timedOut.error).toContain('KeyboardInterrupt');
-    expect(await bash.handler({ command: 'sleep 5', timeout: 0.2 }, ctx)).toContain('timed out after 0.2 seconds');
+    expect(python.execution!(timedOut)).toMatchObject({ timedOut: true, exitCode: null });
+    const raised = await python.handler({ code: 'raise ValueError("bad")' }, ctx);
+    expect(python.execution!(raised)).toEqual({ exitCode: null, timedOut: false, exception: 'ValueError: bad' });
+    const slow = await bash.handler({ command: 'sleep 5', timeout: 0.2 }, ctx);
+    expect(slow).toMatchObject({ exitCode: null, timedOut: true });
+    expect(toolOutputText(slow, bash)).toContain('timed out after 0.2 seconds');
+    expect(bash.execution!(slow)).toEqual({ exitCode: null, timedOut: true, exception: null });
   });
 
   it('isolates sessions and closes everything with the session', async () => {
     const a = open();
     const b = open();
     await bash.handler({ command: 'echo secret > /workspace/mine' }, ctxOf(a));
-    expect(await bash.handler({ command: 'ls /workspace' }, ctxOf(b))).toBe('');
+    expect(await bash.handler({ command: 'ls /workspace' }, ctxOf(b))).toMatchObject({ output: '' });
     const sandbox = await sessionTools(a).sandbox();
     const dir = join(tmpdir(), `rollserve-${sandbox.id}`);
     expect(existsSync(dir)).toBe(true);
@@ -90,14 +101,14 @@ describe.skipIf(skip !== undefined)('ready-made tools on a session', () => {
     expect(await sandbox.status()).toBe('stopped');
     expect(existsSync(dir)).toBe(false);
     // a new call on a closed session's state starts afresh rather than reusing closed resources
-    expect(await bash.handler({ command: 'ls /workspace' }, ctxOf(a))).toBe('');
+    expect(await bash.handler({ command: 'ls /workspace' }, ctxOf(a))).toMatchObject({ output: '' });
   });
 
   it('creates each resource once when calls race', async () => {
     const session = open();
     const ctx = ctxOf(session);
     const outputs = await Promise.all(Array.from({ length: 5 }, (_, i) => bash.handler({ command: `echo ${i}` }, ctx)));
-    expect(outputs).toEqual(['0\n', '1\n', '2\n', '3\n', '4\n']);
+    expect(outputs.map((o) => o.output)).toEqual(['0\n', '1\n', '2\n', '3\n', '4\n']);
     const tools = sessionTools(session);
     expect(await tools.sandbox()).toBe(await tools.sandbox());
   });

@@ -39,16 +39,26 @@ export function createBashTool<Config = any>(
       'Do not run interactive commands that wait for input.',
     parameters: bashParameters,
     timeoutMs: maxTimeoutMs + SLACK_MS,
-    // The handler's own suffixes: a non-zero exit code, or the time-out notice.
-    succeeded: (output: string) => !/\n\[exit code: -?\d+\]$/.test(output) && !output.includes('\n[Command timed out after '),
-    async handler({ command, timeout }, ctx) {
+    // The model reads the output, with the exit code appended when it is not 0 (the time-out
+    // notice is part of the output already).
+    text: (value: BashToolResult) => (value.exitCode !== null && value.exitCode !== 0 ? `${value.output}\n[exit code: ${value.exitCode}]` : value.output),
+    execution: (value: BashToolResult) => ({ exitCode: value.exitCode, timedOut: value.timedOut, exception: null }),
+    code: (args: { command: string }) => args.command,
+    async handler({ command, timeout }, ctx): Promise<BashToolResult> {
       const timeoutMs = Math.min(timeout === undefined ? defaultTimeoutMs : timeout * 1000, maxTimeoutMs);
       const bash = await toolsFor(ctx, options).bash();
       const result = await bash.run(command, { timeoutMs });
-      if (result.exitCode !== null && result.exitCode !== 0) return `${result.output}\n[exit code: ${result.exitCode}]`;
-      return result.output;
+      return { output: result.output, exitCode: result.exitCode, timedOut: result.timedOut };
     },
   });
+}
+
+/** What the `bash` tool returns; the model reads `output` (plus `[exit code: N]` when not 0). */
+export interface BashToolResult {
+  output: string;
+  /** null when the command timed out or the shell exited. */
+  exitCode: number | null;
+  timedOut: boolean;
 }
 
 const pythonParameters = z.object({
@@ -66,7 +76,13 @@ export function createPythonTool<Config = any>(
       'Returns stdout, stderr, the value of the last expression and, on failure, the traceback.',
     parameters: pythonParameters,
     timeoutMs: timeoutMs + SLACK_MS,
-    succeeded: (output: { status: string }) => output.status === 'ok',
+    execution: (output: { status: string; error: string | null }) => ({
+      exitCode: null,
+      timedOut: output.status === 'timeout',
+      // the traceback's last line names the exception (`ValueError: bad`)
+      exception: output.status === 'ok' ? null : (output.error?.trim().split('\n').at(-1) ?? output.status),
+    }),
+    code: (args: { code: string }) => args.code,
     async handler({ code }, ctx) {
       const kernel = await toolsFor(ctx, options).python();
       const result = await kernel.run(code, { timeoutMs });

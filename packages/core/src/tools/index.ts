@@ -7,4 +7,4 @@ export type { EditorArgs, EditorCommand, EditorResult } from './editor.ts';
 export { SessionTools, sessionTools } from './session-tools.ts';
 export type { SessionToolsOptions } from './session-tools.ts';
 export { bashTool, createBashTool, createEditorTool, createPythonTool, editorTool, pythonTool } from './definitions.ts';
-export type { ToolFactoryOptions } from './definitions.ts';
+export type { BashToolResult, ToolFactoryOptions } from './definitions.ts';

@@ -1,6 +1,6 @@
 import { Agent, request } from 'undici';
 import { afterEach, describe, expect, it } from 'vitest';
-import { renderCompletion, renderPrompt, renderToolCall, startFakePolicy, toyLogprob, toyTokenizer, type FakePolicy, type FakePolicyOptions } from './index.ts';
+import { fakeEmbedding, renderCompletion, renderPrompt, renderToolCall, startFakePolicy, toyLogprob, toyTokenizer, type FakePolicy, type FakePolicyOptions } from './index.ts';
 
 const open: FakePolicy[] = [];
 const agents: Agent[] = [];
@@ -333,5 +333,37 @@ describe('fake policy: faults and lifecycle', () => {
     const response = await post(policy, { messages, max_tokens: 10 });
     expect(response.status).toBe(400);
     expect(response.json.error.message).toMatch(/maximum context length is 20 tokens/);
+  });
+});
+
+describe('embeddings', () => {
+  const embed = async (policy: FakePolicy, body: unknown) => {
+    const response = await fetch(`${policy.url}/embeddings`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+    return { status: response.status, json: (await response.json()) as any };
+  };
+
+  it('answers in OpenAI\'s shape with a deterministic hashed bag of words', async () => {
+    const policy = await start({ embeddingDims: 16 });
+    const { status, json } = await embed(policy, { model: 'fake-policy', input: ['x = 1', 'x = 1', ''] });
+    expect(status).toBe(200);
+    expect(json).toMatchObject({ object: 'list', model: 'fake-policy', usage: { prompt_tokens: 10, total_tokens: 10 } });
+    expect(json.data.map((d: { index: number }) => d.index)).toEqual([0, 1, 2]);
+    const [a, b, empty] = json.data.map((d: { embedding: number[] }) => d.embedding);
+    expect(a).toHaveLength(16);
+    expect(a).toEqual(b);
+    expect(a).toEqual(fakeEmbedding('x = 1', 16));
+    // three pieces of weight 1, normalised: squares sum to 1
+    expect(a.reduce((s: number, v: number) => s + v * v, 0)).toBeCloseTo(1, 10);
+    expect(empty.every((v: number) => v === 0)).toBe(true);
+    expect(policy.embeddingRequests).toHaveLength(1);
+    expect((await embed(policy, { model: 'other', input: 'x' })).status).toBe(404);
+  });
+
+  it('can be down on its own', async () => {
+    const policy = await start({ embeddingFaults: { status: 503 } });
+    expect((await embed(policy, { model: 'fake-policy', input: 'x' })).status).toBe(503);
+    expect((await post(policy, { model: 'fake-policy', messages })).status).toBe(200);
+    policy.setEmbeddingFaults({});
+    expect((await embed(policy, { model: 'fake-policy', input: 'x' })).status).toBe(200);
   });
 });

@@ -4,6 +4,7 @@ import { RESPONSE_ALREADY_SENT } from '@hono/node-server/utils/response';
 import { serveFetch, type RunningServer } from '@rollserve/core';
 import { Hono, type Context } from 'hono';
 import { completionChunks, completionJson, generateChoices, normalizeReply, promptTokenIds, readRequestOptions } from './completion.ts';
+import { toyTokenizer } from './tokenizer.ts';
 import type { ChatCompletionBody, FakeFaults, FakePolicy, FakePolicyCall, FakePolicyOptions, FakeReply } from './types.ts';
 
 type Env = { Bindings: { incoming: IncomingMessage } };
@@ -31,6 +32,19 @@ function firstUserMessage(messages: unknown[]): string {
 }
 
 /**
+ * The fake policy's embedding of a text: a hashed bag of words (each non-whitespace toy-tokenizer
+ * piece adds 1 at `tokenId % dims`), L2-normalised; all zeros for a text without pieces.
+ * Deterministic, so texts with the same words embed the same and disjoint ones (barring hash
+ * collisions) are orthogonal.
+ */
+export function fakeEmbedding(text: string, dims = 64): number[] {
+  const vector = new Array<number>(dims).fill(0);
+  for (const piece of toyTokenizer.pieces(text)) if (piece.trim() !== '') vector[toyTokenizer.tokenId(piece) % dims]! += 1;
+  const norm = Math.sqrt(vector.reduce((a, v) => a + v * v, 0));
+  return norm === 0 ? vector : vector.map((v) => v / norm);
+}
+
+/**
  * Starts a scripted, OpenAI-compatible policy server that answers chat completions the way vLLM
  * does (JSON and SSE, token ids and logprobs when asked), with the toy tokenizer of `tokenizer.ts`.
  */
@@ -45,9 +59,13 @@ export async function startFakePolicy(options: FakePolicyOptions = {}): Promise<
     maxModelLen = 32_768,
     host = '127.0.0.1',
     port = 0,
+    embeddingFaults: initialEmbeddingFaults = {},
+    embeddingDims = 64,
     ...initialFaults
   } = options;
   let faults: FakeFaults = initialFaults;
+  let embeddingFaults: FakeFaults = initialEmbeddingFaults;
+  const embeddingRequests: Array<Record<string, unknown>> = [];
   const requests: ChatCompletionBody[] = [];
   const calls: FakePolicyCall[] = [];
   const conversationCalls = new Map<string, number>();
@@ -121,6 +139,28 @@ export async function startFakePolicy(options: FakePolicyOptions = {}): Promise<
     return c.json({
       object: 'list',
       data: [{ id: model, object: 'model', created, owned_by: 'vllm', root: model, parent: null, max_model_len: maxModelLen }],
+    });
+  });
+  // OpenAI's embeddings shape, as vLLM serves it for embedding models.
+  app.post('/v1/embeddings', async (c) => {
+    let body: Record<string, unknown>;
+    try {
+      body = (await c.req.json()) as Record<string, unknown>;
+    } catch {
+      return errorResponse(400, 'fake policy: the body is not valid JSON');
+    }
+    embeddingRequests.push(body);
+    const injected = await applyFaults(c, embeddingFaults);
+    if (injected) return injected;
+    const input = typeof body.input === 'string' ? [body.input] : body.input;
+    if (!Array.isArray(input) || !input.every((t) => typeof t === 'string')) return errorResponse(400, 'fake policy: `input` must be a string or an array of strings');
+    if (typeof body.model === 'string' && body.model !== model) return errorResponse(404, `The model \`${body.model}\` does not exist.`);
+    const tokens = input.reduce((n, t) => n + toyTokenizer.encode(t).length, 0);
+    return c.json({
+      object: 'list',
+      data: input.map((text, index) => ({ object: 'embedding', index, embedding: fakeEmbedding(text, embeddingDims) })),
+      model,
+      usage: { prompt_tokens: tokens, total_tokens: tokens },
     });
   });
   app.post('/v1/chat/completions', async (c) => {
@@ -204,6 +244,7 @@ export async function startFakePolicy(options: FakePolicyOptions = {}): Promise<
     port: boundPort,
     requests,
     calls,
+    embeddingRequests,
     get modelListCalls() {
       return modelListCalls;
     },
@@ -212,6 +253,9 @@ export async function startFakePolicy(options: FakePolicyOptions = {}): Promise<
     },
     setFaults(next) {
       faults = next;
+    },
+    setEmbeddingFaults(next) {
+      embeddingFaults = next;
     },
     kill: stop,
     async restart() {

@@ -74,6 +74,13 @@ export interface FakePolicyOptions extends FakeFaults {
   supportsReturnTokenIds?: boolean;
   /** Prompts longer than this get 400 as from vLLM. @default 32768 */
   maxModelLen?: number;
+  /**
+   * Faults of `POST /v1/embeddings` only (e.g. `{ status: 503 }` for an embeddings endpoint that is
+   * down); the global faults apply too.
+   */
+  embeddingFaults?: FakeFaults;
+  /** Dimensions of the embeddings (hashed bag of words, see `fakeEmbedding`). @default 64 */
+  embeddingDims?: number;
   /** @default '127.0.0.1' */
   host?: string;
   /** @default 0 (a free port) */
@@ -101,8 +108,12 @@ export interface FakePolicy {
   readonly modelListCalls: number;
   /** False between `kill()` and `restart()`. */
   readonly running: boolean;
+  /** `POST /v1/embeddings` request bodies received, in order. */
+  readonly embeddingRequests: Array<Record<string, unknown>>;
   /** Replaces the global faults (those given at start included). */
   setFaults(faults: FakeFaults): void;
+  /** Replaces the faults of `POST /v1/embeddings`. */
+  setEmbeddingFaults(faults: FakeFaults): void;
   /** Stops listening and drops every open connection, as a crashed backend would. */
   kill(): Promise<void>;
   /** Listens again on the same port. */

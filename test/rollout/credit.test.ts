@@ -1,0 +1,142 @@
+import { createRolloutApi, defineEnvironment, defineTool, type RolloutResult, type RolloutService, type TrainingView } from '@rollserve/core';
+import { type FakePolicy, type FakeReply, startFakePolicy, startTestRolloutService } from '@rollserve/testing';
+import { afterEach, describe, expect, it } from 'vitest';
+import { z } from 'zod';
+
+// GTPO end to end: groups through the rollout service with the scripted policy, the numbers
+// worked out by hand (γ 0.9, format penalty 0.1, α 0.5).
+
+/** A tool that "runs" code: exit code 1 when the code says `fail`. Structured outcome, text for the model. */
+const execute = defineTool({
+  description: 'Run code',
+  parameters: z.object({ code: z.string() }),
+  text: (value: { output: string }) => value.output,
+  execution: (value: { exitCode: number }) => ({ exitCode: value.exitCode, timedOut: false, exception: null }),
+  handler: ({ code }) => ({ output: `ran ${code.length} chars`, exitCode: code.includes('fail') ? 1 : 0 }),
+});
+
+const coder = defineEnvironment({
+  name: 'coder',
+  domain: 'coding',
+  row: z.object({}),
+  tools: { execute },
+  verify: (_row, response) => ({ reward: JSON.stringify((response as { output: unknown[] }).output.at(-1)).includes('right') ? 1 : 0 }),
+});
+
+const cleanups: Array<() => Promise<void>> = [];
+afterEach(async () => {
+  while (cleanups.length) await cleanups.pop()!();
+});
+
+const run = (code: string): FakeReply => ({ toolCalls: [{ name: 'execute', arguments: { code } }] });
+
+/** Sample 0 succeeds after running `x = 1`; 1 fails after the same code; 2 sends broken arguments, runs `y = 2`, fails. */
+const scripts: Record<string, FakeReply[]> = {
+  '0': [run('x = 1'), 'right'],
+  '1': [run('x = 1'), 'wrong'],
+  '2': [{ toolCalls: [{ name: 'execute', arguments: '{"code": ' }] }, run('y = 2'), 'wrong'],
+};
+
+async function setup(options: { embeddingFaults?: { status: number } } = {}): Promise<{ svc: RolloutService; fake: FakePolicy }> {
+  const fake = await startFakePolicy({
+    script: (_request, ctx) => scripts[ctx.conversation.split(':').at(-1)!]![ctx.turn]!,
+    ...(options.embeddingFaults ? { embeddingFaults: options.embeddingFaults } : {}),
+  });
+  const { service: svc, close } = await startTestRolloutService({ environments: [coder], backends: [fake.url] });
+  cleanups.push(async () => {
+    await close();
+    await fake.close();
+  });
+  return { svc, fake };
+}
+
+async function group(svc: RolloutService, id: string, credit?: Record<string, unknown>): Promise<RolloutResult[]> {
+  const [task] = await svc.submit([{ id, env: 'coder', row: { responses_create_params: { input: 'write code' } }, policy: { model: 'fake-policy' }, n: 3, ...(credit ? { credit } : {}) }]);
+  return Promise.all(task!.rolloutIds.map((r) => svc.wait(r)));
+}
+
+describe('turn-level credit through the rollout service', () => {
+  it('scores a mixed group: format penalty, shaping only on failures, pooled advantages, and a training view', async () => {
+    const { svc } = await setup();
+    const [s, f1, f2] = await group(svc, 'mix');
+    expect([s!.reward, f1!.reward, f2!.reward]).toEqual([1, 0, 0]);
+    // structured tool outcomes; the executed code per turn
+    expect(f2!.turns.map((t) => t.status)).toEqual(['malformed', 'ok', 'none']);
+    expect(f2!.turns[1]!.toolCalls[0]!.execution).toEqual({ exitCode: 0, timedOut: false, exception: null });
+    expect(f2!.turns.map((t) => t.code)).toEqual([null, 'y = 2', null]);
+    // shaping (lexical): f1's code is s's → cos 1 → 0.5; f2's "y = 2" shares only the 1-gram "="
+    // with "x = 1" (5 features each) → cos 0.2 → 0.1; s gets none.
+    expect(s!.credit!.shaping!.value).toBe(0);
+    expect(f1!.credit!.shaping!.value).toBeCloseTo(0.5, 10);
+    expect(f2!.credit!.shaping!.value).toBeCloseTo(0.1, 10);
+    // rewards: s [0, 1]; f1 [0, 0.5]; f2 [-0.1, 0, 0.1]
+    // returns: s [0.9, 1]; f1 [0.45, 0.5]; f2 [-0.1 + 0.9·0.09 = -0.019, 0 + 0.9·0.1 = 0.09, 0.1]
+    const expectedReturns = [[0.9, 1], [0.45, 0.5], [-0.019, 0.09, 0.1]];
+    [s, f1, f2].forEach((r, k) => r!.turns.forEach((t, i) => expect(t.return).toBeCloseTo(expectedReturns[k]![i]!, 10)));
+    // pooled over 7 turns: mean 3.021/7 = 0.431571; Σ(G - mean)² = 0.219429 + 0.323112 + 0.000340
+    // + 0.004681 + 0.203027 + 0.116671 + 0.109937 = 0.977148 (…/7 = 0.139593), std = 0.373628
+    const expectedAdvantages = [[1.25373, 1.52138], [0.04932, 0.18315], [-1.20594, -0.9142, -0.88744]];
+    [s, f1, f2].forEach((r, k) => r!.turns.forEach((t, i) => expect(t.normalizedReturn).toBeCloseTo(expectedAdvantages[k]![i]!, 4)));
+    expect(s!.credit!.error).toBeNull();
+
+    // The training view: the first prompt, then generations (mask 1) and the context between (mask 0).
+    const api = createRolloutApi(svc);
+    const response = await api.request('/v1/rollouts/mix:2?view=training');
+    expect(response.status).toBe(200);
+    const view = (await response.json()) as TrainingView;
+    expect(view.sequence_error).toBeNull();
+    expect(view.prompt_ids).toEqual(f2!.turns[0]!.promptTokenIds);
+    const n = view.response_ids!.length;
+    expect([view.response_mask!.length, view.response_logprobs!.length, view.response_turn!.length]).toEqual([n, n, n]);
+    for (const turn of f2!.turns) {
+      const [start, end] = view.turns[turn.index]!.generation_span!;
+      expect(view.response_ids!.slice(start, end)).toEqual(turn.generationTokenIds);
+      expect(view.response_mask!.slice(start, end).every((m) => m === 1)).toBe(true);
+      expect(view.response_logprobs!.slice(start, end)).toEqual(turn.generationLogprobs);
+      expect(view.response_turn!.slice(start, end).every((t) => t === turn.index)).toBe(true);
+    }
+    // every token after the first prompt is in some turn's prompt or generation: prompt + response = last prompt + last generation
+    const last = f2!.turns.at(-1)!;
+    expect([...view.prompt_ids!, ...view.response_ids!]).toEqual([...last.promptTokenIds!, ...last.generationTokenIds!]);
+    const generated = f2!.turns.reduce((a, t) => a + t.generationTokenIds!.length, 0);
+    expect(view.response_mask!.filter((m) => m === 1)).toHaveLength(generated);
+    expect(view.turns.map((t) => [t.status, t.advantage])).toEqual(f2!.turns.map((t) => [t.status, t.normalizedReturn]));
+    expect(view.turns[0]!.rewards.format).toBeCloseTo(-0.1, 10);
+    expect(view.credit!.components.format).toEqual({ weight: 1, params: { penalty: 0.1, bonus: 0 } });
+    expect((await api.request('/v1/rollouts/mix:2?view=nope')).status).toBe(400);
+  });
+
+  it('shapes with an OpenAI-compatible embeddings endpoint', async () => {
+    const { svc, fake } = await setup();
+    const [s, f1, f2] = await group(svc, 'emb', { shaping: { similarity: { url: fake.url, model: 'fake-policy' } } });
+    expect(fake.embeddingRequests).toHaveLength(1);
+    expect(s!.credit!.shaping!.value).toBe(0);
+    // the same code embeds the same: cos 1 → α·1
+    expect(f1!.credit!.shaping!.similarity).toBeCloseTo(1, 10);
+    expect(f1!.credit!.shaping!.value).toBeCloseTo(0.5, 10);
+    // hashed bags {y, =, 2} and {x, =, 1} share "=": cos 1/3
+    expect(f2!.credit!.shaping!.similarity).toBeCloseTo(1 / 3, 10);
+    expect(f2!.credit!.components.shaping!.params).toEqual({ alpha: 0.5, similarity: { url: fake.url, model: 'fake-policy' }, success_threshold: 1 });
+  });
+
+  it('says so in the result, with no advantages, when the embeddings endpoint is down', async () => {
+    const { svc, fake } = await setup({ embeddingFaults: { status: 503 } });
+    const closed = await startFakePolicy();
+    await closed.close(); // a port nothing listens on any more
+    for (const [id, url, cause] of [
+      ['down', fake.url, /answered HTTP 503/],
+      ['refused', closed.url, /unreachable/],
+    ] as const) {
+      const results = await group(svc, id, { shaping: { similarity: { url, model: 'fake-policy' } } });
+      for (const r of results) {
+        expect(r.credit!.error).toMatch(/^shaping failed, so no advantages were computed: embeddings endpoint http/);
+        expect(r.credit!.error).toMatch(cause);
+        expect(r.credit!.shaping).toBeNull();
+        expect(r.turns.every((t) => t.normalizedReturn === null)).toBe(true);
+      }
+      // the failures' shaping is unknown (null), not a number; the success's is 0
+      expect(results[1]!.turns.at(-1)!.rewards.shaping).toBeNull();
+      expect(results[0]!.turns.at(-1)!.rewards.shaping).toBe(0);
+    }
+  });
+});
