@@ -8,6 +8,7 @@ const BENCHES: Record<string, () => Promise<{ default: () => Promise<void> }>> =
   'code-verify': () => import('./code-verify.ts'),
   swe: () => import('./swe.ts'),
   submit: () => import('./submit.ts'),
+  'python-client': () => import('./python-client.ts'),
 };
 
 const chosen = process.argv.slice(2);

@@ -39,9 +39,9 @@ describe('Responses input to chat messages', () => {
 });
 
 describe('NeMo Gym response from turns', () => {
-  const base = { promptTokenIds: [1, 2], generationTokenIds: [3], generationLogprobs: [-0.1], llmLatencyMs: 1, backend: 'b', rewards: { format: 1, tool: 1, outcome: 0 }, reward: 0, return: 0, normalizedReturn: null };
+  const base = { promptTokenIds: [1, 2], generationTokenIds: [3], generationLogprobs: [-0.1], llmLatencyMs: 1, backend: 'b', rewards: { format: 1, tool: 1, outcome: 0, shaping: 0 }, reward: 0, return: 0, normalizedReturn: null, code: null, status: 'ok' as const, malformed: null };
   const turns: TurnRecord[] = [
-    { ...base, index: 0, finishReason: 'tool_calls', text: '', reasoning: 'think', toolCalls: [{ id: 'c1', name: 'bash', arguments: '{}', output: 'out', status: 'ok', durationMs: 1 }] },
+    { ...base, index: 0, finishReason: 'tool_calls', text: '', reasoning: 'think', toolCalls: [{ id: 'c1', name: 'bash', arguments: '{}', output: 'out', status: 'ok', execution: null, code: null, durationMs: 1 }] },
     { ...base, index: 1, promptTokenIds: [1, 2, 3, 4], generationTokenIds: [5, 6], generationLogprobs: [-0.2, -0.3], finishReason: 'stop', text: 'done', reasoning: null, toolCalls: [] },
   ];
 

@@ -108,7 +108,7 @@ describe.skipIf(skip !== undefined)('ready-made tools on a session', () => {
     const session = open();
     const ctx = ctxOf(session);
     const outputs = await Promise.all(Array.from({ length: 5 }, (_, i) => bash.handler({ command: `echo ${i}` }, ctx)));
-    expect(outputs.map((o) => o.output)).toEqual(['0\n', '1\n', '2\n', '3\n', '4\n']);
+    expect(outputs.map((o) => (o as { output: string }).output)).toEqual(['0\n', '1\n', '2\n', '3\n', '4\n']);
     const tools = sessionTools(session);
     expect(await tools.sandbox()).toBe(await tools.sandbox());
   });

@@ -1,0 +1,23 @@
+"""Client of the rollserve rollout service: ``Client`` (sync) and ``AsyncClient`` (asyncio).
+Standard library only."""
+
+from .aio import AsyncClient
+from .client import Client
+from .errors import RolloutServiceError, ServiceConnectionError
+from .models import Group, Page, Result, Rollout, Submission, SubmittedTask, TaskRollouts
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncClient",
+    "Client",
+    "Group",
+    "Page",
+    "Result",
+    "Rollout",
+    "RolloutServiceError",
+    "ServiceConnectionError",
+    "Submission",
+    "SubmittedTask",
+    "TaskRollouts",
+]

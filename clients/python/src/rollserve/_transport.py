@@ -1,0 +1,326 @@
+"""HTTP/1.1 over http.client: a keep-alive connection per thread, retries with backoff, the
+service's error bodies as RolloutServiceError, and the NDJSON result stream read by threads."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import random
+import socket
+import threading
+import time
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from urllib.parse import quote, urlencode, urlsplit
+
+from .errors import RolloutServiceError, ServiceConnectionError
+
+_STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
+_NETWORK = (OSError, http.client.HTTPException)
+
+
+def _error_from(status: int, data: bytes, method: str, path: str) -> RolloutServiceError:
+    try:
+        body = json.loads(data)
+        err = body["error"] if isinstance(body, dict) and isinstance(body.get("error"), dict) else None
+    except ValueError:
+        err = None
+    if err is None:
+        text = data.decode("utf-8", "replace").strip()[:500] or http.client.responses.get(status, "")
+        return RolloutServiceError(status, f"HTTP_{status}", text, method=method, path=path)
+    return RolloutServiceError(
+        status,
+        str(err.get("code", f"HTTP_{status}")),
+        str(err.get("message", "")),
+        retryable=bool(err.get("retryable", False)),
+        details=err.get("details"),
+        method=method,
+        path=path,
+    )
+
+
+class Transport:
+    def __init__(
+        self,
+        url: str,
+        token: Optional[str] = None,
+        timeout: Optional[float] = 60.0,
+        retries: int = 5,
+        backoff: float = 0.25,
+        backoff_max: float = 8.0,
+        stream_timeout: Optional[float] = None,
+    ) -> None:
+        parts = urlsplit(url if "://" in url else f"http://{url}")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s) URL: {url!r}")
+        self.url = url
+        self.https = parts.scheme == "https"
+        self.host = parts.hostname
+        self.port = parts.port or (443 if self.https else 80)
+        self.base = parts.path.rstrip("/")
+        self.timeout = timeout
+        self.stream_timeout = stream_timeout
+        self.retries = retries
+        self.backoff = backoff
+        self.backoff_max = backoff_max
+        self.headers: Dict[str, str] = {"accept": "application/json", "user-agent": "rollserve-python/0.1"}
+        if token:
+            self.headers["authorization"] = f"Bearer {token}"
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._conns: Set[http.client.HTTPConnection] = set()
+        self.closed = False
+
+    # connections ---------------------------------------------------------------------------
+
+    def new_connection(self, timeout: Optional[float]) -> http.client.HTTPConnection:
+        if self.https:
+            return http.client.HTTPSConnection(self.host, self.port, timeout=timeout)
+        return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+
+    def _connection(self) -> http.client.HTTPConnection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self.new_connection(self.timeout)
+            self._local.conn = conn
+            with self._lock:
+                self._conns.add(conn)
+        return conn
+
+    def _drop(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            self._local.conn = None
+            with self._lock:
+                self._conns.discard(conn)
+            conn.close()
+
+    def close(self) -> None:
+        self.closed = True
+        with self._lock:
+            conns, self._conns = list(self._conns), set()
+        for conn in conns:
+            conn.close()
+
+    def delay(self, attempt: int) -> float:
+        return min(self.backoff_max, self.backoff * (2**attempt)) * (0.5 + random.random() / 2)
+
+    def path(self, path: str, query: Optional[Mapping[str, Any]] = None) -> str:
+        full = self.base + path
+        if query:
+            items = [(k, v) for k, v in query.items() if v is not None]
+            if items:
+                full += "?" + urlencode(items, safe=",:")
+        return full
+
+    # requests ------------------------------------------------------------------------------
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        query: Optional[Mapping[str, Any]] = None,
+        retry: bool = True,
+        timeout: Optional[float] = None,
+    ) -> Any:
+        """One JSON call. With ``retry``, connection errors, timeouts and 5xx answers are tried
+        again with backoff (only for calls safe to repeat). A keep-alive connection the server
+        closed meanwhile is always retried once, at once, on a new one."""
+        if self.closed:
+            raise RuntimeError("the client is closed")
+        target = self.path(path, query)
+        headers = dict(self.headers)
+        payload: Optional[bytes] = None
+        if body is not None:
+            payload = json.dumps(body, separators=(",", ":")).encode()
+            headers["content-type"] = "application/json"
+        attempt = 0
+        stale_retried = False
+        while True:
+            conn = self._connection()
+            reused = conn.sock is not None
+            if timeout is not None and conn.sock is not None:
+                conn.sock.settimeout(timeout)
+            conn.timeout = timeout if timeout is not None else self.timeout
+            try:
+                conn.request(method, target, body=payload, headers=headers)
+                response = conn.getresponse()
+                data = response.read()
+            except _NETWORK as error:
+                self._drop()
+                if reused and not stale_retried and isinstance(error, _STALE):
+                    stale_retried = True
+                    continue
+                if retry and attempt < self.retries:
+                    time.sleep(self.delay(attempt))
+                    attempt += 1
+                    continue
+                raise ServiceConnectionError(f"{type(error).__name__}: {error} ({self.url})", method=method, path=path) from error
+            finally:
+                if timeout is not None and conn.sock is not None:
+                    conn.sock.settimeout(self.timeout)
+                    conn.timeout = self.timeout
+            if response.will_close:
+                self._drop()
+            status = response.status
+            if status >= 500 and retry and attempt < self.retries:
+                time.sleep(self.delay(attempt))
+                attempt += 1
+                continue
+            if status >= 400:
+                raise _error_from(status, data, method, path)
+            if not data:
+                return None
+            try:
+                return json.loads(data)
+            except ValueError as error:
+                raise RolloutServiceError(status, "PROTOCOL", f"the answer is not JSON: {data[:200]!r}", method=method, path=path) from error
+
+    def open_stream(self, ids: Sequence[str]) -> Tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        """One attempt at ``GET /v1/rollouts/stream?ids=...&format=ndjson``; the caller retries."""
+        target = self.path("/v1/rollouts/stream", {"ids": ",".join(ids), "format": "ndjson"})
+        conn = self.new_connection(self.stream_timeout)
+        headers = dict(self.headers)
+        headers["accept"] = "application/x-ndjson"
+        try:
+            conn.request("GET", target, headers=headers)
+            response = conn.getresponse()
+        except BaseException:
+            conn.close()
+            raise
+        if response.status != 200:
+            data = response.read()
+            conn.close()
+            raise _error_from(response.status, data, "GET", "/v1/rollouts/stream")
+        return conn, response
+
+
+# The stream ----------------------------------------------------------------------------------
+
+# Ids go in the query string; Node's default header limit is 16 KiB, so long id lists are split
+# over several streams read side by side.
+MAX_IDS_CHARS = 6000
+
+Emit = Callable[[Tuple[str, Any]], None]
+
+
+def split_ids(ids: Sequence[str], limit: int = MAX_IDS_CHARS) -> List[List[str]]:
+    chunks: List[List[str]] = []
+    current: List[str] = []
+    size = 0
+    for id_ in ids:
+        cost = len(quote(id_, safe=":")) + 1
+        if current and size + cost > limit:
+            chunks.append(current)
+            current, size = [], 0
+        current.append(id_)
+        size += cost
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+class ResultStream:
+    """Reads results of ``ids`` (rollout or task ids) from one or more NDJSON streams, each in a
+    thread of its own, and hands each result once to ``emit`` as ``("result", dict)``; then
+    ``("done", None)`` per stream once the service has ended it, or ``("error", exc)``.
+    A dropped connection is reopened (with backoff; ``retries`` failures in a row without a new
+    result give up) and results seen before are skipped."""
+
+    def __init__(self, transport: Transport, ids: Sequence[str], emit: Emit) -> None:
+        self.transport = transport
+        self.emit = emit
+        unique = list(dict.fromkeys(ids))
+        if not unique:
+            raise ValueError("iter_results needs at least one id")
+        self.chunks = split_ids(unique)
+        self.seen: Set[str] = set()
+        self.reconnects = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._open: Set[http.client.HTTPConnection] = set()
+        self._threads: List[threading.Thread] = []
+
+    def start(self) -> "ResultStream":
+        for i, chunk in enumerate(self.chunks):
+            thread = threading.Thread(target=self._run, args=(chunk,), name=f"rollserve-stream-{i}", daemon=True)
+            self._threads.append(thread)
+            thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._lock:
+            conns = list(self._open)
+        for conn in conns:
+            sock = conn.sock
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            conn.close()
+
+    def _run(self, chunk: List[str]) -> None:
+        pending = list(chunk)
+        failures = 0
+        try:
+            while not self._stop.is_set():
+                with self._lock:
+                    pending = [i for i in pending if i not in self.seen]
+                if not pending:
+                    break
+                conn: Optional[http.client.HTTPConnection] = None
+                try:
+                    conn, response = self.transport.open_stream(pending)
+                    with self._lock:
+                        self._open.add(conn)
+                    if self._stop.is_set():
+                        break
+                    buffered = b""
+                    while True:
+                        # Blocks of what has arrived, split here: far fewer calls than readline.
+                        block = response.read1(65536)
+                        if not block:
+                            if buffered.strip():  # a line cut short: the stream did not end cleanly
+                                raise http.client.IncompleteRead(buffered)
+                            return self._done()
+                        *lines, buffered = (buffered + block).split(b"\n")
+                        for line in lines:
+                            if not line.strip():
+                                continue
+                            result = json.loads(line)
+                            with self._lock:
+                                if result["id"] in self.seen:
+                                    continue
+                                self.seen.add(result["id"])
+                            failures = 0
+                            self.emit(("result", result))
+                except RolloutServiceError as error:
+                    if error.status is None or error.status < 500 or failures >= self.transport.retries:
+                        raise
+                except _NETWORK as error:
+                    if self._stop.is_set():
+                        return
+                    if failures >= self.transport.retries:
+                        raise ServiceConnectionError(f"the result stream dropped: {type(error).__name__}: {error}", method="GET", path="/v1/rollouts/stream") from error
+                finally:
+                    if conn is not None:
+                        with self._lock:
+                            self._open.discard(conn)
+                        conn.close()
+                if self._stop.is_set():
+                    return
+                with self._lock:
+                    self.reconnects += 1
+                time.sleep(self.transport.delay(failures))
+                failures += 1
+            self._done()
+        except BaseException as error:  # noqa: BLE001 - handed to the consumer
+            if not self._stop.is_set():
+                self.emit(("error", error))
+
+    def _done(self) -> None:
+        if not self._stop.is_set():
+            self.emit(("done", None))

@@ -1,0 +1,130 @@
+"""The asyncio client: request/response calls run the sync client's in worker threads
+(``asyncio.to_thread``); result streams are read by threads feeding an asyncio.Queue, so nothing
+blocks the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator, Dict, Iterable, List, Optional, Tuple, Union
+
+from ._transport import ResultStream
+from .client import Client, Grouper, Ids, Task
+from .models import Group, Page, Result, Rollout, Submission, TaskRollouts, as_id_list
+
+
+class AsyncBackends:
+    def __init__(self, client: Client) -> None:
+        self._c = client
+
+    async def list(self) -> List[Dict[str, Any]]:
+        return await asyncio.to_thread(self._c.backends.list)
+
+    async def add(self, base_url: str, **options: Any) -> str:
+        return await asyncio.to_thread(lambda: self._c.backends.add(base_url, **options))
+
+    async def remove(self, id: str) -> None:
+        await asyncio.to_thread(self._c.backends.remove, id)
+
+
+class AsyncClient:
+    """The asyncio twin of :class:`rollserve.Client` (same arguments, same methods, awaited;
+    ``iter_results``/``iter_groups``/``list`` are async iterators).
+
+    >>> async with AsyncClient(url) as client:
+    ...     submitted = await client.submit(tasks)
+    ...     async for group in client.iter_groups(submitted):
+    ...         train_on(group)
+    """
+
+    def __init__(self, url: str, token: Optional[str] = None, timeout: Optional[float] = 60.0, **options: Any) -> None:
+        self.sync = Client(url, token, timeout, **options)
+        self.url = url
+        self.backends = AsyncBackends(self.sync)
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        self.sync.close()
+
+    @property
+    def reconnects(self) -> int:
+        return self.sync.reconnects
+
+    async def health(self) -> bool:
+        return await asyncio.to_thread(self.sync.health)
+
+    async def status(self) -> Dict[str, Any]:
+        return await asyncio.to_thread(self.sync.status)
+
+    async def submit(self, tasks: Union[Task, Iterable[Task]], **options: Any) -> Submission:
+        return await asyncio.to_thread(lambda: self.sync.submit(tasks, **options))
+
+    async def get(self, id: str) -> Union[Rollout, TaskRollouts]:
+        return await asyncio.to_thread(self.sync.get, id)
+
+    async def get_task(self, task_id: str) -> List[Rollout]:
+        return await asyncio.to_thread(self.sync.get_task, task_id)
+
+    async def list_page(self, **query: Any) -> Page:
+        return await asyncio.to_thread(lambda: self.sync.list_page(**query))
+
+    async def list(self, *, state: Optional[str] = None, task_id: Optional[str] = None, page_size: int = 500, cursor: Optional[str] = None) -> AsyncIterator[Rollout]:
+        while True:
+            page = await self.list_page(cursor=cursor, limit=page_size, state=state, task_id=task_id)
+            for item in page.items:
+                yield item
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    async def cancel(self, id: str, *, wait: bool = True) -> Union[Rollout, TaskRollouts]:
+        return await asyncio.to_thread(lambda: self.sync.cancel(id, wait=wait))
+
+    async def _stream(self, ids: List[str]) -> AsyncIterator[Dict[str, Any]]:
+        loop = asyncio.get_running_loop()
+        items: "asyncio.Queue[Tuple[str, Any]]" = asyncio.Queue()
+
+        def emit(item: Tuple[str, Any]) -> None:
+            try:
+                loop.call_soon_threadsafe(items.put_nowait, item)
+            except RuntimeError:  # the loop is closed: nobody is listening
+                pass
+
+        stream = ResultStream(self.sync._t, ids, emit).start()
+        remaining = len(stream.chunks)
+        try:
+            while remaining:
+                kind, value = await items.get()
+                if kind == "result":
+                    yield value
+                elif kind == "done":
+                    remaining -= 1
+                else:
+                    raise value
+        finally:
+            stream.stop()
+            self.sync.reconnects += stream.reconnects
+
+    async def iter_results(self, ids: Ids) -> AsyncIterator[Result]:
+        """As :meth:`Client.iter_results`, without blocking the loop."""
+        async for raw in self._stream(as_id_list(ids)):
+            yield Result.from_json(raw)
+
+    async def wait(self, ids: Ids) -> List[Result]:
+        results = [r async for r in self.iter_results(ids)]
+        return sorted(results, key=lambda r: (r.task_id, r.sample_index))
+
+    async def iter_groups(self, tasks: Ids, *, refresh: bool = True) -> AsyncIterator[Group]:
+        """As :meth:`Client.iter_groups`, without blocking the loop."""
+        grouper = Grouper(await asyncio.to_thread(self.sync._members, tasks))
+        async for raw in self._stream(list(grouper.members)):
+            group = grouper.add(Result.from_json(raw))
+            if group is None:
+                continue
+            if refresh and Grouper.lacks_advantages(group):
+                group = Grouper.refreshed(group, await self.get(group.task_id))
+            yield group

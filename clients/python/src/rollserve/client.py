@@ -1,0 +1,250 @@
+"""The synchronous client."""
+
+from __future__ import annotations
+
+import queue
+import uuid
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
+
+from ._transport import ResultStream, Transport
+from .models import Group, Page, Result, Rollout, Submission, SubmittedTask, TaskRollouts, as_id_list
+
+Task = Mapping[str, Any]
+Ids = Union[str, SubmittedTask, Iterable[Union[str, SubmittedTask]]]
+
+# The service accepts up to 10,000 tasks per body.
+MAX_BATCH = 10_000
+
+
+def prepare_tasks(tasks: Union[Task, Iterable[Task]]) -> List[Dict[str, Any]]:
+    """Copies of the tasks, each with an ``id`` (a uuid4 where it had none), so that sending
+    them again (a retry after a timeout) can not start them twice."""
+    items = [tasks] if isinstance(tasks, Mapping) else list(tasks)
+    prepared: List[Dict[str, Any]] = []
+    for task in items:
+        if not isinstance(task, Mapping):
+            raise TypeError(f"a task is a mapping (env, row, policy, ...), not {type(task).__name__}")
+        task = dict(task)
+        if not task.get("id"):
+            task["id"] = str(uuid.uuid4())
+        prepared.append(task)
+    if not prepared:
+        raise ValueError("submit needs at least one task")
+    return prepared
+
+
+def parse_view(raw: Dict[str, Any]) -> Union[Rollout, TaskRollouts]:
+    return TaskRollouts.from_json(raw) if "rollouts" in raw and "id" not in raw else Rollout.from_json(raw)
+
+
+class Grouper:
+    """Collects streamed results into whole groups, given each task's rollout ids."""
+
+    def __init__(self, members: Mapping[str, List[str]]) -> None:
+        self.members = {task: set(ids) for task, ids in members.items()}
+        self.buckets: Dict[str, Dict[str, Result]] = {task: {} for task in members}
+
+    def add(self, result: Result) -> Optional[Group]:
+        bucket = self.buckets.get(result.task_id)
+        if bucket is None or result.id not in self.members[result.task_id]:
+            return None
+        bucket[result.id] = result
+        if len(bucket) < len(self.members[result.task_id]):
+            return None
+        del self.buckets[result.task_id]
+        return Group(result.task_id, sorted(bucket.values(), key=lambda r: r.sample_index))
+
+    @staticmethod
+    def lacks_advantages(group: Group) -> bool:
+        # Streamed before the group was complete, a sample may not carry the advantage the
+        # service has filled in since; GET gives the finished group as the service has it.
+        return len(group) > 1 and any(r.advantage is None for r in group.results)
+
+    @staticmethod
+    def refreshed(group: Group, view: Union[Rollout, TaskRollouts]) -> Group:
+        if isinstance(view, TaskRollouts):
+            results = [r.result for r in view.rollouts]
+            if len(results) == len(group) and all(r is not None for r in results):
+                return Group(group.task_id, sorted((r for r in results if r is not None), key=lambda r: r.sample_index))
+        return group
+
+
+class Backends:
+    """The service's LLM backends (the policy's inference servers), managed at run time."""
+
+    def __init__(self, transport: Transport) -> None:
+        self._t = transport
+
+    def list(self) -> List[Dict[str, Any]]:
+        return list(self._t.request("GET", "/v1/llm-backends")["backends"])
+
+    def add(self, base_url: str, *, id: Optional[str] = None, model: Optional[str] = None, api_key: Optional[str] = None, max_concurrency: Optional[int] = None) -> str:
+        """Adds an OpenAI-compatible server (``http://host:port/v1``); returns its id. Retried
+        on connection errors only when ``id`` is given (then a repeat names the same backend)."""
+        body = {"base_url": base_url, "id": id, "model": model, "api_key": api_key, "max_concurrency": max_concurrency}
+        answer = self._t.request("POST", "/v1/llm-backends", {k: v for k, v in body.items() if v is not None}, retry=id is not None)
+        return str(answer["id"])
+
+    def remove(self, id: str) -> None:
+        self._t.request("DELETE", f"/v1/llm-backends/{_seg(id)}", retry=False)
+
+
+def _seg(id: str) -> str:
+    from urllib.parse import quote
+
+    return quote(id, safe=":")
+
+
+class Client:
+    """A client of the rollserve rollout service.
+
+    >>> client = Client("http://127.0.0.1:8100", token=None)
+    >>> submitted = client.submit([task, ...])          # ids generated where absent
+    >>> for result in client.iter_results(submitted):  # as they finish
+    ...     print(result.id, result.reward)
+
+    ``timeout`` bounds each request/response call (seconds; the result stream has none unless
+    ``stream_timeout``); ``retries`` and ``backoff`` govern the retries of calls safe to repeat
+    (connection errors, timeouts, 5xx).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: Optional[str] = None,
+        timeout: Optional[float] = 60.0,
+        *,
+        retries: int = 5,
+        backoff: float = 0.25,
+        stream_timeout: Optional[float] = None,
+    ) -> None:
+        self._t = Transport(url, token, timeout, retries=retries, backoff=backoff, stream_timeout=stream_timeout)
+        self.url = url
+        self.backends = Backends(self._t)
+        #: Reconnections of result streams so far (dropped connections).
+        self.reconnects = 0
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._t.close()
+
+    # calls ---------------------------------------------------------------------------------
+
+    def health(self) -> bool:
+        return self._t.request("GET", "/health").get("status") == "ok"
+
+    def status(self) -> Dict[str, Any]:
+        """Per stage queued/active/pool, rollouts, environments and LLM backends."""
+        return self._t.request("GET", "/v1/status")
+
+    def submit(self, tasks: Union[Task, Iterable[Task]], *, batch_size: int = MAX_BATCH) -> Submission:
+        """Submits one task or many (``{"env", "row", "policy", "n", ...}``); answers once the
+        service has them (202), before they run. Tasks without ``id`` get a uuid4, so the
+        retries after a timeout or a dropped connection can not run a task twice; a task whose
+        id the service knows answers ``existing=True`` with its rollouts."""
+        prepared = prepare_tasks(tasks)
+        submission = Submission()
+        for start in range(0, len(prepared), batch_size):
+            batch = prepared[start : start + batch_size]
+            answer = self._t.request("POST", "/v1/rollouts", {"tasks": batch})
+            for item in answer["tasks"]:
+                submission.append(SubmittedTask(task_id=item["task_id"], rollout_ids=list(item["rollout_ids"]), existing=bool(item.get("existing", False))))
+        return submission
+
+    def get(self, id: str) -> Union[Rollout, TaskRollouts]:
+        """A rollout, or for the id of a task with n > 1, its group (TaskRollouts)."""
+        return parse_view(self._t.request("GET", f"/v1/rollouts/{_seg(id)}"))
+
+    def get_task(self, task_id: str) -> List[Rollout]:
+        """A task's rollouts, whatever its n."""
+        view = self.get(task_id)
+        return view.rollouts if isinstance(view, TaskRollouts) else [view]
+
+    def list_page(self, *, cursor: Optional[str] = None, limit: Optional[int] = None, state: Optional[str] = None, task_id: Optional[str] = None) -> Page:
+        answer = self._t.request("GET", "/v1/rollouts", query={"cursor": cursor, "limit": limit, "state": state, "task_id": task_id})
+        return Page(items=[Rollout.from_json(r) for r in answer["items"]], next_cursor=answer.get("next_cursor"))
+
+    def list(self, *, state: Optional[str] = None, task_id: Optional[str] = None, page_size: int = 500, cursor: Optional[str] = None) -> Iterator[Rollout]:
+        """Every rollout (optionally of one state or task), page after page."""
+        while True:
+            page = self.list_page(cursor=cursor, limit=page_size, state=state, task_id=task_id)
+            yield from page.items
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    def cancel(self, id: str, *, wait: bool = True) -> Union[Rollout, TaskRollouts]:
+        """Cancels a rollout, or every rollout of a task; with ``wait`` answers once they have
+        left their stage (their sandboxes freed)."""
+        return parse_view(self._t.request("DELETE", f"/v1/rollouts/{_seg(id)}", query=None if wait else {"wait": "false"}))
+
+    # streams -------------------------------------------------------------------------------
+
+    def _stream(self, ids: List[str]) -> Iterator[Tuple[str, Any]]:
+        items: "queue.Queue[Tuple[str, Any]]" = queue.Queue()
+        stream = ResultStream(self._t, ids, items.put).start()
+        remaining = len(stream.chunks)
+        try:
+            while remaining:
+                kind, value = items.get()
+                if kind == "result":
+                    yield kind, value
+                elif kind == "done":
+                    remaining -= 1
+                else:
+                    raise value
+        finally:
+            stream.stop()
+            self.reconnects += stream.reconnects
+
+    def iter_results(self, ids: Ids) -> Iterator[Result]:
+        """Results of rollouts or tasks (ids, a SubmittedTask or a Submission) as they finish,
+        those already finished first, each once; ends when all are finished. A dropped stream
+        is reopened and the results seen before are skipped."""
+        for _, raw in self._stream(as_id_list(ids)):
+            yield Result.from_json(raw)
+
+    def wait(self, ids: Ids) -> List[Result]:
+        """All results of ``ids``, once finished, in the order of their rollout ids."""
+        results = list(self.iter_results(ids))
+        return sorted(results, key=lambda r: (r.task_id, r.sample_index))
+
+    def _members(self, tasks: Ids) -> Dict[str, List[str]]:
+        if isinstance(tasks, SubmittedTask):
+            tasks = [tasks]
+        elif isinstance(tasks, str):
+            tasks = [tasks]
+        members: Dict[str, List[str]] = {}
+        for task in tasks:
+            if isinstance(task, SubmittedTask):
+                members[task.task_id] = list(task.rollout_ids)
+            else:
+                members[task] = task_members(task, self.get(task))
+        return members
+
+    def iter_groups(self, tasks: Ids, *, refresh: bool = True) -> Iterator[Group]:
+        """Whole groups (all n samples of a task) as each task's last sample finishes. Task
+        ids or SubmittedTasks (a Submission: no extra call to learn each task's n). With
+        ``refresh``, a group whose streamed samples lack advantages is read again from the
+        service (which fills them once the group is complete); else it is yielded as is."""
+        grouper = Grouper(self._members(tasks))
+        for _, raw in self._stream(list(grouper.members)):
+            group = grouper.add(Result.from_json(raw))
+            if group is None:
+                continue
+            if refresh and Grouper.lacks_advantages(group):
+                group = Grouper.refreshed(group, self.get(group.task_id))
+            yield group
+
+
+def task_members(task_id: str, view: Union[Rollout, TaskRollouts]) -> List[str]:
+    if isinstance(view, TaskRollouts):
+        return [r.id for r in view.rollouts]
+    if view.task_id != task_id:
+        raise ValueError(f"{task_id!r} is a rollout of task {view.task_id!r}, not a task id")
+    return [view.id]

@@ -1,0 +1,44 @@
+"""The client's exceptions."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+
+class RolloutServiceError(Exception):
+    """An error answered by the rollout service, or the service could not be reached.
+
+    ``status`` is the HTTP status (None when no answer came), ``code`` the service's error code
+    (``UNAUTHORIZED``, ``NOT_FOUND``, ``UNPROCESSABLE``, ... or ``CONNECTION`` / ``PROTOCOL`` for
+    failures on this side), ``message`` its message, ``retryable`` and ``details`` as the service
+    sent them (``details`` holds the schema issues of a 422).
+    """
+
+    def __init__(
+        self,
+        status: Optional[int],
+        code: str,
+        message: str,
+        *,
+        retryable: bool = False,
+        details: Any = None,
+        method: Optional[str] = None,
+        path: Optional[str] = None,
+    ) -> None:
+        where = f"{method} {path}: " if method and path else ""
+        head = f"{status} {code}" if status is not None else code
+        super().__init__(f"{where}{head}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.retryable = retryable
+        self.details = details
+        self.method = method
+        self.path = path
+
+
+class ServiceConnectionError(RolloutServiceError):
+    """The service could not be reached (refused, reset, timed out), after the retries allowed."""
+
+    def __init__(self, message: str, *, method: Optional[str] = None, path: Optional[str] = None) -> None:
+        super().__init__(None, "CONNECTION", message, retryable=True, method=method, path=path)

@@ -1,0 +1,220 @@
+"""Typed views of the service's JSON. Every object keeps the whole JSON it came from in ``raw``
+(unknown fields included, so a newer service loses nothing) and answers ``obj["field"]`` from it.
+Known fields accept both the service's camelCase and snake_case names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
+
+
+def _pick(raw: Mapping[str, Any], *names: str, default: Any = None) -> Any:
+    for name in names:
+        if name in raw:
+            return raw[name]
+    return default
+
+
+class _Raw:
+    raw: Dict[str, Any]
+
+    def __getitem__(self, key: str) -> Any:
+        return self.raw[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.raw.get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.raw
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The JSON object as the service sent it."""
+        return self.raw
+
+
+@dataclass(repr=False)
+class Result(_Raw):
+    """One finished rollout (a sample). ``turns`` and ``messages`` are the service's dicts."""
+
+    id: str
+    task_id: str
+    sample_index: int
+    env: str
+    state: str
+    reward: float
+    advantage: Optional[float]
+    filter: bool
+    critical_error: Optional[str]
+    error: Optional[Dict[str, Any]]
+    reward_components: Optional[Dict[str, float]]
+    verify_extras: Dict[str, Any]
+    turns: List[Dict[str, Any]]
+    messages: List[Dict[str, Any]]
+    response: Optional[Dict[str, Any]]
+    timing: Dict[str, Any]
+    metadata: Optional[Dict[str, Any]]
+    finished_at: Optional[str]
+    raw: Dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, raw: Dict[str, Any]) -> "Result":
+        return cls(
+            id=raw["id"],
+            task_id=_pick(raw, "taskId", "task_id"),
+            sample_index=_pick(raw, "sampleIndex", "sample_index", default=0),
+            env=raw.get("env", ""),
+            state=raw.get("state", ""),
+            reward=raw.get("reward", 0.0),
+            advantage=raw.get("advantage"),
+            filter=bool(raw.get("filter", False)),
+            critical_error=_pick(raw, "criticalError", "critical_error"),
+            error=raw.get("error"),
+            reward_components=_pick(raw, "rewardComponents", "reward_components"),
+            verify_extras=_pick(raw, "verifyExtras", "verify_extras", default={}) or {},
+            turns=raw.get("turns") or [],
+            messages=raw.get("messages") or [],
+            response=raw.get("response"),
+            timing=raw.get("timing") or {},
+            metadata=raw.get("metadata"),
+            finished_at=_pick(raw, "finishedAt", "finished_at"),
+            raw=raw,
+        )
+
+    @property
+    def ok(self) -> bool:
+        """Finished without a critical error."""
+        return self.critical_error is None and self.state == "done"
+
+    def __repr__(self) -> str:
+        return f"Result(id={self.id!r}, state={self.state!r}, reward={self.reward!r}, advantage={self.advantage!r}, filter={self.filter!r})"
+
+
+@dataclass(repr=False)
+class Rollout(_Raw):
+    """A rollout as ``GET /v1/rollouts/:id`` shows it: its state, and its result once finished."""
+
+    id: str
+    task_id: str
+    sample_index: int
+    env: str
+    state: str
+    active: bool
+    result: Optional[Result]
+    raw: Dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, raw: Dict[str, Any]) -> "Rollout":
+        result = raw.get("result")
+        return cls(
+            id=raw["id"],
+            task_id=_pick(raw, "taskId", "task_id"),
+            sample_index=_pick(raw, "sampleIndex", "sample_index", default=0),
+            env=raw.get("env", ""),
+            state=raw.get("state", ""),
+            active=bool(raw.get("active", False)),
+            result=Result.from_json(result) if isinstance(result, dict) else None,
+            raw=raw,
+        )
+
+    @property
+    def finished(self) -> bool:
+        return self.state in ("done", "failed", "cancelled")
+
+    def __repr__(self) -> str:
+        return f"Rollout(id={self.id!r}, state={self.state!r}, active={self.active!r}, result={self.result!r})"
+
+
+@dataclass(repr=False)
+class TaskRollouts(_Raw):
+    """A task's rollouts (its group), as ``GET`` or ``DELETE /v1/rollouts/<task id>`` answer for n > 1."""
+
+    task_id: str
+    rollouts: List[Rollout]
+    raw: Dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, raw: Dict[str, Any]) -> "TaskRollouts":
+        return cls(task_id=raw["task_id"], rollouts=[Rollout.from_json(r) for r in raw.get("rollouts", []) if r], raw=raw)
+
+    def __repr__(self) -> str:
+        return f"TaskRollouts(task_id={self.task_id!r}, rollouts={self.rollouts!r})"
+
+
+@dataclass
+class SubmittedTask:
+    """One task of a submission: its id, its rollouts' ids (one per sample) and whether the
+    service knew it already (a resubmitted id; also true when a retried submit got through twice)."""
+
+    task_id: str
+    rollout_ids: List[str]
+    existing: bool
+
+
+class Submission(List[SubmittedTask]):
+    """What ``submit`` answers: the submitted tasks, in the order given."""
+
+    @property
+    def task_ids(self) -> List[str]:
+        return [t.task_id for t in self]
+
+    @property
+    def rollout_ids(self) -> List[str]:
+        return [r for t in self for r in t.rollout_ids]
+
+
+@dataclass(repr=False)
+class Group:
+    """All samples of one task, finished, ordered by sample index. ``advantages`` are the
+    service's (None where it gave none)."""
+
+    task_id: str
+    results: List[Result]
+
+    @property
+    def rewards(self) -> List[float]:
+        return [r.reward for r in self.results]
+
+    @property
+    def advantages(self) -> List[Optional[float]]:
+        return [r.advantage for r in self.results]
+
+    def __iter__(self) -> Iterator[Result]:
+        return iter(self.results)
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+    def __getitem__(self, index: int) -> Result:
+        return self.results[index]
+
+    def __repr__(self) -> str:
+        return f"Group(task_id={self.task_id!r}, rewards={self.rewards!r}, advantages={self.advantages!r})"
+
+
+@dataclass
+class Page:
+    """One page of ``GET /v1/rollouts``; ``next_cursor`` is None on the last."""
+
+    items: List[Rollout]
+    next_cursor: Optional[str]
+
+
+def as_id_list(ids: Any) -> List[str]:
+    """Ids from a string, a SubmittedTask, a Submission or an iterable of those (task ids of
+    submitted tasks)."""
+    if isinstance(ids, str):
+        return [ids]
+    if isinstance(ids, SubmittedTask):
+        return [ids.task_id]
+    out: List[str] = []
+    for item in ids:
+        if isinstance(item, SubmittedTask):
+            out.append(item.task_id)
+        elif isinstance(item, str):
+            out.append(item)
+        else:
+            raise TypeError(f"ids are strings or SubmittedTask, not {type(item).__name__}")
+    return out
+
+
+__all__: Sequence[str] = ["Result", "Rollout", "TaskRollouts", "SubmittedTask", "Submission", "Group", "Page"]
