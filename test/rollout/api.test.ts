@@ -138,4 +138,19 @@ describe('rollout service HTTP API', () => {
     expect((await call(server.url, 'GET', '/v1/rollouts?cursor=@@', undefined, auth)).status).toBe(400);
     expect((await call(server.url, 'GET', '/health')).status).toBe(200);
   });
+
+  it('refuses unknown fields with a 422 that names them, instead of running with defaults', async () => {
+    const typo = await call(server.url, 'POST', '/v1/rollouts', { ...task('typo', '1+1', '2'), nn: 4 }, auth);
+    expect(typo.status).toBe(422);
+    expect(typo.json).toMatchObject({ error: { code: 'UNPROCESSABLE', details: [{ code: 'unrecognized_keys', keys: ['nn'] }] } });
+    const base = task('typo2', '1+1', '2');
+    const nested = await call(server.url, 'POST', '/v1/rollouts', { tasks: [{ ...base, policy: { ...base.policy, samplng: { temperature: 0 } } }] }, auth);
+    expect(nested.status).toBe(422);
+    expect(nested.json).toMatchObject({ error: { details: [{ code: 'unrecognized_keys', keys: ['samplng'], path: ['tasks', 0, 'policy'] }] } });
+    expect((nested.json as { error: { message: string } }).error.message).toContain('samplng');
+    const limits = await call(server.url, 'POST', '/v1/rollouts', { ...task('typo3', '1+1', '2'), limits: { max_turn: 3 } }, auth);
+    expect(limits.status).toBe(422);
+    // nothing of those ran
+    expect((await call(server.url, 'GET', '/v1/rollouts/typo', undefined, auth)).status).toBe(404);
+  });
 });

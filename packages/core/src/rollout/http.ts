@@ -8,7 +8,7 @@ import { checkToken } from '../gym/bind-policy.ts';
 import { rolloutOpenApi } from './openapi.ts';
 import type { RolloutService } from './service.ts';
 import { trainingView } from './training-view.ts';
-import { PolicySpec, RolloutLimits, SamplingParams, SubmitRequest, type RolloutResult, type RolloutState } from './types.ts';
+import { PolicySpec, RolloutLimits, RolloutTask, SamplingParams, SubmitBatch, type RolloutResult, type RolloutState } from './types.ts';
 
 /** What `POST /v1/llm-backends` and the service's pool agree on. */
 export interface BackendRegistry {
@@ -26,7 +26,7 @@ export interface RolloutApiOptions {
   defaultModel?: string;
 }
 
-const AddBackend = z.object({
+const AddBackend = z.strictObject({
   id: z.string().min(1).optional(),
   base_url: z.url(),
   model: z.string().optional(),
@@ -102,7 +102,9 @@ export function createRolloutApi(service: RolloutService, options: RolloutApiOpt
 
   // The 202 comes once the batch is journaled (a restart runs it), before any of its work starts.
   app.post('/v1/rollouts', async (c) => {
-    const request = parse(SubmitRequest, await body(c));
+    const raw = await body(c);
+    // one schema or the other by shape, so that an error names the field, not "no union member"
+    const request = typeof raw === 'object' && raw !== null && 'tasks' in raw ? parse(SubmitBatch, raw) : parse(RolloutTask, raw);
     const tasks = 'tasks' in request ? request.tasks : [request];
     const submitted = await service.submit(tasks);
     return c.json({ tasks: submitted.map((t) => ({ task_id: t.taskId, rollout_ids: t.rolloutIds, existing: t.existing })) }, 202);

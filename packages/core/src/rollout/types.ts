@@ -12,7 +12,7 @@ export const SamplingParams = z.looseObject({
   repetition_penalty: z.number().positive().optional(),
 });
 
-export const PolicySpec = z.object({
+export const PolicySpec = z.strictObject({
   /** The served model name. */
   model: z.string().min(1),
   /**
@@ -24,7 +24,7 @@ export const PolicySpec = z.object({
   sampling: SamplingParams.default({}),
 });
 
-export const RolloutLimits = z.object({
+export const RolloutLimits = z.strictObject({
   /** Stage time a sample may take (INIT + RUN + EVAL; queue time excluded). */
   time_limit_s: z.number().positive().max(86_400).default(600),
   /** Model calls per sample. */
@@ -60,7 +60,7 @@ export const RolloutLimits = z.object({
 });
 
 /** Legacy per-turn weights (`turn_rewards`); see `credit` and `resolveCredit` for the mapping. */
-export const TurnRewardWeights = z.object({
+export const TurnRewardWeights = z.strictObject({
   /** Reward for a well-formed turn (known tools, valid arguments). */
   format: z.number().default(0),
   /** Reward per turn for the share of its tool calls that succeeded. */
@@ -123,7 +123,7 @@ export const CreditConfig = z.strictObject({
 export type CreditSettings = z.output<typeof CreditConfig>;
 
 /** One task: a dataset row, its environment, the policy, and how many samples (a GRPO group). */
-export const RolloutTask = z.object({
+export const RolloutTask = z.strictObject({
   /** Caller-chosen id; resubmitting a known id returns what it has (idempotent). */
   id: z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$/, 'ids are 1-128 of [A-Za-z0-9._:-], starting alphanumeric').optional(),
   /** Environment name (`rollserve list`). */
@@ -144,7 +144,9 @@ export const RolloutTask = z.object({
   metadata: z.record(z.string(), z.unknown()).optional(),
 });
 
-export const SubmitRequest = z.union([z.object({ tasks: z.array(RolloutTask).min(1).max(10_000) }), RolloutTask]);
+/** A batch of tasks. Unknown fields here and in a task are errors that name them (a typo is not a default). */
+export const SubmitBatch = z.strictObject({ tasks: z.array(RolloutTask).min(1).max(10_000) });
+export const SubmitRequest = z.union([SubmitBatch, RolloutTask]);
 
 export type RolloutTaskInput = z.input<typeof RolloutTask>;
 export type RolloutTask = z.output<typeof RolloutTask>;
