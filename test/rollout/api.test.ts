@@ -139,6 +139,19 @@ describe('rollout service HTTP API', () => {
     expect((await call(server.url, 'GET', '/health')).status).toBe(200);
   });
 
+  it('streams whole groups: each task once all its samples are done, advantages filled', async () => {
+    const submitted = await call(server.url, 'POST', '/v1/rollouts', { tasks: [task('grp-a', '1+1', '2', { n: 3 }), task('grp-b', '2+2', '4', { n: 2 })] }, auth);
+    expect(submitted.status).toBe(202);
+    const response = await request(`${server.url}/v1/rollouts/groups/stream?ids=grp-a,grp-b`, { headers: auth });
+    const groups = (await response.body.text()).trim().split('\n').map((l) => JSON.parse(l) as { taskId: string; results: Array<{ taskId: string; advantage: number | null }> });
+    expect(groups.map((g) => g.taskId).sort()).toEqual(['grp-a', 'grp-b']);
+    for (const group of groups) {
+      expect(group.results).toHaveLength(group.taskId === 'grp-a' ? 3 : 2);
+      expect(group.results.every((r) => r.taskId === group.taskId && r.advantage !== null)).toBe(true);
+    }
+    expect((await call(server.url, 'GET', '/v1/rollouts/groups/stream?ids=nope', undefined, auth)).status).toBe(404);
+  });
+
   it('refuses unknown fields with a 422 that names them, instead of running with defaults', async () => {
     const typo = await call(server.url, 'POST', '/v1/rollouts', { ...task('typo', '1+1', '2'), nn: 4 }, auth);
     expect(typo.status).toBe(422);

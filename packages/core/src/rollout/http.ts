@@ -182,6 +182,65 @@ export function createRolloutApi(service: RolloutService, options: RolloutApiOpt
     });
   });
 
+  // Whole groups: `ids` are task ids; each task comes once all its samples have finished, with
+  // the group's advantages and credit filled in (what a GRPO/GTPO trainer consumes).
+  app.get('/v1/rollouts/groups/stream', (c) => {
+    const format = c.req.query('format') ?? (c.req.header('accept')?.includes('text/event-stream') ? 'sse' : 'ndjson');
+    if (format !== 'sse' && format !== 'ndjson') throw new RolloutError({ code: 'BAD_REQUEST', message: 'format is sse or ndjson' });
+    const tasks = new Map<string, string[]>();
+    for (const id of (c.req.query('ids') ?? '').split(',').filter(Boolean)) {
+      const members = service.taskRollouts(id);
+      if (!members) throw new RolloutError({ code: 'NOT_FOUND', message: `no task "${id}"` });
+      tasks.set(id, members);
+    }
+    if (tasks.size === 0) throw new RolloutError({ code: 'BAD_REQUEST', message: 'ids: the task ids whose groups to stream' });
+    const byRollout = new Map<string, string>();
+    for (const [taskId, members] of tasks) for (const member of members) byRollout.set(member, taskId);
+    const pump = async (write: (group: { taskId: string; results: RolloutResult[] }) => Promise<void>, aborted: AbortSignal) => {
+      const ready: string[] = [];
+      let wake: (() => void) | undefined;
+      const whole = (taskId: string) => tasks.get(taskId)!.every((id) => service.get(id)?.result);
+      const unsubscribe = service.onResult((result) => {
+        const taskId = byRollout.get(result.id);
+        if (taskId !== undefined && whole(taskId)) {
+          ready.push(taskId);
+          wake?.();
+        }
+      });
+      const onAbort = () => wake?.();
+      aborted.addEventListener('abort', onAbort, { once: true });
+      try {
+        for (const taskId of tasks.keys()) if (whole(taskId)) ready.push(taskId);
+        while (!aborted.aborted && tasks.size > 0) {
+          const taskId = ready.shift();
+          if (taskId === undefined) {
+            await new Promise<void>((resolve) => (wake = resolve));
+            wake = undefined;
+            continue;
+          }
+          const members = tasks.get(taskId);
+          if (members === undefined) continue; // sent already
+          tasks.delete(taskId);
+          await write({ taskId, results: members.map((id) => service.get(id)!.result!) });
+        }
+      } finally {
+        aborted.removeEventListener('abort', onAbort);
+        unsubscribe();
+      }
+    };
+    const aborted = c.req.raw.signal;
+    if (format === 'sse') {
+      return streamSSE(c, async (sse) => {
+        await pump((group) => sse.writeSSE({ event: 'group', id: group.taskId, data: JSON.stringify(group) }), aborted);
+        await sse.writeSSE({ event: 'end', data: '{}' });
+      });
+    }
+    c.header('content-type', 'application/x-ndjson');
+    return stream(c, async (s) => {
+      await pump((group) => s.write(`${JSON.stringify(group)}\n`).then(() => undefined), aborted);
+    });
+  });
+
   app.get('/v1/rollouts/:id', (c) => {
     const id = c.req.param('id');
     const viewName = c.req.query('view');

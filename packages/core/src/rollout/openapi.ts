@@ -104,6 +104,25 @@ export function rolloutOpenApi(extra: { addBackend: z.ZodType; process: z.ZodTyp
           },
         },
       },
+      '/v1/rollouts/groups/stream': {
+        get: {
+          summary: 'Whole groups as they complete: each task once all its samples have finished, advantages and credit filled. NDJSON (default) or SSE; ends when every task named was sent.',
+          parameters: [
+            { name: 'ids', in: 'query', required: true, description: 'Comma-separated task ids', schema: { type: 'string' } },
+            { name: 'format', in: 'query', schema: { type: 'string', enum: ['ndjson', 'sse'] } },
+          ],
+          responses: {
+            '200': {
+              description: 'One {taskId, results: RolloutResult[]} per line (NDJSON) or per `group` event (SSE)',
+              content: {
+                'application/x-ndjson': { schema: { type: 'object', properties: { taskId: { type: 'string' }, results: { type: 'array', items: ref('RolloutResult') } } } },
+                'text/event-stream': { schema: { type: 'string' } },
+              },
+            },
+            ...errors,
+          },
+        },
+      },
       '/v1/rollouts/{id}': {
         parameters: [{ name: 'id', in: 'path', required: true, schema: { type: 'string' } }],
         get: {
