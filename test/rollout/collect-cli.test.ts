@@ -16,11 +16,12 @@ let dir: string;
 
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), 'rollserve-collect-'));
-  // Right for "1+1", wrong for "2+2", and a time-out (an infrastructure failure) for "3+3".
+  // Right for "1+1", wrong for "2+2", and a time-out (an infrastructure failure) for "3+3": the
+  // policy never answers it; the others have ample time even on a loaded machine.
   fake = await startFakePolicy({
     script: (request) => {
       const question = JSON.stringify(request.messages);
-      if (question.includes('3+3')) return { content: 'late', latencyMs: 4_000 };
+      if (question.includes('3+3')) return { content: 'never', hang: true };
       return question.includes('1+1') ? 'So \\boxed{2}.' : 'So \\boxed{5}.';
     },
   });
@@ -45,7 +46,7 @@ describe('rollserve rollout', () => {
     const output = join(dir, 'out.jsonl');
     const row = (q: string, a: string) => JSON.stringify({ responses_create_params: { input: [{ role: 'user', content: `What is ${q}?` }] }, question: `What is ${q}?`, expected_answer: a });
     writeFileSync(input, `${row('1+1', '2')}\n${row('2+2', '4')}\n${row('3+3', '6')}\n`);
-    const args = ['--env', 'math', '--input', input, '--output', output, '--policy', fake.url, '--model', 'fake-policy', '--n', '2', '--time-limit', '1'];
+    const args = ['--env', 'math', '--input', input, '--output', output, '--policy', fake.url, '--model', 'fake-policy', '--n', '2', '--time-limit', '10'];
     const first = await run(args);
     expect(first.code, first.stderr).toBe(0);
     expect(first.stdout).toContain('4 rollouts written');
