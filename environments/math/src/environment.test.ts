@@ -64,6 +64,7 @@ describe('the environment definition', () => {
       format_tolerant_answer_extraction: false,
       max_execution_time: 10,
       math_with_code_verifier: 'current',
+      math_verify_mode: 'corrected',
     });
     expect(MathConfig.parse({ judge_base_url: 'http://x', name: 'math_with_judge', port: 1 })).toMatchObject({ judge_base_url: 'http://x' });
   });
@@ -98,7 +99,7 @@ describe('verify', () => {
     expect(result).toEqual({
       reward: 1,
       expected_answer: '\\(\\frac{1}{2}\\)',
-      extracted_answer: '0.500000000000000',
+      extracted_answer: '1/2',
       library_reward: 1,
       judge_evaluations: null,
     });
@@ -119,6 +120,20 @@ describe('verify', () => {
   it('reads only the message text (not the reasoning)', async () => {
     const result = await mathEnvironment.verify(row('999'), response('\\boxed{998}'), context());
     expect(result).toMatchObject({ reward: 0, extracted_answer: '998' });
+  });
+
+  it('never gives a wrong 1 for ±: both roots must match', async () => {
+    expect(await mathEnvironment.verify(row('1 \\pm \\sqrt{19}'), response('\\boxed{1 \\pm \\sqrt{29}}'), context())).toMatchObject({ reward: 0 });
+    expect(await mathEnvironment.verify(row('1 \\pm \\sqrt{19}'), response('\\boxed{1 \\pm \\sqrt{19}}'), context())).toMatchObject({ reward: 1 });
+  });
+
+  it('tells apart exact values that Math-Verify takes as equal, unless math_verify_mode is strict', async () => {
+    // Math-Verify compares evalf(chop=True) values: 1/2004! and 1/2006! both chop to 0
+    const corrected = await mathEnvironment.verify(row('\\frac{1}{2004!}'), response('\\boxed{\\frac{1}{2006!}}'), context());
+    const strict = await mathEnvironment.verify(row('\\frac{1}{2004!}'), response('\\boxed{\\frac{1}{2006!}}'), context({ math_verify_mode: 'strict' }));
+    expect(corrected).toMatchObject({ reward: 0 });
+    expect(strict).toMatchObject({ reward: 1 });
+    expect(await mathEnvironment.verify(row('\\frac{1}{2004!}'), response('\\boxed{\\frac{1}{2004!}}'), context())).toMatchObject({ reward: 1 });
   });
 
   it('does not call the judge when it is off', async () => {

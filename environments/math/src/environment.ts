@@ -10,7 +10,7 @@ import {
 } from '@rollserve/core';
 import type { VerifyEntry } from '@rollserve/core';
 import { z } from 'zod';
-import { lastBoxedAnswer } from './extract.ts';
+import { answerCandidate, lastBoxedAnswer } from './extract.ts';
 import { createEndSessionTool, createExecutePythonTool } from './code-tools.ts';
 import type { Grader } from './grader.ts';
 import { createGrader } from './grader.ts';
@@ -50,6 +50,12 @@ export const MathConfig = z.object({
    * is", LaTeX environments, plain expressions).
    */
   format_tolerant_answer_extraction: z.boolean().default(false),
+  /**
+   * 'strict': rewards exactly as math_with_judge (Math-Verify 0.8.0) gives them, its mistakes
+   * included. 'corrected': rollserve's deliberate differences where Math-Verify is provably wrong
+   * (README, "Deliberate differences").
+   */
+  math_verify_mode: z.enum(['corrected', 'strict']).default('corrected'),
   /** Filled by the launcher from NeMo Gym's `judge_model_server` ref. */
   judge_base_url: z.string().optional(),
   judge_model: z.string().optional(),
@@ -123,6 +129,18 @@ export function mathKeyMetrics(agentMetrics: Record<string, unknown>): Record<st
   };
 }
 
+// The server hands every call the same config object: parsed once, not once per /verify.
+const parsedConfigs = new WeakMap<object, MathConfig>();
+function mathConfig(raw: unknown): MathConfig {
+  if (raw === null || typeof raw !== 'object') return MathConfig.parse(raw ?? {});
+  let config = parsedConfigs.get(raw);
+  if (!config) {
+    config = MathConfig.parse(raw);
+    parsedConfigs.set(raw, config);
+  }
+  return config;
+}
+
 export const mathEnvironment = defineEnvironment({
   name: 'math',
   domain: 'math',
@@ -136,24 +154,24 @@ export const mathEnvironment = defineEnvironment({
   // As NeMo Gym: the Python tools only for rows that declare them (math_with_code rows).
   offerTools: 'declared',
   reverifyMode: 'unknown',
+  // NeMo Gym's response model declares these floats: 1.0, not 1, in the JSON.
+  floatFields: ['reward', 'library_reward'],
   async verify(row, response, ctx) {
-    const config = MathConfig.parse(ctx.config ?? {});
+    const config = mathConfig(ctx.config);
     if (row.expected_result !== undefined) {
       return { ...verifyMathWithCode(row.expected_result, response, config.math_with_code_verifier) };
     }
     // The row schema guarantees both for a row without expected_result.
     const expected = row.expected_answer!;
     const question = row.question!;
-    const text = outputText(response);
-    const boxed = lastBoxedAnswer(text);
-    if ((boxed === undefined || boxed.trim() === '') && !config.format_tolerant_answer_extraction) {
+    // math_with_judge grades only outputs with an answer candidate: the last complete, non-blank
+    // \boxed{} or, format-tolerant, a marked or concise final line (after its repairs). The whole
+    // output is graded either way; the judge is shown the candidate.
+    const { text, candidate } = answerCandidate(outputText(response), config.format_tolerant_answer_extraction);
+    if (candidate === undefined) {
       return { reward: 0, expected_answer: expected, extracted_answer: null, library_reward: 0, judge_evaluations: null };
     }
-    const graded = await sharedGrader(config).grade(expected, text);
-    const candidate = boxed?.trim() ? boxed : graded.extracted_answer;
-    if (candidate === null || candidate === undefined) {
-      return { reward: 0, expected_answer: expected, extracted_answer: null, library_reward: 0, judge_evaluations: null };
-    }
+    const graded = await sharedGrader(config).grade(expected, text, { corrections: config.math_verify_mode === 'corrected' });
     const libraryReward = graded.reward;
     const extracted = graded.extracted_answer;
     if (!config.should_use_judge || libraryReward > 0.5) {

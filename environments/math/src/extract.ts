@@ -1,9 +1,4 @@
-// Answer extraction in the spirit of HF Math-Verify: candidates come in priority order (\boxed{},
-// "final answer is", LaTeX environments, plain expressions) and, inside one priority, last match
-// first. The caller parses them in order and keeps the first that parses.
-
-/** Longest text scanned for candidates; longer outputs are searched in their last part only. */
-const MAX_SCAN = 200_000;
+// Answer extraction: math_with_judge's last \boxed{} and Math-Verify's extraction patterns.
 
 /** math_with_judge's `_extract_last_boxed_answer`: the last complete `\boxed{...}`, else undefined. */
 export function lastBoxedAnswer(text: string): string | undefined {
@@ -48,99 +43,296 @@ export function boxedContents(text: string): string[] {
   return found.sort((a, b) => a.at - b.at).map((f) => f.content);
 }
 
-interface Located {
-  index: number;
-  text: string;
+// ---- Math-Verify's extraction -------------------------------------------------------------------
+// Math-Verify 0.8.0 finds answers with regexes in priority groups (0: "final answer is ... I hope",
+// 50: "final answer ... is" and \boxed{}, 100: "answer:", 200: "answer", 300: anywhere). Inside a
+// group, matches are tried rightmost first; the first that parses wins and ends the search. The
+// patterns below are its patterns, in JavaScript syntax.
+
+/** Which extractor a pattern belongs to: plain expressions (numbers, 1/2) or LaTeX. */
+export type ExtractionTarget = 'expr' | 'latex';
+
+/** `(?i:word)` for an engine without inline flags: each letter as a two-case class. */
+function ci(word: string): string {
+  return word.replace(/[a-z]/gi, (ch) => `[${ch.toLowerCase()}${ch.toUpperCase()}]`);
 }
 
-/** Spans between `open` and the next `close`, left to right: linear, with no backtracking. */
-function delimited(text: string, open: string, close: string): Located[] {
-  const out: Located[] = [];
-  let from = 0;
-  for (;;) {
-    const start = text.indexOf(open, from);
-    if (start < 0) break;
-    const end = text.indexOf(close, start + open.length);
-    if (end < 0) break; // no later opening can be closed either
-    const inner = text.slice(start + open.length, end);
-    if (inner.trim() !== '') out.push({ index: start, text: inner });
-    from = end + close.length;
+// Python's `$` without MULTILINE: the end, or just before a final newline.
+const END = '(?=\\n?(?![\\s\\S]))';
+
+function exprPatterns(): Array<[string, number]> {
+  const number =
+    '(?<!\\d)(?:(?<integer1>-?[1-9]\\d{0,2}(?:[ ,]\\d{3})+)(?<decimal1>\\.\\d+)?|(?<integer2>-?\\d+)(?<decimal2>[.,]\\d+)|' +
+    '(?<decimal3>\\.\\d+)|(?<integer3>-?\\d+))(?<percent>\\s*(?:%|[Pp]ercent|\\s*[Pp]ercentage|\\s*[Pp]ct))?';
+  const ops = '\\+\\-\\*\\×\\/\\^\\(\\)\\÷';
+  const chars = `[\\d\\.\\s${ops}]`;
+  const expr = `(?<expr>-?\\(?-?\\d${chars}*[${ops}]${chars}+\\)?)`;
+  const currency = '\\$€£¥₹₽₪₩₫฿₡₢₣₤₥₦₧₨₩₪₫₭₮₯₰₱₲₳₴₵₶₷₸₹₺₻₼₽₾₿';
+  const prefix = '(?:^|\\s|\\=)(?:\\*\\*)?';
+  const suffix = `(?:\\*\\*)?(?:\\.|,|:|\\s|\\)|\\$|${END})`;
+  const exprWithAnchors = `(?:${prefix}${expr}${suffix})`;
+  const numberWithAnchors = `(?:${prefix}[${currency}]?${number})`;
+  const either = `(?:${exprWithAnchors}|${numberWithAnchors})`;
+  const answer = ci('answer');
+  return [
+    [`${ci('final answer is')}\\:?\\s*${either}\\.?\\s?I hope`, 0],
+    [`${ci('final answer')}.{0,100}?\\s+is\\:?${either}`, 50],
+    [`${answer}:(?:.{0,100}=\\s*|.{0,50}?)${either}(?!\\s*=)`, 100],
+    [`${answer}(?:.{0,100}=\\s*|.{0,50}?)${either}(?!\\s*=)`, 200],
+    [exprWithAnchors, 300],
+    [numberWithAnchors, 300],
+  ];
+}
+
+function latexEnvPattern(prefix: string, context: 'boxed' | 'plain'): string {
+  const percent = `(?<${prefix}percent>(?:\\\\?%|[Pp]ercent|[Pp]ercentage|[Pp]ct))`;
+  let displayDollar = '(?:[^$]|\\$(?!\\$))';
+  let displayBracket = '(?:[^\\\\]|\\\\(?!\\]))';
+  let inlineDollar = '(?:\\\\[$]|[^\\n$])';
+  let inlineParen = '(?:[^\\\\\\n]|\\\\(?!\\)))';
+  let inlineBracket = '[^\\n\\]\\[]';
+  const shape = (c: string): string => (context === 'boxed' ? `${c}*?\\\\boxed\\{${c}+?\\}${c}*?` : `${c}+?`);
+  displayDollar = shape(displayDollar);
+  displayBracket = shape(displayBracket);
+  inlineDollar = shape(inlineDollar);
+  inlineParen = shape(inlineParen);
+  inlineBracket = shape(inlineBracket);
+  const patterns = [
+    `(?<!\\\\)\\$\\$(?<${prefix}latexDisplayDollar>${displayDollar})(?<!\\\\)\\$\\$`,
+    `(?<!\\\\)\\\\\\[(?<${prefix}latexDisplayBracket>${displayBracket})(?<!\\\\)\\\\\\]`,
+    `(?<!\\\\|\\d)\\$(?<${prefix}latexInlineDollar>${inlineDollar})(?<!\\\\)\\$`,
+    `(?<!\\\\)\\\\\\((?<${prefix}latexInlineParenthesis>${inlineParen})(?<!\\\\)\\\\\\)`,
+    `\\s\\[(?<${prefix}latexInlineBracket>${inlineBracket})\\]\\s`,
+  ];
+  if (context === 'plain') {
+    const simple = '-?\\d+(?:[.,]\\d+)?';
+    patterns.push(`(?<${prefix}latexFraction>-?\\\\frac\\{${simple}\\}\\{${simple}\\})`);
   }
-  return out;
+  return `(?:(?:${patterns.join('|')})\\s*${percent}?)`;
 }
 
-function latexEnvironments(text: string): Located[] {
-  const out = [...delimited(text, '$$', '$$'), ...delimited(text, '\\[', '\\]'), ...delimited(text, '\\(', '\\)')];
-  // Single dollars outside $$ pairs; [^$] cannot run past the next dollar, so this stays linear.
-  const singles = text.replaceAll('$$', '  ');
-  for (const m of singles.matchAll(/(?<!\\)\$([^$]+?)(?<!\\)\$/g)) {
-    if (m[1] !== undefined && m[1].trim() !== '') out.push({ index: m.index, text: m[1] });
+function latexPatterns(): Array<[string, number]> {
+  const next = [1, 2, 3, 4, 5].map((i) => `(?:\\s*(?:,?and|,?or|,)\\s*${latexEnvPattern(`next${i}_`, 'plain')})?`).join('');
+  const envs = `(?:${latexEnvPattern('first_', 'plain')}${next})`;
+  const answer = ci('answer');
+  const nextBoxed = [1, 2, 3, 4, 5]
+    .map((i) => `\\s*(?:\\s*(?:,?and|,?or|,)\\s*${latexEnvPattern(`next${i}_`, 'boxed')})?`)
+    .join('');
+  return [
+    [`${ci('final answer is')}\\:?\\s*${envs}\\.?\\s?I hope`, 0],
+    [`${ci('final answer')}.{0,100}?\\s+is\\:?\\s*${envs}`, 50],
+    [`${answer}:.{0,50}?${envs}`, 100],
+    [`${answer}.{0,50}?${envs}`, 200],
+    [envs, 300],
+    [`${latexEnvPattern('first_', 'boxed')}${nextBoxed}`, 50],
+    ['(?<first_latexBoxed>\\\\boxed\\{.+\\})', 50],
+  ];
+}
+
+interface CompiledPattern {
+  re: RegExp;
+  target: ExtractionTarget;
+  priority: number;
+}
+
+const compiled = new Map<string, CompiledPattern[]>();
+
+function patternsFor(targets: readonly ExtractionTarget[]): CompiledPattern[] {
+  const key = targets.join(',');
+  let list = compiled.get(key);
+  if (!list) {
+    const all = targets.flatMap((target) =>
+      (target === 'expr' ? exprPatterns() : latexPatterns()).map(([source, priority]) => ({
+        re: new RegExp(source, target === 'latex' ? 'gs' : 'g'),
+        target,
+        priority,
+      })),
+    );
+    // A stable sort by priority, as Python's sorted().
+    list = all.map((p, i) => ({ p, i })).sort((a, b) => a.p.priority - b.p.priority || a.i - b.i).map(({ p }) => p);
+    compiled.set(key, list);
   }
-  return out;
+  return list;
 }
 
-// Spans are bounded, so a text full of unclosed delimiters cannot make this quadratic.
-const FINAL_ANSWER =
-  /final answer(?: is|:)?\s*(?:[:=]\s*)?(\$\$[\s\S]{1,2000}?\$\$|\$[^$]{1,2000}\$|\\\[[\s\S]{1,2000}?\\\]|\\\([\s\S]{1,2000}?\\\)|[^\n]{1,2000})/gi;
-
-function finalAnswers(text: string): Located[] {
-  const out: Located[] = [];
-  for (const m of text.matchAll(FINAL_ANSWER)) {
-    let answer = (m[1] ?? '').trim();
-    const env = /^(?:\$\$([\s\S]+)\$\$|\$([^$]+)\$|\\\[([\s\S]+)\\\]|\\\(([\s\S]+)\\\))$/.exec(answer);
-    if (env) answer = (env[1] ?? env[2] ?? env[3] ?? env[4] ?? '').trim();
-    else answer = answer.replace(/[.\s]+$/, '');
-    if (answer !== '' && !answer.includes('\\boxed')) out.push({ index: m.index, text: answer });
-  }
-  return out;
-}
-
-// Plain expressions outside LaTeX: "the answer is 5", or the last number-like token.
-const ANSWER_IS = /answer(?: is|:|\s*=)\s*([-+]?[\w.,/^*()+\- ]+?)\s*(?:[.\n]|$)/gi;
-const NUMBER = /(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*\/\s*\d+)?(?![\w])/g;
-
-function plainExpressions(text: string): Located[] {
-  const out: Located[] = [];
-  for (const m of text.matchAll(ANSWER_IS)) if (m[1]) out.push({ index: m.index + 1e9, text: m[1].trim() });
-  for (const m of text.matchAll(NUMBER)) out.push({ index: m.index, text: m[0] });
-  return out;
-}
-
-function lastFirst(items: Located[]): string[] {
-  return [...items].sort((a, b) => b.index - a.index).map((item) => item.text);
+/** One regex match of an extraction pattern. */
+export interface ExtractionMatch {
+  target: ExtractionTarget;
+  start: number;
+  end: number;
+  groups: Record<string, string | undefined>;
 }
 
 /**
- * The answer candidates of a model output, best first: `\boxed{}` contents, then "final answer is
- * ...", then LaTeX environments, then plain expressions; each group last match first.
+ * The matches of Math-Verify's extraction patterns, one array per priority group (best group
+ * first), each in the order Math-Verify tries them: rightmost end first, then longest.
  */
-export function extractCandidates(text: string): string[] {
-  const scanned = text.length > MAX_SCAN ? text.slice(-MAX_SCAN) : text;
-  const groups = [
-    boxedContents(scanned).reverse(),
-    lastFirst(finalAnswers(scanned)),
-    lastFirst(latexEnvironments(scanned)),
-    lastFirst(plainExpressions(scanned)),
-  ];
-  const seen = new Set<string>();
-  const out: string[] = [];
-  for (const group of groups) {
-    for (const raw of group) {
-      const candidate = raw.trim();
-      if (candidate === '' || seen.has(candidate)) continue;
-      seen.add(candidate);
-      out.push(candidate);
+export function extractionMatchGroups(text: string, targets: readonly ExtractionTarget[]): ExtractionMatch[][] {
+  const groups: ExtractionMatch[][] = [];
+  const patterns = patternsFor(targets);
+  let i = 0;
+  while (i < patterns.length) {
+    const priority = (patterns[i] as CompiledPattern).priority;
+    const found: ExtractionMatch[] = [];
+    for (; i < patterns.length && (patterns[i] as CompiledPattern).priority === priority; i++) {
+      const { re, target } = patterns[i] as CompiledPattern;
+      re.lastIndex = 0;
+      for (const m of text.matchAll(re)) {
+        found.push({ target, start: m.index, end: m.index + m[0].length, groups: { ...m.groups } });
+      }
     }
+    // sorted(key=(end, -start), reverse=True) is stable: equal keys keep their order.
+    const order = found.map((m, k) => ({ m, k }));
+    order.sort((a, b) => b.m.end - a.m.end || a.m.start - b.m.start || a.k - b.k);
+    groups.push(order.map(({ m }) => m));
   }
-  return out;
+  return groups;
 }
 
-/** math_with_judge's gold handling: strip one outer `\( \)` or `$ $`. */
+/** math_with_judge's `_strip_math_delimiters`: an outer `\\( \\)`, then an outer `$ $` (once each). */
 export function stripGold(expected: string): string {
-  const s = expected.trim();
-  if (s.startsWith('\\(') && s.endsWith('\\)')) return s.slice(2, -2).trim();
-  if (s.startsWith('$$') && s.endsWith('$$') && s.length >= 4) return s.slice(2, -2).trim();
-  if (s.startsWith('$') && s.endsWith('$') && s.length >= 2) return s.slice(1, -1).trim();
-  if (s.startsWith('\\[') && s.endsWith('\\]')) return s.slice(2, -2).trim();
+  let s = expected.trim();
+  if (s.startsWith('\\(') && s.endsWith('\\)')) s = s.slice(2, -2).trim();
+  if (s.startsWith('$') && s.endsWith('$') && s.length > 1) s = s.slice(1, -1).trim();
   return s;
+}
+
+// ---- math_with_judge's answer candidate (what gates grading and what the judge is shown) -------
+
+const ANSWER_LABELS = [
+  'final[ \\t]+answer',
+  'answer',
+  'final[ \\t]+result',
+  'result',
+  'अंतिम[ \\t]+उत्तर',
+  'उत्तर',
+  'চূড়ান্ত[ \\t]+উত্তর',
+  'উত্তর',
+  'উত্তৰ',
+  'અંતિમ[ \\t]+જવાબ',
+  'જવાબ',
+  'ಅಂತಿಮ[ \\t]+ಉತ್ತರ',
+  'ಉತ್ತರ',
+  'അന്തിമ[ \\t]+ഉത്തരം',
+  'ഉത്തരം',
+  'अन्तिम[ \\t]+उत्तर',
+  'ଅନ୍ତିମ[ \\t]+ଉତ୍ତର',
+  'ଉତ୍ତର',
+  'ਅੰਤਿਮ[ \\t]+ਉੱਤਰ',
+  'ਉੱਤਰ',
+  'ਜਵਾਬ',
+  'இறுதி[ \\t]+விடை',
+  'விடை',
+  'பதில்',
+  'తుది[ \\t]+సమాధానం',
+  'సమాధానం',
+  'జవాబు',
+  'حتمی[ \\t]+جواب',
+  'جواب',
+];
+// Python's \w (str.isalnum or _), without marks.
+const WORD = '[\\p{L}\\p{N}_]';
+const ANSWER_LABEL_RE = new RegExp(
+  `(?<!${WORD})(?:\\*\\*|__)?(?:the[ \\t]+)?(?:${ANSWER_LABELS.join('|')})(?!${WORD})` +
+    '[ \\t]*(?:\\*\\*|__)?[ \\t]*(?:(?:is|है|আছে|છે|ಆಗಿದೆ|ആണ്|आहे|ਹੈ|ہے)[ \\t]*)?(?:[:：=]|-[ \\t]+)?[ \\t]*',
+  'giu',
+);
+const OUTER_MATH_DELIMITERS: Array<[string, string]> = [
+  ['\\(', '\\)'],
+  ['\\[', '\\]'],
+  ['$$', '$$'],
+  ['$', '$'],
+];
+
+/** Python's str.splitlines(). */
+function splitLines(s: string): string[] {
+  const lines = s.split(/\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]/);
+  if (lines.at(-1) === '') lines.pop();
+  return lines;
+}
+
+/** Python's str.strip() (whitespace). */
+const pyStrip = (s: string): string => s.replace(/^[\s\x1c-\x1f\x85]+|[\s\x1c-\x1f\x85]+$/gu, '');
+
+/** math_with_judge's `_clean_answer_candidate`. */
+function cleanAnswerCandidate(line: string): string | undefined {
+  let candidate = pyStrip(line);
+  candidate = candidate.replace(/^(?:\*\*|__|`)+/, '');
+  candidate = pyStrip(candidate.replace(/(?:\*\*|__|`)+$/, ''));
+  candidate = candidate.replace(/^[ \t]*(?:[:：=]|-[ \t]+)[ \t]*/, '');
+  candidate = pyStrip(candidate.replace(/[ \t]*(?:\*\*|__)+$/, ''));
+  for (const [opening, closing] of OUTER_MATH_DELIMITERS) {
+    if (candidate.startsWith(opening) && candidate.endsWith(closing) && candidate.length > opening.length + closing.length) {
+      candidate = pyStrip(candidate.slice(opening.length, candidate.length - closing.length));
+      break;
+    }
+  }
+  candidate = pyStrip(candidate.replace(/[.|।۔]+$/, ''));
+  return candidate || undefined;
+}
+
+/** math_with_judge's `_extract_unboxed_answer_candidate`: a marked or concise final answer. */
+export function unboxedAnswerCandidate(response: string): string | undefined {
+  let lastEnd = -1;
+  for (const m of response.matchAll(ANSWER_LABEL_RE)) lastEnd = m.index + m[0].length;
+  if (lastEnd >= 0) {
+    for (const line of splitLines(response.slice(lastEnd))) {
+      const candidate = cleanAnswerCandidate(line);
+      if (candidate) return candidate;
+    }
+  }
+  const nonEmpty = splitLines(response).filter((line) => pyStrip(line) !== '');
+  if (nonEmpty.length === 0) return undefined;
+  const candidate = cleanAnswerCandidate(nonEmpty.at(-1) as string);
+  if (candidate === undefined || candidate.length > 512 || /^(?:#|- |\* )/.test(candidate)) return undefined;
+  const words = candidate.split(/[\s\x1c-\x1f\x85]+/u).filter(Boolean).length;
+  const hasMathSignal = /\p{Nd}|\\|[{}[\]()+\-*/^=<>]/u.test(candidate);
+  const shortText = /^[\p{L}\p{N}_\s'"]+$/u.test(candidate) && words <= 8;
+  return (hasMathSignal && words <= 50) || shortText ? candidate : undefined;
+}
+
+/** The value of a Unicode decimal digit (its place in its run of ten). */
+function digitValue(s: string, index: number): number {
+  let run = 0;
+  for (let cp = (s.codePointAt(index) as number) - 1; cp >= 0 && /\p{Nd}/u.test(String.fromCodePoint(cp)); cp--) run++;
+  return run % 10;
+}
+
+/** `unicodedata.decimal` on every character: Unicode decimal digits to ASCII. */
+export function normalizeUnicodeDigits(response: string): string {
+  if (!/[^\x00-\x7f]/.test(response)) return response;
+  return response.replace(/(?![0-9])\p{Nd}/gu, (ch) => String(digitValue(ch, 0)));
+}
+
+/** math_with_judge's `_repair_final_unclosed_box`: closes one missing outer brace of the last box. */
+export function repairFinalUnclosedBox(response: string): string {
+  const boxedStart = response.lastIndexOf('\\boxed{');
+  if (boxedStart < 0 || lastBoxedAnswer(response) !== undefined) return response;
+  let stripped = response.replace(/[\s\x1c-\x1f\x85]+$/u, '');
+  let suffix = '';
+  for (const delimiter of ['$$', '\\]', '$', '\\)']) {
+    if (stripped.endsWith(delimiter)) {
+      stripped = stripped.slice(0, -delimiter.length).replace(/[\s\x1c-\x1f\x85]+$/u, '');
+      suffix = delimiter;
+      break;
+    }
+  }
+  let depth = 0;
+  for (let i = boxedStart; i < stripped.length; i++) {
+    if (stripped[i] === '{') depth++;
+    else if (stripped[i] === '}' && --depth < 0) return response;
+  }
+  return depth === 1 ? `${stripped}}${suffix}` : response;
+}
+
+/**
+ * math_with_judge's gate before grading: the response Math-Verify is given (format-tolerant
+ * repairs applied) and the answer candidate (the last `\boxed{}`, or with the option a marked or
+ * concise final line); no candidate, or a blank one, means reward 0 with no extracted answer.
+ */
+export function answerCandidate(response: string, formatTolerant: boolean): { text: string; candidate: string | undefined } {
+  const text = formatTolerant ? repairFinalUnclosedBox(normalizeUnicodeDigits(response)) : response;
+  let candidate = lastBoxedAnswer(text);
+  if (candidate === undefined && formatTolerant) candidate = unboxedAnswerCandidate(text);
+  return { text, candidate: candidate !== undefined && pyStrip(candidate) !== '' ? candidate : undefined };
 }

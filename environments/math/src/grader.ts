@@ -6,7 +6,7 @@ import { existsSync } from 'node:fs';
 import { availableParallelism } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { Piscina } from 'piscina';
-import type { GradeResult } from './grade.ts';
+import type { GradeOptions, GradeResult } from './grade.ts';
 import { gradeAnswer } from './grade.ts';
 import type { GradeTask } from './grader-worker.ts';
 
@@ -37,7 +37,7 @@ export interface GradeOutcome extends GradeResult {
 
 export interface Grader {
   /** Grades `text` against `expected`. Never rejects. */
-  grade(expected: string, text: string): Promise<GradeOutcome>;
+  grade(expected: string, text: string, options?: GradeOptions): Promise<GradeOutcome>;
   /** Worker threads in the pool (1 for the inline grader). */
   readonly threads: number;
   /** Stops the workers. */
@@ -108,7 +108,7 @@ export function createGrader(options: GraderOptions = {}): Grader {
   const startedAt = new BigInt64Array(clock);
   let closed = false;
 
-  async function grade(expected: string, text: string): Promise<GradeOutcome> {
+  async function grade(expected: string, text: string, options: GradeOptions = {}): Promise<GradeOutcome> {
     if (closed) return { reward: 0, extracted_answer: null, timedOut: false, error: 'grader closed' };
     const slot = await slots.acquire();
     Atomics.store(startedAt, slot, 0n);
@@ -130,7 +130,7 @@ export function createGrader(options: GraderOptions = {}): Grader {
     };
     timer = setTimeout(check, timeoutMs);
     try {
-      const result = await pool.run({ expected, text, clock, slot }, { signal: controller.signal });
+      const result = await pool.run({ expected, text, options, clock, slot }, { signal: controller.signal });
       return { ...result, timedOut: false };
     } catch (error) {
       if (timedOut) return { reward: 0, extracted_answer: null, timedOut: true };
@@ -159,9 +159,9 @@ export function createGrader(options: GraderOptions = {}): Grader {
 export function createInlineGrader(): Grader {
   return {
     threads: 1,
-    async grade(expected, text) {
+    async grade(expected, text, options) {
       try {
-        return { ...gradeAnswer(expected, text), timedOut: false };
+        return { ...gradeAnswer(expected, text, options), timedOut: false };
       } catch (error) {
         return { reward: 0, extracted_answer: null, timedOut: false, error: String(error) };
       }

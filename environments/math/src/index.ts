@@ -9,14 +9,15 @@ export {
   MathRow,
   sharedGrader,
 } from './environment.ts';
-export { extractCandidates, stripGold } from './extract.ts';
-export type { GradeResult } from './grade.ts';
-export { gradeAnswer, parseAnswer } from './grade.ts';
+export type { ExtractionTarget } from './extract.ts';
+export { extractionMatchGroups, stripGold } from './extract.ts';
+export type { GradeOptions, GradeResult } from './grade.ts';
+export { extractAnswers, gradeAnswer, parseAnswer } from './grade.ts';
 export type { GradeOutcome, Grader, GraderOptions } from './grader.ts';
 export { createGrader, createInlineGrader } from './grader.ts';
 export type { JudgeEvaluation, JudgeOptions } from './judge.ts';
 export { JudgeError, judgeEquivalence, judgeSaysEqual } from './judge.ts';
-export { normalizeLatex } from './normalize.ts';
+export { extractBoxedContent, normalizeAnswerLatex } from './latex-normalize.ts';
 export { print as sympyStr } from './sympy-str.ts';
 export type { CodeToolsConfig, ExecutePythonResponse } from './code-tools.ts';
 export { createEndSessionTool, createExecutePythonTool, executePython, resultLine } from './code-tools.ts';

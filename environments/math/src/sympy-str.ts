@@ -154,34 +154,52 @@ export function fromMathJson(json: Json, depth = 0): SNode {
       const inner = ops[0];
       const fence = typeof ops[1] === 'string' ? ops[1] : '';
       if (Array.isArray(inner) && inner[0] === 'Sequence') {
-        const items = inner.slice(1).map(sub);
+        const items = inner.slice(1).flatMap((x) => elements(x, depth + 1));
         if (items.length === 1 && items[0]) return items[0];
-        if (fence.includes('[')) {
-          if (items.length === 2 && items[0] && items[1]) {
-            return { k: 'interval', lo: items[0], hi: items[1], lopen: false, ropen: false };
-          }
-          return { k: 'tuple', items };
+        if (items.length === 2 && items[0] && items[1] && (fence.startsWith("'(") || fence.startsWith("'["))) {
+          return interval(items[0], items[1], fence.startsWith("'("), fence.endsWith(")'"));
         }
-        if (fence.startsWith("'(")) return { k: 'tuple', items };
+        if (fence.startsWith("'(") || fence.startsWith("'[")) return { k: 'tuple', items };
         return { k: 'set', items };
       }
       if (inner === undefined) return { k: 'tuple', items: [] };
       return sub(inner);
     }
     case 'Sequence': {
-      if (ops.length === 1) return sub(ops[0]);
-      return { k: 'set', items: ops.map(sub) };
+      const items = ops.flatMap((x) => elements(x, depth + 1));
+      if (items.length === 1 && items[0]) return items[0];
+      return { k: 'set', items };
     }
+    case 'Measurement': {
+      const items = elements(json, depth);
+      return { k: 'set', items };
+    }
+    case 'Colon':
+      return sub(['Divide', ops[0], ops[1]]);
+    case 'Element':
+      return { k: 'rel', op: '=', lhs: sub(ops[0]), rhs: sub(ops[1]) };
     case 'Tuple':
     case 'Pair':
     case 'Triple':
       return { k: 'tuple', items: ops.map(sub) };
     case 'List': {
-      if (ops.length === 2) return { k: 'interval', lo: sub(ops[0]), hi: sub(ops[1]), lopen: false, ropen: false };
+      if (ops.length === 1) return sub(ops[0]);
+      if (ops.length === 2) return interval(sub(ops[0]), sub(ops[1]), false, false);
       return { k: 'tuple', items: ops.map(sub) };
     }
+    case 'Union': {
+      // latex2sympy reads a \cup b \cup c left to right: Union(Union(a, b), c).
+      const flat: Json[] = [];
+      const walk = (x: Json): void => {
+        if (Array.isArray(x) && x[0] === 'Union') x.slice(1).forEach(walk);
+        else flat.push(x);
+      };
+      ops.forEach(walk);
+      if (flat.length < 2) throw new Unsupported('union');
+      return flat.map(sub).reduce((acc, next) => ({ k: 'fn', name: 'Union', args: [acc, next] }));
+    }
     case 'Set':
-      return { k: 'set', items: ops.map(sub) };
+      return { k: 'set', items: ops.flatMap((x) => elements(x, depth + 1)) };
     case 'Interval': {
       const [lo, hi] = ops;
       return {
@@ -227,16 +245,7 @@ export function fromMathJson(json: Json, depth = 0): SNode {
     case 'Hold':
       return sub(ops[0]);
     default: {
-      const rel = RELATIONS[head];
-      if (rel) {
-        const items = ops.map(sub);
-        if (items.length === 2 && items[0] && items[1]) return { k: 'rel', op: rel, lhs: items[0], rhs: items[1] };
-        const chain: SNode[] = [];
-        for (let i = 0; i + 1 < items.length; i++) {
-          chain.push({ k: 'rel', op: rel, lhs: items[i] as SNode, rhs: items[i + 1] as SNode });
-        }
-        return { k: 'and', args: chain };
-      }
+      if (RELATIONS[head] || head === 'Approx') return relationChain(json as Json[], depth);
       const fn = FUNCTIONS[head];
       if (fn) return { k: 'fn', name: fn, args: ops.map(sub) };
       if (/^__unit__$/.test(head)) throw new Unsupported('unit');
@@ -244,6 +253,91 @@ export function fromMathJson(json: Json, depth = 0): SNode {
       throw new Unsupported(head);
     }
   }
+}
+
+/** latex2sympy's interval: an empty one (right end not past the left) is a tuple instead. */
+function interval(lo: SNode, hi: SNode, lopen: boolean, ropen: boolean): SNode {
+  const a = numericValue(lo);
+  const b = numericValue(hi);
+  if (!Number.isNaN(a) && !Number.isNaN(b) && ((lopen && ropen && b <= a) || (!lopen && !ropen && b < a))) {
+    return { k: 'tuple', items: [lo, hi] };
+  }
+  return { k: 'interval', lo, hi, lopen, ropen };
+}
+
+/** A list element: `a \\pm b` is two elements (a + b, a - b), anything else one. */
+function elements(json: Json, depth: number): SNode[] {
+  if (Array.isArray(json) && json[0] === 'Measurement') {
+    const a = fromMathJson(json[1], depth + 1);
+    const b = fromMathJson(json[2], depth + 1);
+    // The minus side is an evaluated Mul(-1, b): a leading number takes the sign (3 - 2*sqrt(2)).
+    const minus = b.k === 'mul' && (b.args[0]?.k === 'int' || b.args[0]?.k === 'rat' || b.args[0]?.k === 'float')
+      ? { k: 'mul' as const, args: [negate(b.args[0] as SNode), ...b.args.slice(1)] }
+      : negate(b);
+    if (a.k === 'int' && a.v === 0n) return [minus, b];
+    return [flatAdd([a, b]), flatAdd([a, minus])];
+  }
+  return [fromMathJson(json, depth + 1)];
+}
+
+function onlySymbols(n: SNode): boolean {
+  switch (n.k) {
+    case 'sym':
+      return true;
+    case 'pow':
+      return n.exp.k === 'int' && n.exp.v === -1n ? onlySymbols(n.base) : onlySymbols(n.base) && onlySymbols(n.exp);
+    case 'add':
+    case 'mul':
+    case 'fn':
+    case 'and':
+      return n.args.length > 0 && n.args.every(onlySymbols);
+    case 'rel':
+      return onlySymbols(n.lhs) && onlySymbols(n.rhs);
+    case 'set':
+    case 'tuple':
+      return n.items.length > 0 && n.items.every(onlySymbols);
+    case 'interval':
+      return onlySymbols(n.lo) && onlySymbols(n.hi);
+    default:
+      return false;
+  }
+}
+
+export { onlySymbols as isExprOfOnlySymbols };
+
+/**
+ * latex2sympy's relations, read left to right: `a = b = c` is And(Eq(a, b), Eq(b, c)); `a \\approx b`
+ * is b when a is only symbols (`x \\approx 11` is 11), else a.
+ */
+function relationChain(json: Json[], depth: number): SNode {
+  const terms: Json[] = [];
+  const ops: string[] = [];
+  const walk = (x: Json): void => {
+    if (Array.isArray(x) && (RELATIONS[x[0] as string] || x[0] === 'Approx') && x.length >= 3) {
+      x.slice(1).forEach((operand, i) => {
+        if (i > 0) ops.push(x[0] as string);
+        walk(operand);
+      });
+    } else terms.push(x);
+  };
+  walk(json);
+  let acc: SNode = fromMathJson(terms[0], depth + 1);
+  for (let i = 0; i < ops.length; i++) {
+    const head = ops[i] as string;
+    const rh = fromMathJson(terms[i + 1], depth + 1);
+    if (head === 'Approx') {
+      acc = onlySymbols(acc) ? rh : acc;
+      continue;
+    }
+    const op = RELATIONS[head] as '=' | '<' | '<=' | '>' | '>=' | '!=';
+    if (acc.k === 'and') {
+      const last = acc.args.at(-1) as Extract<SNode, { k: 'rel' }>;
+      acc = { k: 'and', args: [...acc.args, { k: 'rel', op, lhs: last.rhs, rhs: rh }] };
+    } else if (acc.k === 'rel') {
+      acc = { k: 'and', args: [acc, { k: 'rel', op, lhs: acc.rhs, rhs: rh }] };
+    } else acc = { k: 'rel', op, lhs: acc, rhs: rh };
+  }
+  return acc;
 }
 
 function fromSymbol(name: string): SNode {
@@ -625,17 +719,53 @@ function printPow(n: Extract<SNode, { k: 'pow' }>): string {
 
 const REL_STR: Record<string, string> = { '<': '<', '<=': '<=', '>': '>', '>=': '>=' };
 
-// FiniteSet prints its elements sorted: numbers by value first, then the rest by name.
-function sortSetItems(items: SNode[]): SNode[] {
-  return [...items].sort((a, b) => {
-    const va = isNumeric(a) ? numericValue(a) : NaN;
-    const vb = isNumeric(b) ? numericValue(b) : NaN;
-    if (!Number.isNaN(va) && !Number.isNaN(vb)) return va - vb;
-    if (!Number.isNaN(va)) return -1;
-    if (!Number.isNaN(vb)) return 1;
-    return print(a) < print(b) ? -1 : print(a) > print(b) ? 1 : 0;
-  });
+// sympy's class order between the kinds a set holds: numbers, then symbols and expressions, then
+// Interval, then Tuple (class names in order).
+function setRank(n: SNode): number {
+  if (isNumeric(n)) return 0;
+  if (n.k === 'interval') return 2;
+  if (n.k === 'tuple') return 3;
+  return 1;
 }
+
+// default_sort_key, enough for the elements of a set: numbers by value, tuples by length then
+// element by element, intervals by their ends, the rest by name.
+function compareSetItems(a: SNode, b: SNode): number {
+  const ra = setRank(a);
+  const rb = setRank(b);
+  if (ra !== rb) return ra - rb;
+  if (ra === 0) {
+    const d = numericValue(a) - numericValue(b);
+    if (d !== 0 && !Number.isNaN(d)) return d;
+  }
+  if (a.k === 'tuple' && b.k === 'tuple') {
+    if (a.items.length !== b.items.length) return a.items.length - b.items.length;
+    for (let i = 0; i < a.items.length; i++) {
+      const c = compareSetItems(a.items[i] as SNode, b.items[i] as SNode);
+      if (c !== 0) return c;
+    }
+    return 0;
+  }
+  if (a.k === 'interval' && b.k === 'interval') return compareSetItems(a.lo, b.lo) || compareSetItems(a.hi, b.hi);
+  const pa = print(a);
+  const pb = print(b);
+  return pa < pb ? -1 : pa > pb ? 1 : 0;
+}
+
+// FiniteSet holds each element once and prints them sorted.
+function sortSetItems(items: SNode[]): SNode[] {
+  const seen = new Set<string>();
+  const unique = items.filter((item) => {
+    const key = print(item);
+    if (seen.has(key)) return false;
+    seen.add(key);
+    return true;
+  });
+  return unique.sort(compareSetItems);
+}
+
+const isInfinite = (n: SNode): boolean =>
+  (n.k === 'const' && n.name === 'oo') || (n.k === 'mul' && n.args.length === 2 && n.args.some((a) => a.k === 'const' && a.name === 'oo'));
 
 /** sympy `str()` of the tree. */
 export function print(n: SNode): string {
@@ -658,20 +788,38 @@ export function print(n: SNode): string {
       return printMul(n);
     case 'pow':
       return printPow(n);
-    case 'fn':
-      return `${n.name}(${n.args.map(print).join(', ')})`;
+    case 'fn': {
+      // Union's arguments print in sympy's order: an Interval before a Union, intervals by their ends.
+      const args = n.name === 'Union' && n.args.length === 2
+        ? [...n.args].sort((a, b) => {
+          const ua = a.k === 'fn' && a.name === 'Union';
+          const ub = b.k === 'fn' && b.name === 'Union';
+          if (ua !== ub) return ua ? 1 : -1;
+          return a.k === 'interval' && b.k === 'interval' ? compareSetItems(a, b) : 0;
+        })
+        : n.args;
+      return `${n.name}(${args.map(print).join(', ')})`;
+    }
     case 'rel':
       if (n.op === '=') return `Eq(${print(n.lhs)}, ${print(n.rhs)})`;
       if (n.op === '!=') return `Ne(${print(n.lhs)}, ${print(n.rhs)})`;
       return `${parenthesize(n.lhs, PREC.Relational, true)} ${REL_STR[n.op]} ${parenthesize(n.rhs, PREC.Relational, true)}`;
     case 'and':
-      return n.args.map((a) => `(${print(a)})`).join(' & ');
+      // And's arguments print sorted; Eq and Ne are calls and need no parentheses.
+      return [...n.args]
+        .sort((a, b) => (a.k === 'rel' && b.k === 'rel' ? compareKeys(a.lhs, b.lhs) || compareKeys(a.rhs, b.rhs) : 0))
+        .map((a) => (a.k === 'rel' && (a.op === '=' || a.op === '!=') ? print(a) : `(${print(a)})`))
+        .join(' & ');
     case 'set':
       return n.items.length === 0 ? 'EmptySet' : `{${sortSetItems(n.items).map(print).join(', ')}}`;
     case 'tuple':
       return n.items.length === 1 ? `(${print(n.items[0] as SNode)},)` : `(${n.items.map(print).join(', ')})`;
     case 'interval': {
-      const kind = n.lopen && n.ropen ? '.open' : n.lopen ? '.Lopen' : n.ropen ? '.Ropen' : '';
+      // As sympy's printer: an infinite end's openness is not shown unless the other end is open.
+      const loInf = isInfinite(n.lo);
+      const hiInf = isInfinite(n.hi);
+      const plain = (loInf && hiInf) || (loInf && !n.ropen) || (hiInf && !n.lopen);
+      const kind = plain ? '' : n.lopen && n.ropen ? '.open' : n.lopen ? '.Lopen' : n.ropen ? '.Ropen' : '';
       return `Interval${kind}(${print(n.lo)}, ${print(n.hi)})`;
     }
     case 'matrix':
