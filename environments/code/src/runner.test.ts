@@ -182,12 +182,13 @@ describe('hostile submissions: reward 0, host and server unharmed', () => {
   });
 
   it('100 MB of output is a wrong answer with truncated metadata; floods of fd 1 and files are dropped or capped', async () => {
-    const flood = await runner.run(stdio('print("x" * 100_000_000)', [''], ['y']));
+    // ample time limits: these are about output size, and a loaded machine is slow, not wrong
+    const flood = await runner.run(stdio('print("x" * 100_000_000)', [''], ['y'], 30));
     expect(flood.result).toEqual([-2]);
     expect(String(flood.metadata!.output).length).toBeLessThan(400);
-    const raw = await runner.run(stdio('import posix\nfor _ in range(20):\n    posix.write(1, b"x" * 5_000_000)\nprint(1)', [''], ['1']));
+    const raw = await runner.run(stdio('import posix\nfor _ in range(20):\n    posix.write(1, b"x" * 5_000_000)\nprint(1)', [''], ['1'], 30));
     expect(raw.result).toEqual([true]);
-    const file = await runner.run(stdio('f = open("big.bin", "wb")\nf.write(b"x" * 100_000_000)\nf.close()\nprint(1)', [''], ['1']));
+    const file = await runner.run(stdio('f = open("big.bin", "wb")\nf.write(b"x" * 100_000_000)\nf.close()\nprint(1)', [''], ['1'], 30));
     expect(file.result).toEqual([-4]);
     expect(String(file.metadata!.error)).toContain('File too large');
   });
