@@ -1,9 +1,10 @@
-import { spawn, type ChildProcess } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { fileURLToPath } from 'node:url';
 import { defineEnvironment, startRolloutServer, type RolloutTaskInput } from '@rollserve/core';
 import { z } from 'zod';
 import { heading, percentile } from './stats.ts';
+import { startPolicyProcess } from './policy-process.ts';
 
 // Rollouts/s of single-turn rollouts (zero-latency scripted policy in its own process) submitted
 // and streamed back through the Python client (clients/python, Debian's python3), against the same
@@ -14,17 +15,6 @@ import { heading, percentile } from './stats.ts';
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 const PYTHON = process.env.PYTHON ?? '/usr/bin/python3';
 
-async function fakePolicy(options: Record<string, unknown>): Promise<{ url: string; child: ChildProcess }> {
-  const script = fileURLToPath(new URL('./fake-policy-process.ts', import.meta.url));
-  const child = spawn(process.execPath, ['--import', 'tsx', '--conditions=@rollserve/source', script, JSON.stringify(options)], {
-    stdio: ['ignore', 'pipe', 'inherit'],
-  });
-  const url = await new Promise<string>((resolve, reject) => {
-    child.stdout!.once('data', (chunk: Buffer) => resolve(chunk.toString().trim()));
-    child.once('exit', (code) => reject(new Error(`fake policy exited with ${code}`)));
-  });
-  return { url, child };
-}
 
 const exact = defineEnvironment({
   name: 'exact-bench',
@@ -104,7 +94,7 @@ export default async function bench(): Promise<void> {
   const logLevel = process.env.ROLLSERVE_LOG_LEVEL;
   process.env.ROLLSERVE_LOG_LEVEL ??= 'silent';
   heading(`python client: ${count.toLocaleString('en')} single-turn rollouts per run, Python client (sync, asyncio) against Node HTTP (${rounds} runs each, interleaved)`);
-  const policy = await fakePolicy({ reply: '\\boxed{8}' });
+  const policy = await startPolicyProcess({ reply: '\\boxed{8}' });
   const server = await startRolloutServer({ environments: [exact], llmBackends: [policy.url] });
   try {
     // Warm-up: JIT, grader workers, the first connections.

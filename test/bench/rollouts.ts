@@ -1,5 +1,3 @@
-import { spawn, type ChildProcess } from 'node:child_process';
-import { fileURLToPath } from 'node:url';
 import {
   bashTool,
   defineEnvironment,
@@ -13,22 +11,12 @@ import math from '@rollserve/env-math';
 import { counterEnvironment, startTestRolloutService } from '@rollserve/testing';
 import { z } from 'zod';
 import { heading, percentile } from './stats.ts';
+import { startPolicyProcess } from './policy-process.ts';
 
 // The rollout service against a scripted policy in another process: throughput, per-turn service
 // overhead (run-stage time minus model and tool time, per model call), peak memory, and the gain
 // of staged pools over one-slot-per-rollout, side by side.
 
-async function fakePolicy(options: Record<string, unknown>): Promise<{ url: string; child: ChildProcess }> {
-  const script = fileURLToPath(new URL('./fake-policy-process.ts', import.meta.url));
-  const child = spawn(process.execPath, ['--import', 'tsx', '--conditions=@rollserve/source', script, JSON.stringify(options)], {
-    stdio: ['ignore', 'pipe', 'inherit'],
-  });
-  const url = await new Promise<string>((resolve, reject) => {
-    child.stdout!.once('data', (chunk: Buffer) => resolve(chunk.toString().trim()));
-    child.once('exit', (code) => reject(new Error(`fake policy exited with ${code}`)));
-  });
-  return { url, child };
-}
 
 async function withService<T>(url: string, options: Omit<RolloutServiceOptions, 'models'>, run: (svc: RolloutService) => Promise<T>): Promise<T> {
   const { service, close } = await startTestRolloutService({ ...options, backends: [url] });
@@ -70,7 +58,7 @@ const ms = (v: number) => `${v.toFixed(2)} ms`;
 
 export default async function bench(): Promise<void> {
   heading('rollout service: 1,000 single-turn math rollouts, zero-latency policy');
-  const zero = await fakePolicy({ reply: '\\boxed{8}' });
+  const zero = await startPolicyProcess({ reply: '\\boxed{8}' });
   try {
     await withService(zero.url, { environments: [math] }, async (svc) => {
       await batch(svc, Array.from({ length: 100 }, (_, i) => mathTask(-i))); // warm-up (JIT, worker threads)
@@ -83,7 +71,7 @@ export default async function bench(): Promise<void> {
   }
 
   heading('rollout service: 500 ten-turn tool rollouts (in-process counter tools), zero-latency policy');
-  const tenTurn = await fakePolicy({ tool: 'increment_counter', reply: '{"count": 1}', turns: 10 });
+  const tenTurn = await startPolicyProcess({ tool: 'increment_counter', reply: '{"count": 1}', turns: 10 });
   try {
     await withService(tenTurn.url, { environments: [counterEnvironment] }, async (svc) => {
       const task = (i: number): RolloutTaskInput => ({
@@ -110,7 +98,7 @@ export default async function bench(): Promise<void> {
     sandbox: { network: false },
     verify: (_row, response) => ({ reward: response.output.filter((o) => o.type === 'function_call_output').length === 9 ? 1 : 0 }),
   });
-  const bashPolicy = await fakePolicy({ tool: 'bash', reply: '{"command": "echo hi"}', turns: 10 });
+  const bashPolicy = await startPolicyProcess({ tool: 'bash', reply: '{"command": "echo hi"}', turns: 10 });
   try {
     await withService(bashPolicy.url, { environments: [shell] }, async (svc) => {
       const task = (i: number): RolloutTaskInput => ({ env: 'bash-bench', row: { responses_create_params: { input: `shell #${i}` } }, policy: { model: 'fake-policy' } });
@@ -128,7 +116,7 @@ export default async function bench(): Promise<void> {
   }
 
   heading('rollout service: memory with 1,000 rollouts in flight (policy answers after 3 s)');
-  const slow = await fakePolicy({ reply: '\\boxed{8}', latencyMs: 3_000 });
+  const slow = await startPolicyProcess({ reply: '\\boxed{8}', latencyMs: 3_000 });
   try {
     await withService(slow.url, { environments: [math] }, async (svc) => {
       const before = process.memoryUsage().rss / 2 ** 20;
@@ -152,7 +140,7 @@ export default async function bench(): Promise<void> {
       return { reward: 1 };
     },
   });
-  const fourTurns = await fakePolicy({ tool: 'noop', reply: '{}', turns: 4, latencyMs: 20 });
+  const fourTurns = await startPolicyProcess({ tool: 'noop', reply: '{}', turns: 4, latencyMs: 20 });
   try {
     const tasks = Array.from({ length: 320 }, (_, i): RolloutTaskInput => ({ env: 'slow-verify', row: { responses_create_params: { input: `t${i}` } }, policy: { model: 'fake-policy' } }));
     const slots = 16;

@@ -1,12 +1,11 @@
-import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { bashTool, createRolloutApi, defineEnvironment, serveFetch, type Environment, type RolloutTaskInput } from '@rollserve/core';
 import { startTestRolloutService } from '@rollserve/testing';
 import { z } from 'zod';
 import { heading, percentile } from './stats.ts';
+import { startPolicyProcess } from './policy-process.ts';
 
 // How long POST /v1/rollouts takes to answer 202 for a batch of sandboxed tasks (each one's INIT
 // creates a bwrap sandbox) on a journaled service: accepting must not wait for the work to start.
@@ -21,17 +20,6 @@ const shell: Environment<any, any, any> = defineEnvironment({
   verify: () => ({ reward: 1 }),
 });
 
-async function fakePolicy(options: Record<string, unknown>): Promise<{ url: string; child: ChildProcess }> {
-  const script = fileURLToPath(new URL('./fake-policy-process.ts', import.meta.url));
-  const child = spawn(process.execPath, ['--import', 'tsx', '--conditions=@rollserve/source', script, JSON.stringify(options)], {
-    stdio: ['ignore', 'pipe', 'inherit'],
-  });
-  const url = await new Promise<string>((resolve, reject) => {
-    child.stdout!.once('data', (chunk: Buffer) => resolve(chunk.toString().trim()));
-    child.once('exit', (code) => reject(new Error(`fake policy exited with ${code}`)));
-  });
-  return { url, child };
-}
 
 const task = (prefix: string, i: number): RolloutTaskInput => ({
   id: `${prefix}-${i}`,
@@ -70,7 +58,7 @@ export default async function bench(): Promise<void> {
   const logLevel = process.env.ROLLSERVE_LOG_LEVEL;
   process.env.ROLLSERVE_LOG_LEVEL ??= 'silent'; // the services' own logs would drown the figures
   // The policy answers slowly: the batch's sandboxes are being created, not torn down, meanwhile.
-  const policy = await fakePolicy({ reply: 'done', latencyMs: 10_000 });
+  const policy = await startPolicyProcess({ reply: 'done', latencyMs: 10_000 });
   const dir = await mkdtemp(join(tmpdir(), 'rollserve-submit-bench-'));
   try {
     for (const fsync of [false, true]) {
