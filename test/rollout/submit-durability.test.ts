@@ -1,10 +1,11 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { readdirSync } from 'node:fs';
+import { chmod, mkdir, mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import type { RolloutResult } from '@rollserve/core';
+import { removeStaleSandboxDirs, type RolloutResult } from '@rollserve/core';
 import { startFakePolicy, workspaceRoot } from '@rollserve/testing';
 import { request } from 'undici';
 import { afterEach, describe, expect, it } from 'vitest';
@@ -18,12 +19,14 @@ afterEach(async () => {
 });
 
 /** The service of fixtures/sandboxed-server.ts in a child process; resolves with its URL. */
-async function startChild(options: { journalPath: string; llm: string }): Promise<{ url: string; child: ChildProcess }> {
+async function startChild(options: { journalPath: string; llm: string }, sandboxDir: string): Promise<{ url: string; child: ChildProcess }> {
   const script = fileURLToPath(new URL('./fixtures/sandboxed-server.ts', import.meta.url));
   const child = spawn(process.execPath, ['--import', 'tsx', '--conditions=@rollserve/source', script, JSON.stringify(options)], {
     cwd: workspaceRoot(),
     stdio: ['ignore', 'pipe', 'pipe'],
-    env: { ...process.env, ROLLSERVE_LOG_LEVEL: 'silent' },
+    // the service's sandbox directories go to the test's own directory, so that what a killed
+    // service leaves is found and swept by this test alone
+    env: { ...process.env, ROLLSERVE_LOG_LEVEL: 'silent', TMPDIR: sandboxDir },
   });
   cleanups.push(async () => {
     if (child.exitCode === null && child.signalCode === null) {
@@ -54,6 +57,11 @@ describe('submitting to a sandboxed environment', () => {
     const dir = await mkdtemp(join(tmpdir(), 'rollserve-submit-'));
     cleanups.push(() => rm(dir, { recursive: true, force: true }));
     const journalPath = join(dir, 'journal.jsonl');
+    const sandboxDir = join(dir, 'sandboxes');
+    await mkdir(sandboxDir);
+    // the sandbox uid (nobody, under a root service) makes its mounts from there
+    await chmod(dir, 0o755);
+    await chmod(sandboxDir, 0o755);
     const fake = await startFakePolicy({
       script: (req) => {
         const messages = req.messages as Array<{ role: string; content?: unknown }>;
@@ -66,7 +74,7 @@ describe('submitting to a sandboxed environment', () => {
     const ids = Array.from({ length: 64 }, (_, i) => `k${i}`);
     const tasks = ids.map((id) => ({ id, env: 'shell', row: { responses_create_params: { input: `print tag ${id}` }, tag: id }, policy: { model: 'fake-policy' } }));
 
-    const first = await startChild({ journalPath, llm: fake.url });
+    const first = await startChild({ journalPath, llm: fake.url }, sandboxDir);
     const response = await request(`${first.url}/v1/rollouts`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ tasks }) });
     first.child.kill('SIGKILL'); // right after the 202, before the batch has done anything much
     expect(response.statusCode).toBe(202);
@@ -76,7 +84,7 @@ describe('submitting to a sandboxed environment', () => {
     expect((await journalLines(journalPath)).filter((r) => r.type === 'task').map((r) => r.taskId)).toEqual(ids);
 
     // The restart runs what the first process had accepted, by itself.
-    const second = await startChild({ journalPath, llm: fake.url });
+    const second = await startChild({ journalPath, llm: fake.url }, sandboxDir);
     const stream = await request(`${second.url}/v1/rollouts/stream?ids=${ids.join(',')}`);
     const results = (await stream.body.text()).trim().split('\n').map((line) => JSON.parse(line) as RolloutResult);
     expect(results.map((r) => r.id).sort()).toEqual([...ids].sort());
@@ -92,5 +100,12 @@ describe('submitting to a sandboxed environment', () => {
     expect(lines.filter((r) => r.type === 'task')).toHaveLength(ids.length);
     const finished = lines.filter((r) => r.type === 'result').map((r) => r.result!.id);
     expect(finished.sort()).toEqual([...ids].sort()); // each rollout finished exactly once
+
+    // What the killed service left (its sandboxes died with it): the start-up sweep removes it
+    const left = (await readdir(sandboxDir)).filter((name) => name.startsWith('rollserve-rs-')).map((name) => name.slice('rollserve-'.length));
+    await removeStaleSandboxDirs({ tmpDir: sandboxDir, minAgeMs: 0, ids: left });
+    expect((await readdir(sandboxDir)).filter((name) => name.startsWith('rollserve-'))).toEqual([]);
+    const cgroups = readdirSync('/sys/fs/cgroup', { recursive: true }).map(String);
+    expect(cgroups.filter((path) => left.some((id) => path.endsWith(`rollserve-${id}`)))).toEqual([]);
   }, 120_000);
 });
