@@ -1,30 +1,20 @@
-import { Hono, type Context } from 'hono';
+import { Hono } from 'hono';
 import { bearerAuth } from 'hono/bearer-auth';
 import { HTTPException } from 'hono/http-exception';
 import { stream, streamSSE } from 'hono/streaming';
 import { z } from 'zod';
 import { RolloutError } from '../errors.ts';
 import { checkToken } from '../gym/bind-policy.ts';
+import type { RolloutApiOptions } from './api/context.ts';
+import { gymAgentApi } from './api/gym-agent.ts';
+import { body, parse } from './api/parse.ts';
+import { ProcessRequest, prorlApi } from './api/prorl.ts';
 import { rolloutOpenApi } from './openapi.ts';
 import type { RolloutService } from './service.ts';
 import { trainingView } from './training-view.ts';
-import { PolicySpec, RolloutLimits, RolloutTask, SamplingParams, SubmitBatch, type RolloutResult, type RolloutState } from './types.ts';
+import { RolloutTask, SubmitBatch, type RolloutResult, type RolloutState } from './types.ts';
 
-/** What `POST /v1/llm-backends` and the service's pool agree on. */
-export interface BackendRegistry {
-  add(backend: { id?: string; baseUrl: string; model?: string; apiKey?: string; maxConcurrency?: number }): { id: string };
-  remove(id: string): boolean;
-  list(): unknown[];
-}
-
-export interface RolloutApiOptions {
-  /** Required as `Authorization: Bearer <token>` on every route but `GET /health` when set. */
-  token?: string;
-  /** The LLM backends managed at run time. */
-  backends?: BackendRegistry;
-  /** The model name `/process` uses when its body names none. */
-  defaultModel?: string;
-}
+export type { BackendRegistry, RolloutApiOptions } from './api/context.ts';
 
 const AddBackend = z.strictObject({
   id: z.string().min(1).optional(),
@@ -34,37 +24,12 @@ const AddBackend = z.strictObject({
   max_concurrency: z.number().int().positive().optional(),
 });
 
-const ProcessRequest = z.object({
-  /** The task instance: a dataset row in NeMo Gym form, naming its environment in `env`. */
-  instance: z.looseObject({ env: z.string().optional(), responses_create_params: z.looseObject({ input: z.unknown() }) }),
-  sampling_params: SamplingParams.extend({ model: z.string().optional() }).default({}),
-  job_id: z.string().optional(),
-  base_url: z.url().optional(),
-  limits: RolloutLimits.partial().optional(),
-});
-
 const ListQuery = z.object({
   cursor: z.string().optional(),
   limit: z.coerce.number().int().positive().max(1_000).optional(),
   state: z.enum(['queued', 'init', 'run', 'eval', 'done', 'failed', 'cancelled']).optional(),
   task_id: z.string().optional(),
 });
-
-function parse<T extends z.ZodType>(schema: T, value: unknown): z.output<T> {
-  const result = schema.safeParse(value);
-  if (!result.success) {
-    throw new RolloutError({ code: 'UNPROCESSABLE', message: z.prettifyError(result.error), details: result.error.issues });
-  }
-  return result.data;
-}
-
-async function body(c: Context): Promise<unknown> {
-  try {
-    return await c.req.json();
-  } catch (error) {
-    throw new RolloutError({ code: 'BAD_REQUEST', message: `the body is not JSON: ${(error as Error).message}` });
-  }
-}
 
 /**
  * The rollout service's HTTP API (JSON; results also as NDJSON or SSE streams). Every error body
@@ -296,27 +261,8 @@ export function createRolloutApi(service: RolloutService, options: RolloutApiOpt
     return c.json({ removed: c.req.param('id') });
   });
 
-  // ProRL Agent-shaped blocking call: one instance in, its finished result out.
-  app.post('/process', async (c) => {
-    const request = parse(ProcessRequest, await body(c));
-    const { env: envName, ...row } = request.instance;
-    const env = envName ?? (service.environments.length === 1 ? service.environments[0] : undefined);
-    if (!env) throw new RolloutError({ code: 'UNPROCESSABLE', message: `instance.env is required (served: ${service.environments.join(', ')})` });
-    const { model, ...sampling } = request.sampling_params;
-    const modelName = model ?? options.defaultModel;
-    if (!modelName) throw new RolloutError({ code: 'UNPROCESSABLE', message: 'sampling_params.model is required' });
-    const policy = parse(PolicySpec, { model: modelName, sampling, ...(request.base_url ? { base_url: request.base_url } : {}) });
-    const [submitted] = await service.submit([
-      {
-        ...(request.job_id ? { id: request.job_id } : {}),
-        env,
-        row: row as never,
-        policy,
-        ...(request.limits ? { limits: RolloutLimits.parse(request.limits) } : {}),
-      },
-    ]);
-    return c.json(await service.wait(submitted!.rolloutIds[0]!));
-  });
+  app.route('/', prorlApi({ service, options }));
+  app.route('/', gymAgentApi({ service, options }));
 
   return app;
 }
