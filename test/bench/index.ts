@@ -9,6 +9,7 @@ const BENCHES: Record<string, () => Promise<{ default: () => Promise<void> }>> =
   swe: () => import('./swe.ts'),
   submit: () => import('./submit.ts'),
   'python-client': () => import('./python-client.ts'),
+  start: () => import('./start.ts'),
 };
 
 const chosen = process.argv.slice(2);

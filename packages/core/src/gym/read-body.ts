@@ -113,9 +113,12 @@ function isJsonContentType(header: string): boolean {
  * must be UTF-8 (a leading BOM is dropped, as json.loads does for bytes).
  */
 export async function readRequestBody(request: Request): Promise<RequestBody> {
-  const bytes = new Uint8Array(await request.arrayBuffer());
+  return decodeRequestBody(new Uint8Array(await request.arrayBuffer()), request.headers.get('content-type'));
+}
+
+/** `readRequestBody` for bytes already read (from Node's own request, say). */
+export function decodeRequestBody(bytes: Uint8Array, contentType: string | null): RequestBody {
   if (bytes.length === 0) return { kind: 'absent' };
-  const contentType = request.headers.get('content-type');
   if (contentType !== null && !isJsonContentType(contentType)) {
     return { kind: 'text', value: new TextDecoder().decode(bytes) };
   }

@@ -6,6 +6,8 @@ import { createResourcesServer, stripRolloutPrefix, type ResourcesServer } from 
 import { serveFetch, type RunningServer } from './serve.ts';
 
 const closed: string[] = [];
+let hangStarted: () => void = () => undefined;
+let hangAborted: (reason: unknown) => void = () => undefined;
 const env = defineEnvironment({
   name: 'probe',
   domain: 'other',
@@ -19,6 +21,18 @@ const env = defineEnvironment({
         new Promise((resolve) => {
           const timer = setTimeout(() => resolve({ waited: ms }), ms);
           ctx.signal.addEventListener('abort', () => clearTimeout(timer));
+        }),
+    }),
+    hang: defineTool({
+      description: 'waits until its signal aborts',
+      parameters: z.object({}),
+      handler: (_args, ctx) =>
+        new Promise((resolve) => {
+          hangStarted();
+          ctx.signal.addEventListener('abort', () => {
+            hangAborted(ctx.signal.reason);
+            resolve('aborted');
+          });
         }),
     }),
     text: defineTool({ description: 'plain text', parameters: z.object({}), handler: () => 'plain output' }),
@@ -103,6 +117,18 @@ describe('resources server', () => {
     const boom = await post('/boom', {});
     expect(boom.status).toBe(500);
     expect(JSON.parse(boom.text)).toBe("RangeError('bad range')");
+  });
+
+  it("aborts a tool's signal when its client goes away, and answers the next call", async () => {
+    const started = new Promise<void>((resolve) => (hangStarted = resolve));
+    const aborted = new Promise<unknown>((resolve) => (hangAborted = resolve));
+    const client = new AbortController();
+    const call = fetch(new URL('/hang', server.url), { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}', signal: client.signal });
+    await started;
+    client.abort();
+    await expect(call).rejects.toThrow();
+    expect(String(await aborted)).toMatch(/prematurely closed/);
+    expect((await post('/text', {})).text).toBe('plain output');
   });
 
   it('frees the session and its resources after verify', async () => {

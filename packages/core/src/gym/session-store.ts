@@ -2,6 +2,9 @@ import { createHmac, randomBytes, randomUUID, timingSafeEqual } from 'node:crypt
 import type { Logger } from 'pino';
 import type { Session } from '../spec/environment.ts';
 
+/** Verified cookie values remembered, oldest dropped first (a few MB at most). */
+const VERIFIED_CACHE_SIZE = 16_384;
+
 interface SessionRecord {
   session: Session;
   closers: Array<() => Promise<void> | void>;
@@ -28,6 +31,8 @@ export class SessionStore {
   readonly #logger: Logger | undefined;
   readonly #reaper: NodeJS.Timeout;
   readonly #ended = new WeakMap<Session, () => void>();
+  /** Cookie values already verified (a pure function of the value, so safe to remember). */
+  readonly #verified = new Map<string, string>();
 
   constructor({ idleTtlMs = 3_600_000, logger }: SessionStoreOptions = {}) {
     this.#idleTtlMs = idleTtlMs;
@@ -56,10 +61,16 @@ export class SessionStore {
     const unquoted = value.length >= 2 && value.startsWith('"') && value.endsWith('"') ? value.slice(1, -1) : value;
     const dot = unquoted.lastIndexOf('.');
     if (dot <= 0) return undefined;
+    const remembered = this.#verified.get(unquoted);
+    if (remembered !== undefined) return remembered;
     const id = unquoted.slice(0, dot);
     const given = Buffer.from(unquoted.slice(dot + 1));
     const expected = Buffer.from(this.#sign(id));
-    return given.length === expected.length && timingSafeEqual(given, expected) ? id : undefined;
+    if (given.length !== expected.length || !timingSafeEqual(given, expected)) return undefined;
+    // An HMAC per request was a tenth of a tool call's server time; forged values are never kept.
+    if (this.#verified.size >= VERIFIED_CACHE_SIZE) this.#verified.delete(this.#verified.keys().next().value!);
+    this.#verified.set(unquoted, id);
+    return id;
   }
 
   /** The session with this id, created on first use. */

@@ -16,7 +16,12 @@ export async function invokeTool<Config>(
   options: { timeoutMs: number; signal?: AbortSignal },
 ): Promise<ToolOutcome> {
   const controller = new AbortController();
-  const signal = options.signal ? AbortSignal.any([controller.signal, options.signal]) : controller.signal;
+  const { signal } = controller;
+  // The caller's abort forwarded by hand: AbortSignal.any per call showed in tool-call profiles.
+  const outer = options.signal;
+  const forward = () => controller.abort(outer!.reason);
+  if (outer?.aborted) forward();
+  else outer?.addEventListener('abort', forward, { once: true });
   let timer: NodeJS.Timeout | undefined;
   const limit = new Promise<ToolOutcome>((resolve) => {
     timer = setTimeout(() => {
@@ -36,6 +41,7 @@ export async function invokeTool<Config>(
     return await Promise.race([run, limit]);
   } finally {
     clearTimeout(timer);
+    outer?.removeEventListener('abort', forward);
   }
 }
 

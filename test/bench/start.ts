@@ -1,0 +1,136 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { Agent, request } from 'undici';
+import { heading, percentile } from './stats.ts';
+import { startPolicyProcess } from './policy-process.ts';
+
+// `pnpm bench start`: the rollout service measured the way a trainer runs it (issue 16): the main
+// job started by its CLI (`rollserve start`, journal on) in a process of its own, a zero-latency
+// scripted policy in another, tasks submitted over HTTP and results read from the NDJSON stream.
+// Reports rollouts/s, the service's CPU per rollout (from /proc), and the per-rollout overhead of
+// a rollout alone (end to end minus the policy's time). ROLLSERVE_BENCH_PROFILE=<dir> writes a
+// `node --cpu-prof` profile of the service.
+
+const CLI = fileURLToPath(new URL('../../packages/core/bin/rollserve.js', import.meta.url));
+const TICKS_PER_S = 100; // USER_HZ on Linux
+
+interface Started {
+  url: string;
+  child: ChildProcess;
+}
+
+async function startService(policyUrl: string, journal: string): Promise<Started> {
+  const profile = process.env.ROLLSERVE_BENCH_PROFILE;
+  const child = spawn(
+    process.execPath,
+    [...(profile ? ['--cpu-prof', `--cpu-prof-dir=${profile}`] : []), CLI, 'start', '--port', '0', '--llm', policyUrl, '--journal', journal],
+    { stdio: ['ignore', 'pipe', 'inherit'], env: { ...process.env, ROLLSERVE_LOG_LEVEL: 'silent' } },
+  );
+  const url = await new Promise<string>((resolve, reject) => {
+    let seen = '';
+    const onData = (chunk: Buffer) => {
+      seen += chunk.toString();
+      const match = /^rollouts\s+(http:\/\/\S+)/m.exec(seen);
+      if (match) {
+        child.stdout!.off('data', onData);
+        child.stdout!.resume();
+        resolve(match[1]!);
+      }
+    };
+    child.stdout!.on('data', onData);
+    child.once('exit', (code) => reject(new Error(`rollserve start exited with ${code}: ${seen}`)));
+  });
+  return { url, child };
+}
+
+async function cpuSeconds(pid: number): Promise<number> {
+  const fields = (await readFile(`/proc/${pid}/stat`, 'latin1')).split(') ')[1]!.split(' ');
+  return (Number(fields[11]) + Number(fields[12])) / TICKS_PER_S; // utime, stime
+}
+
+const dispatcher = new Agent({ connections: 8, keepAliveTimeout: 30_000 });
+
+const mathTask = (id: string) => ({
+  id,
+  env: 'math',
+  row: { responses_create_params: { input: `What is 3+5? (${id})` }, question: 'What is 3+5?', expected_answer: '8' },
+  policy: { model: 'fake-policy' },
+});
+
+type WireResult = Record<string, unknown> & { reward: number; turns: Array<Record<string, unknown>> };
+
+/** Submits the tasks in one batch and reads their results from the NDJSON stream. */
+async function run(url: string, ids: string[]): Promise<{ seconds: number; results: WireResult[] }> {
+  const started = performance.now();
+  const submitted = await request(`${url}/v1/rollouts`, {
+    dispatcher,
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ tasks: ids.map(mathTask) }),
+  });
+  if (submitted.statusCode !== 202) throw new Error(`submit: ${submitted.statusCode} ${await submitted.body.text()}`);
+  await submitted.body.dump();
+  const stream = await request(`${url}/v1/rollouts/stream?ids=${ids.join(',')}`, { dispatcher });
+  const results: WireResult[] = [];
+  let buffered = '';
+  for await (const chunk of stream.body) {
+    buffered += chunk.toString();
+    let newline: number;
+    while ((newline = buffered.indexOf('\n')) >= 0) {
+      results.push(JSON.parse(buffered.slice(0, newline)) as WireResult);
+      buffered = buffered.slice(newline + 1);
+    }
+  }
+  const seconds = (performance.now() - started) / 1000;
+  if (results.length !== ids.length) throw new Error(`${results.length} results for ${ids.length} tasks`);
+  const wrong = results.filter((r) => r.reward !== 1);
+  if (wrong.length > 0) throw new Error(`${wrong.length} results without reward 1: ${JSON.stringify(wrong[0]).slice(0, 400)}`);
+  return { seconds, results };
+}
+
+/** The policy's own time in a result (the wire names of either API generation). */
+function policyMs(result: WireResult): number {
+  return result.turns.reduce((sum, t) => sum + Number(t.llm_latency_ms ?? t.llmLatencyMs ?? 0), 0);
+}
+
+export default async function bench(): Promise<void> {
+  heading('rollserve start (journal on), zero-latency policy in its own process, tasks over HTTP, results from the NDJSON stream');
+  const dir = await mkdtemp(join(tmpdir(), 'rollserve-start-bench-'));
+  const policy = await startPolicyProcess({ reply: '\\boxed{8}' });
+  let service: Started | undefined;
+  try {
+    service = await startService(policy.url, join(dir, 'journal.jsonl'));
+    const pid = service.child.pid!;
+    await run(service.url, Array.from({ length: 200 }, (_, i) => `warm-${i}`)); // JIT, worker threads
+    const throughput: number[] = [];
+    const cpuPerRollout: number[] = [];
+    for (let round = 0; round < 3; round++) {
+      const cpuBefore = await cpuSeconds(pid);
+      const { seconds } = await run(service.url, Array.from({ length: 1_000 }, (_, i) => `r${round}-${i}`));
+      cpuPerRollout.push(((await cpuSeconds(pid)) - cpuBefore) / 1_000 * 1_000);
+      throughput.push(1_000 / seconds);
+    }
+    const alone: number[] = [];
+    for (let i = 0; i < 200; i++) {
+      const started = performance.now();
+      const { results } = await run(service.url, [`alone-${i}`]);
+      alone.push(performance.now() - started - policyMs(results[0]!));
+    }
+    const fixed = (v: number, d = 0) => v.toFixed(d);
+    console.log(`1,000 single-turn rollouts: ${throughput.map((v) => fixed(v)).join(', ')} rollouts/s over 3 runs (target >= 1,000; issue 16 measured 455)`);
+    console.log(`service CPU per rollout: ${cpuPerRollout.map((v) => fixed(v, 2)).join(', ')} ms (issue 16 measured 2.66 ms)`);
+    console.log(`one rollout alone, end to end minus the policy's time: p50 ${fixed(percentile(alone, 50), 2)} ms  p99 ${fixed(percentile(alone, 99), 2)} ms (target p50 <= 1 ms; issue 16 measured ~7.7 ms)`);
+  } finally {
+    if (service && service.child.exitCode === null) {
+      const exited = new Promise((resolve) => service!.child.once('exit', resolve));
+      service.child.kill('SIGTERM');
+      await exited;
+    }
+    policy.child.kill('SIGTERM');
+    await dispatcher.close();
+    await rm(dir, { recursive: true, force: true });
+  }
+}
