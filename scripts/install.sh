@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything rollserve needs on a Debian/Ubuntu machine that has Node 20.19+:
 # system packages (bubblewrap for the sandboxes, python3 with IPython and pytest for the Python
-# tool and the SWE environment, git, patch and tmux),
+# tool and the SWE environment, git, patch and tmux; skopeo, umoci and squashfs-tools for container
+# images),
 # pnpm, the workspace's dependencies, and the build. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +27,11 @@ command -v python3 >/dev/null 2>&1 || missing+=(python3)
 command -v git >/dev/null 2>&1 || missing+=(git)
 command -v tmux >/dev/null 2>&1 || missing+=(tmux)
 command -v patch >/dev/null 2>&1 || missing+=(patch)
+# Container images without Docker or root: OCI archives copied by skopeo and unpacked by umoci,
+# Apptainer/Singularity (SIF, squashfs) images unpacked by unsquashfs.
+command -v skopeo >/dev/null 2>&1 || missing+=(skopeo)
+command -v umoci >/dev/null 2>&1 || missing+=(umoci)
+command -v unsquashfs >/dev/null 2>&1 || missing+=(squashfs-tools)
 # Sandboxes run the system's python3 (not a pyenv or venv one): the SWE environment's tests need
 # pytest there.
 /usr/bin/python3 -c 'import pytest' >/dev/null 2>&1 || missing+=(python3-pytest)

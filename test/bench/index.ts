@@ -10,6 +10,8 @@ const BENCHES: Record<string, () => Promise<{ default: () => Promise<void> }>> =
   submit: () => import('./submit.ts'),
   'python-client': () => import('./python-client.ts'),
   start: () => import('./start.ts'),
+  images: () => import('./images.ts'),
+  store: () => import('./store.ts'),
 };
 
 const chosen = process.argv.slice(2);

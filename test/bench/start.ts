@@ -63,7 +63,7 @@ const mathTask = (id: string) => ({
 type WireResult = Record<string, unknown> & { reward: number; turns: Array<Record<string, unknown>> };
 
 /** Submits the tasks in one batch and reads their results from the NDJSON stream. */
-async function run(url: string, ids: string[]): Promise<{ seconds: number; results: WireResult[] }> {
+async function run(url: string, ids: string[]): Promise<{ seconds: number; acceptedMs: number; results: WireResult[] }> {
   const started = performance.now();
   const submitted = await request(`${url}/v1/rollouts`, {
     dispatcher,
@@ -73,6 +73,7 @@ async function run(url: string, ids: string[]): Promise<{ seconds: number; resul
   });
   if (submitted.statusCode !== 202) throw new Error(`submit: ${submitted.statusCode} ${await submitted.body.text()}`);
   await submitted.body.dump();
+  const acceptedMs = performance.now() - started;
   const stream = await request(`${url}/v1/rollouts/stream?ids=${ids.join(',')}`, { dispatcher });
   const results: WireResult[] = [];
   let buffered = '';
@@ -88,7 +89,7 @@ async function run(url: string, ids: string[]): Promise<{ seconds: number; resul
   if (results.length !== ids.length) throw new Error(`${results.length} results for ${ids.length} tasks`);
   const wrong = results.filter((r) => r.reward !== 1);
   if (wrong.length > 0) throw new Error(`${wrong.length} results without reward 1: ${JSON.stringify(wrong[0]).slice(0, 400)}`);
-  return { seconds, results };
+  return { seconds, acceptedMs, results };
 }
 
 /** The policy's own time in a result (the wire names of either API generation). */
@@ -114,15 +115,24 @@ export default async function bench(): Promise<void> {
       throughput.push(1_000 / seconds);
     }
     const alone: number[] = [];
+    // where a rollout alone spends its time: the 202, each stage (the policy's part of RUN), the total
+    const parts: Record<string, number[]> = { accepted: [], init: [], run: [], policy: [], eval: [], total: [] };
     for (let i = 0; i < 200; i++) {
       const started = performance.now();
-      const { results } = await run(service.url, [`alone-${i}`]);
-      alone.push(performance.now() - started - policyMs(results[0]!));
+      const { acceptedMs, results } = await run(service.url, [`alone-${i}`]);
+      const result = results[0]!;
+      alone.push(performance.now() - started - policyMs(result));
+      const timing = result.timing as Record<'init' | 'run' | 'eval', { queued_ms: number; active_ms: number }> & { total_ms: number };
+      parts.accepted!.push(acceptedMs);
+      for (const stage of ['init', 'run', 'eval'] as const) parts[stage]!.push(timing[stage].queued_ms + timing[stage].active_ms);
+      parts.policy!.push(policyMs(result));
+      parts.total!.push(timing.total_ms);
     }
     const fixed = (v: number, d = 0) => v.toFixed(d);
     console.log(`1,000 single-turn rollouts: ${throughput.map((v) => fixed(v)).join(', ')} rollouts/s over 3 runs (target >= 1,000; issue 16 measured 455)`);
     console.log(`service CPU per rollout: ${cpuPerRollout.map((v) => fixed(v, 2)).join(', ')} ms (issue 16 measured 2.66 ms)`);
     console.log(`one rollout alone, end to end minus the policy's time: p50 ${fixed(percentile(alone, 50), 2)} ms  p99 ${fixed(percentile(alone, 99), 2)} ms (target p50 <= 1 ms; issue 16 measured ~7.7 ms)`);
+    console.log(`  its parts, p50: ${Object.entries(parts).map(([name, values]) => `${name} ${fixed(percentile(values, 50), 3)}`).join('  ')} ms (accepted: the 202 at the client; the stages queued + active; total: the result's total_ms)`);
   } finally {
     if (service && service.child.exitCode === null) {
       const exited = new Promise((resolve) => service!.child.once('exit', resolve));

@@ -27,6 +27,10 @@ describe('rollserve command line', () => {
     const result = run('start', '--llm');
     expect(result.status).toBe(2);
     expect(result.stderr.trim()).toBe('rollserve: option --llm of "rollserve start" needs a value');
+    // an empty shell variable before the next option
+    const empty = run('rollout', '--env', 'math', '--input', 'x', '--output', 'y', '--policy', '--model', 'm');
+    expect(empty.status).toBe(2);
+    expect(empty.stderr.trim()).toBe('rollserve: option --policy of "rollserve rollout" needs a value');
   });
 
   it('reports a failing command in one line, without a stack trace', () => {
@@ -36,9 +40,13 @@ describe('rollserve command line', () => {
     expect(result.stderr).not.toMatch(/\n\s+at /);
   });
 
-  it('rollout requires --model', () => {
+  it('names a missing required option in one line (rollout requires --model), but not with --help', () => {
     const result = run('rollout', '--env', 'math', '--input', 'x', '--output', 'y', '--policy', 'http://127.0.0.1:9/v1');
-    expect(result.status).not.toBe(0);
-    expect(result.stdout + result.stderr).toContain('Missing required argument: --model');
+    expect(result.status).toBe(2);
+    expect(result.stderr.trim()).toBe('rollserve: option --model of "rollserve rollout" is required (Served model name, as the inference servers name it)');
+    expect(result.stdout).toBe('');
+    const help = run('rollout', '--help');
+    expect(help.status).toBe(0);
+    expect(help.stdout).toContain('--concurrency');
   });
 });

@@ -60,8 +60,8 @@ async function startDroppingProxy(target: URL, maxDrops: number): Promise<{ url:
     upstream.on('data', (data: Buffer) => {
       if (kind !== 'stream') return void client.write(data);
       seen += data.toString('latin1');
-      const first = seen.indexOf('"taskId"');
-      const second = first < 0 ? -1 : seen.indexOf('"taskId"', first + 1);
+      const first = seen.indexOf('"task_id"');
+      const second = first < 0 ? -1 : seen.indexOf('"task_id"', first + 1);
       if (second < 0) {
         relayed += data.length;
         return void client.write(data);

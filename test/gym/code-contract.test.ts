@@ -1,7 +1,7 @@
 import { join } from 'node:path';
 import { deflateSync } from 'node:zlib';
 import { createResourcesServer, outputText, serveFetch, type NeMoGymResponse } from '@rollserve/core';
-import code, { closeSharedRunners, extractCode } from '@rollserve/env-code';
+import code, { CodeConfig, extractCode, type CodeResources } from '@rollserve/env-code';
 import {
   call,
   describeContract,
@@ -11,7 +11,7 @@ import {
   workspaceRoot,
   type VerifyCase,
 } from '@rollserve/testing';
-import { afterAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 const EXTRAS = [
   'extracted_model_output',
@@ -42,14 +42,20 @@ const verifyCases: VerifyCase[] = cases.map(({ row, recorded, reference: ref }) 
   };
 });
 
-afterAll(closeSharedRunners);
+// the environment's own setup and close, as a server runs them
+let resources: CodeResources;
+beforeAll(async () => {
+  resources = await code.setup!(CodeConfig.parse({}));
+});
+afterAll(() => code.close!(resources));
 
 describe('code_gen reference: time-taken fields', () => {
   it('are numbers in a sane range where Python gives numbers', async () => {
     for (const { row, recorded, reference } of cases) {
       const answer = await code.verify(row as never, recorded.response as NeMoGymResponse, {
-        config: {},
+        config: CodeConfig.parse({}),
         signal: new AbortController().signal,
+        resources,
       } as never);
       const time = answer.unit_tests_time_taken as number;
       expect(time).toBeGreaterThan(0);

@@ -1,4 +1,4 @@
-import math, { closeSharedGraders } from '@rollserve/env-math';
+import math from '@rollserve/env-math';
 import { createResourcesServer, serveFetch, type ResourcesServer, type RunningServer } from '@rollserve/core';
 import { call, cookieHeader, describeContract, nemoGymFixture, readJsonl, replayRollout, startFakePolicy, startTestRolloutService, type VerifyCase } from '@rollserve/testing';
 import { readdirSync, readFileSync } from 'node:fs';
@@ -71,10 +71,6 @@ const verifyCases: VerifyCase[] = cases.map(({ index, row, rollout }) => ({
   expectedReward: rollout.reward,
   expectedExtras: { extracted_answer: rollout.extracted_answer, accuracy: rollout.accuracy },
 }));
-
-afterAll(async () => {
-  await closeSharedGraders();
-});
 
 // The recorded rollouts come from the version of math_with_code with the `\boxed\{([^}]+)\}`
 // regex and plain string equality: 'recorded' reproduces them exactly, reward and extras.

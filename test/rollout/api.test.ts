@@ -60,13 +60,14 @@ describe('rollout service HTTP API', () => {
         { task_id: 'a2', rollout_ids: ['a2'], existing: false },
         { task_id: 'a3', rollout_ids: ['a3:0', 'a3:1'], existing: false },
       ],
+      warnings: [],
     });
     const stream = await request(`${server.url}/v1/rollouts/stream?ids=a1,a2,a3`, { headers: auth });
     const lines = (await stream.body.text()).trim().split('\n').map((l) => JSON.parse(l) as { id: string; reward: number });
     expect(stream.headers['content-type']).toContain('application/x-ndjson');
     expect(lines.map((l) => l.id).sort()).toEqual(['a1', 'a2', 'a3:0', 'a3:1']);
     const one = await call(server.url, 'GET', '/v1/rollouts/a2', undefined, auth);
-    expect(one.json).toMatchObject({ id: 'a2', state: 'done', result: { reward: 0, verifyExtras: { extracted_answer: '4' } } });
+    expect(one.json).toMatchObject({ id: 'a2', state: 'done', result: { reward: 0, verify_extras: { extracted_answer: '4' } } });
     const group = await call(server.url, 'GET', '/v1/rollouts/a3', undefined, auth);
     expect((group.json as { rollouts: Array<{ result: { reward: number } }> }).rollouts.map((r) => r.result.reward)).toEqual([1, 1]);
     const page1 = await call(server.url, 'GET', '/v1/rollouts?limit=3', undefined, auth);
@@ -96,7 +97,7 @@ describe('rollout service HTTP API', () => {
       await new Promise((r) => setTimeout(r, 10));
     }
     const cancelled = await call(server.url, 'DELETE', '/v1/rollouts/hang1', undefined, auth);
-    expect(cancelled.json).toMatchObject({ id: 'hang1', state: 'cancelled', result: { criticalError: 'cancelled', filter: true } });
+    expect(cancelled.json).toMatchObject({ id: 'hang1', state: 'cancelled', result: { critical_error: 'cancelled', filter: true } });
   });
 
   it('answers ProRL-style /process with the finished result', async () => {
@@ -108,7 +109,9 @@ describe('rollout service HTTP API', () => {
       auth,
     );
     expect(processed.status).toBe(200);
-    expect(processed.json).toMatchObject({ id: 'p1', reward: 1, state: 'done' });
+    // ProRL Agent's result shape (test/rollout/prorl-api.test.ts covers the rest of that API).
+    expect(processed.json).toMatchObject({ job_id: 'p1', reward: 1, resolved: true, critical_error: null, filter: false });
+    expect((processed.json as { messages: Array<{ role: string }> }).messages.map((m) => m.role)).toEqual(['user', 'assistant']);
   });
 
   it('serves an OpenAPI document that covers every route and matches the request schema', async () => {
@@ -143,11 +146,11 @@ describe('rollout service HTTP API', () => {
     const submitted = await call(server.url, 'POST', '/v1/rollouts', { tasks: [task('grp-a', '1+1', '2', { n: 3 }), task('grp-b', '2+2', '4', { n: 2 })] }, auth);
     expect(submitted.status).toBe(202);
     const response = await request(`${server.url}/v1/rollouts/groups/stream?ids=grp-a,grp-b`, { headers: auth });
-    const groups = (await response.body.text()).trim().split('\n').map((l) => JSON.parse(l) as { taskId: string; results: Array<{ taskId: string; advantage: number | null }> });
-    expect(groups.map((g) => g.taskId).sort()).toEqual(['grp-a', 'grp-b']);
+    const groups = (await response.body.text()).trim().split('\n').map((l) => JSON.parse(l) as { task_id: string; results: Array<{ task_id: string; advantage: number | null }> });
+    expect(groups.map((g) => g.task_id).sort()).toEqual(['grp-a', 'grp-b']);
     for (const group of groups) {
-      expect(group.results).toHaveLength(group.taskId === 'grp-a' ? 3 : 2);
-      expect(group.results.every((r) => r.taskId === group.taskId && r.advantage !== null)).toBe(true);
+      expect(group.results).toHaveLength(group.task_id === 'grp-a' ? 3 : 2);
+      expect(group.results.every((r) => r.task_id === group.task_id && r.advantage !== null)).toBe(true);
     }
     expect((await call(server.url, 'GET', '/v1/rollouts/groups/stream?ids=nope', undefined, auth)).status).toBe(404);
   });
@@ -165,5 +168,41 @@ describe('rollout service HTTP API', () => {
     expect(limits.status).toBe(422);
     // nothing of those ran
     expect((await call(server.url, 'GET', '/v1/rollouts/typo', undefined, auth)).status).toBe(404);
+  });
+});
+
+describe('a submission with no usable policy backend', () => {
+  let bare: RolloutServer | undefined;
+  afterAll(async () => {
+    await bare?.close();
+  });
+
+  it('says so in its 202 and in /v1/status until a backend is added, then runs', async () => {
+    bare = await startRolloutServer({ environments: [math] });
+    const status0 = await call(bare.url, 'GET', '/v1/status');
+    expect(status0.json).toMatchObject({ warnings: [], llm_backends: [] });
+
+    // a task naming its own base_url needs no backend of the service's
+    const own = await call(bare.url, 'POST', '/v1/rollouts', task('own-url', '1+2', '3', { policy: { model: 'fake-policy', base_url: fake.url } }));
+    expect(own.status).toBe(202);
+    expect(own.json).toMatchObject({ warnings: [] });
+
+    const submitted = await call(bare.url, 'POST', '/v1/rollouts', { tasks: [task('nb1', '1+1', '2'), task('nb2', '2+3', '5', { n: 2 })] });
+    expect(submitted.status).toBe(202);
+    const warnings = (submitted.json as { warnings: string[] }).warnings;
+    expect(warnings).toHaveLength(1);
+    expect(warnings[0]).toMatch(/no policy backend.*nb1, nb2.*add one with POST \/v1\/llm-backends or --llm/);
+
+    const status = await call(bare.url, 'GET', '/v1/status');
+    const held = (status.json as { warnings: string[] }).warnings;
+    expect(held).toHaveLength(1);
+    expect(held[0]).toMatch(/no policy backend for 3 unfinished rollouts.*add one with POST \/v1\/llm-backends or --llm/);
+
+    expect((await call(bare.url, 'POST', '/v1/llm-backends', { base_url: fake.url })).status).toBe(201);
+    expect((await call(bare.url, 'GET', '/v1/status')).json).toMatchObject({ warnings: [] });
+    const stream = await request(`${bare.url}/v1/rollouts/stream?ids=nb1,nb2,own-url`);
+    const results = (await stream.body.text()).trim().split('\n').map((l) => JSON.parse(l) as { id: string; reward: number });
+    expect(results.map((r) => [r.id, r.reward]).sort()).toEqual([['nb1', 1], ['nb2:0', 1], ['nb2:1', 1], ['own-url', 1]]);
+    expect((await call(bare.url, 'GET', '/v1/status')).json).toMatchObject({ warnings: [] });
   });
 });

@@ -1,5 +1,5 @@
 import { readdirSync, readFileSync } from 'node:fs';
-import { bashTool, defineEnvironment, type RolloutService, sessionTools, type RolloutTaskInput } from '@rollserve/core';
+import { bashTool, defineEnvironment, type RolloutService, type RolloutTaskInput } from '@rollserve/core';
 import { type FakePolicy, type FakeReply, startFakePolicy, startTestRolloutService } from '@rollserve/testing';
 import { afterEach, describe, expect, it } from 'vitest';
 import { z } from 'zod';
@@ -13,7 +13,7 @@ const shell = defineEnvironment({
   tools: { bash: bashTool },
   sandbox: { network: false, keepForVerify: true },
   async verify(row, _response, ctx) {
-    const sandbox = await sessionTools(ctx.session).sandbox();
+    const sandbox = await ctx.tools.sandbox();
     const content = await sandbox.download('/workspace/out/greeting.txt').then(String, () => '');
     return { reward: content.trim() === row.expected ? 1 : 0, found: content.trim() };
   },

@@ -43,10 +43,10 @@ function planPolicy(request: { messages: unknown[] }): FakeReply {
 
 interface Result {
   state: string;
-  criticalError: string | null;
+  critical_error: string | null;
   filter: boolean;
   error: { code: string; message: string } | null;
-  turns: Array<{ toolCalls: Array<{ output: string; status: string }> }>;
+  turns: Array<{ tool_calls: Array<{ output: string; status: string }> }>;
 }
 
 let fake: FakePolicy;
@@ -80,7 +80,7 @@ async function rollout(id: string, calls: Plan['calls'], extra: Record<string, u
 
 const bash = (command: string) => ({ name: 'bash', arguments: { command } });
 const python = (code: string) => ({ name: 'execute_python', arguments: { code } });
-const outputs = (result: Result) => result.turns.flatMap((turn) => turn.toolCalls.map((call) => call.output));
+const outputs = (result: Result) => result.turns.flatMap((turn) => turn.tool_calls.map((call) => call.output));
 
 describe.skipIf(skip !== undefined)('hostile policy through the rollout service', () => {
   beforeAll(async () => {
@@ -209,7 +209,7 @@ describe.skipIf(skip !== undefined)('hostile policy through the rollout service'
       bash('cd /workspace/r && git -c user.email=a@b -c user.name=a commit --allow-empty 2>&1; echo rc=$?'),
     ], { tool_timeout_s: 60 });
     const out = outputs(result);
-    expect(result.turns.flatMap((t) => t.toolCalls.map((c) => c.status))).toEqual(['ok', 'ok']);
+    expect(result.turns.flatMap((t) => t.tool_calls.map((c) => c.status))).toEqual(['ok', 'ok']);
     expect(out[0]).toContain('first');
     expect(out[0]).toContain('rc=0');
     expect(out[0]).not.toContain('not fully functional');
@@ -241,7 +241,7 @@ print('wrote')
     expect(outputs(flooded)[1]).toMatch(/got fd [1-9]/); // and took the channel
     expect(flooded.error?.code).toBe('RESOURCE_LIMIT');
     expect(flooded.error?.message).toContain('control channel');
-    expect(neighbour.criticalError).toBeNull();
+    expect(neighbour.critical_error).toBeNull();
     expect(outputs(neighbour)[0]).toBe('fine\n');
     expect((await fetch(`${server.url}/health`)).status).toBe(200);
   });

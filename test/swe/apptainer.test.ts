@@ -117,7 +117,7 @@ describe('swe on the apptainer provider (stand-in binary)', () => {
     expect(prepared[0]).toContain(`cd '${testbed}' || exit 1`);
     expect(scripts.some((s) => s.startsWith(`instance://${agent}`) && s.includes('diff --cached --binary --no-color'))).toBe(true);
     expect(scripts.some((s) => s.startsWith(`instance://${evalName}`) && s.includes("git apply --verbose --whitespace=nowarn '/tmp/rollserve-swe/model.patch'"))).toBe(true);
-    expect(scripts.some((s) => s.startsWith(`instance://${evalName}`) && s.includes("python3 -m pytest -rA -p no:cacheprovider 'tests/test_stats.py' 2>&1"))).toBe(true);
+    expect(scripts.some((s) => s.startsWith(`instance://${evalName}`) && s.includes("python3 -m pytest -rA 'tests/test_stats.py' 2>&1"))).toBe(true);
     // nothing copied in: the image holds the repository
     expect(scripts.some((s) => s.includes('tar -x'))).toBe(false);
   });

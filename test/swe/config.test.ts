@@ -22,7 +22,10 @@ describe('swe NeMo Gym config and example data', () => {
       expect(instance.image).toBe(`docker://swebench/sweb.eval.x86_64.${String(raw.instance_id).replace('__', '_1776_')}:latest`);
       expect(instance.repoDir).toBe('/testbed');
       expect(instance.failToPass.length).toBeGreaterThan(0);
-      expect(instance.testCommand).toContain('{tests}');
+      // SWE-bench's astropy spec, on the test files of the row's test_patch
+      expect(instance).toMatchObject({ testCommand: 'pytest -rA', testCommandFrom: 'swe-bench', parserName: 'pytest_v2' });
+      expect(instance.testTargets.length).toBeGreaterThan(0);
+      for (const target of instance.testTargets) expect(String(raw.test_patch)).toContain(`diff --git a/${target} b/${target}`);
     }
   });
 });

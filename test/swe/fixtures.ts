@@ -1,5 +1,5 @@
 import { execFileSync } from 'node:child_process';
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 
@@ -45,6 +45,10 @@ interface RepoSpec {
   goldEdit: { path: string; old_str: string; new_str: string };
   failToPass: string[];
   passToPass: string[];
+  /** Files committed with the executable bit. */
+  executables?: string[];
+  /** Row fields over the defaults (a SWE-bench `repo` and `version`). */
+  row?: Record<string, unknown>;
 }
 
 const GIT_ENV = {
@@ -67,8 +71,9 @@ function writeFiles(root: string, files: Record<string, string>): void {
   }
 }
 
-function commit(dir: string, files: Record<string, string>, message: string, date: number): string {
+function commit(dir: string, files: Record<string, string>, message: string, date: number, executables: readonly string[] = []): string {
   writeFiles(dir, files);
+  for (const file of executables) if (file in files) chmodSync(join(dir, file), 0o755);
   git(dir, 'add', '-A');
   const when = `2024-01-${String(date).padStart(2, '0')}T12:00:00Z`;
   execFileSync('git', ['commit', '-q', '-m', message], {
@@ -271,14 +276,86 @@ const inventory: RepoSpec = {
   ],
 };
 
-export const REPO_SPECS: readonly RepoSpec[] = [calc, textkit, inventory];
+// ---------------------------------------------------------------- shop: a Django-shaped repository
+
+// Its tests/runtests.py takes Django's arguments and prints as Django's runner does (unittest's
+// verbose runner), so a row with repo django/django runs through SWE-bench's Django spec: the
+// module labels from test_patch, the django parser, the ids exactly as printed.
+const RUNTESTS = `#!/usr/bin/env python3
+import argparse
+import os
+import sys
+import unittest
+
+parser = argparse.ArgumentParser()
+parser.add_argument("labels", nargs="*")
+parser.add_argument("--verbosity", type=int, default=1)
+parser.add_argument("--settings")
+parser.add_argument("--parallel", type=int, default=0)
+args = parser.parse_args()
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [here, os.path.dirname(here)]
+print("Testing against Django installed in '%s' with up to %d processes" % (os.path.dirname(here), args.parallel or 1), file=sys.stderr)
+suite = unittest.defaultTestLoader.loadTestsFromNames(args.labels)
+print("System check identified no issues (0 silenced).", file=sys.stderr)
+result = unittest.TextTestRunner(verbosity=args.verbosity).run(suite)
+sys.exit(0 if result.wasSuccessful() else 1)
+`;
+const PRICING_V1 = `def total(prices):
+    return sum(prices[1:])
+
+
+def cheapest(prices):
+    return min(prices)
+`;
+const PRICING_TESTS_V1 = `import unittest
+
+from shop.pricing import cheapest, total
+
+
+class PricingTests(unittest.TestCase):
+    def test_total_empty(self):
+        self.assertEqual(total([]), 0)
+
+    def test_cheapest(self):
+        """The cheapest price is the smallest one."""
+        self.assertEqual(cheapest([3, 1, 2]), 1)
+`;
+const PRICING_BUGGY = '    return sum(prices[1:])\n';
+const PRICING_FIXED = '    return sum(prices)\n';
+
+const shop: RepoSpec = {
+  name: 'shop',
+  problem: 'total() leaves out the first price: total([1, 2, 3]) gives 5, it should give 6.',
+  history: [
+    {
+      'README.md': '# shop\n',
+      'shop/__init__.py': '',
+      'shop/pricing.py': PRICING_V1,
+      'tests/runtests.py': RUNTESTS,
+      'tests/pricing_tests/__init__.py': '',
+      'tests/pricing_tests/tests.py': PRICING_TESTS_V1,
+    },
+  ],
+  fix: { 'shop/pricing.py': PRICING_V1.replace(PRICING_BUGGY, PRICING_FIXED) },
+  tests: { 'tests/pricing_tests/tests.py': `${PRICING_TESTS_V1}\n    def test_total_many(self):\n        self.assertEqual(total([1, 2, 3]), 6)\n` },
+  breakage: { 'shop/pricing.py': PRICING_V1.replace(PRICING_BUGGY, PRICING_FIXED).replace('min(prices)', 'max(prices)') },
+  goldEdit: { path: 'shop/pricing.py', old_str: PRICING_BUGGY, new_str: PRICING_FIXED },
+  // as Django's runner prints them on Python 3.11; a docstring stands for its test (SWE-bench's ids do too)
+  failToPass: ['test_total_many (pricing_tests.tests.PricingTests.test_total_many)'],
+  passToPass: ['test_total_empty (pricing_tests.tests.PricingTests.test_total_empty)', 'The cheapest price is the smallest one.'],
+  executables: ['tests/runtests.py'],
+  row: { repo: 'django/django', version: '4.0' },
+};
+
+export const REPO_SPECS: readonly RepoSpec[] = [calc, textkit, inventory, shop];
 
 function buildRepo(root: string, spec: RepoSpec): SweFixture {
   const dir = join(root, spec.name);
   mkdirSync(dir);
   git(dir, 'init', '-q', '-b', 'main');
   let day = 1;
-  for (const [i, files] of spec.history.entries()) commit(dir, files, i === 0 ? 'Initial version' : `Add feature ${i}`, day++);
+  for (const [i, files] of spec.history.entries()) commit(dir, files, i === 0 ? 'Initial version' : `Add feature ${i}`, day++, spec.executables);
   const baseCommit = git(dir, 'rev-parse', 'HEAD').trim();
   const futureCommit = commit(dir, { ...spec.fix, ...spec.tests }, `Fix: ${spec.problem.split(':')[0]}`, day++);
   const diff = (...paths: string[]) => git(dir, 'diff', baseCommit, futureCommit, '--', ...paths);
@@ -305,6 +382,7 @@ function buildRepo(root: string, spec: RepoSpec): SweFixture {
     PASS_TO_PASS: JSON.stringify(spec.passToPass),
     environment_setup_commit: baseCommit,
     repo_path: dir,
+    ...spec.row,
     responses_create_params: {
       input: [
         {
@@ -337,7 +415,7 @@ export interface SweFixtures {
   close(): void;
 }
 
-/** Builds the three fixture repositories in a fresh temp dir (each call its own). */
+/** Builds the four fixture repositories in a fresh temp dir (each call its own). */
 export function buildSweFixtures(): SweFixtures {
   const root = mkdtempSync(join(tmpdir(), 'rollserve-swe-fixtures-'));
   try {

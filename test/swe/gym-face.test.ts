@@ -1,3 +1,5 @@
+import { chmodSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import swe, { SWE_EXTRA_KEYS } from '@rollserve/env-swe';
 import { createBwrapProvider, createResourcesServer, registerSandboxProvider, serveFetch, type ResourcesServer, type RunningServer } from '@rollserve/core';
@@ -58,7 +60,11 @@ describe('swe over the NeMo Gym face (bwrap)', () => {
   });
 
   /** One rollout: seed, the given tool calls (as an agent makes them), verify; all with the cookie. */
-  async function rollout(fixture: SweFixture, calls: Array<[tool: string, args: Record<string, unknown>]>): Promise<{ verify: Verify; outputs: string[] }> {
+  async function rollout(
+    fixture: SweFixture,
+    calls: Array<[tool: string, args: Record<string, unknown>]>,
+    response = makeResponse([{ id: 'm', type: 'message', role: 'assistant', status: 'completed', content: [{ type: 'output_text', text: 'Done.', annotations: [] }] }]),
+  ): Promise<{ verify: Verify; outputs: string[] }> {
     events.length = 0;
     const seed = await call(url, 'POST', '/seed_session', fixture.row);
     expect(seed.status, seed.text).toBe(200);
@@ -71,7 +77,6 @@ describe('swe over the NeMo Gym face (bwrap)', () => {
       expect(answer.status, answer.text).toBe(200);
       outputs.push(typeof answer.json === 'string' ? answer.json : answer.text);
     }
-    const response = makeResponse([{ id: 'm', type: 'message', role: 'assistant', status: 'completed', content: [{ type: 'output_text', text: 'Done.', annotations: [] }] }]);
     const verify = await call(url, 'POST', '/verify', { ...fixture.row, response }, { cookie });
     expect(verify.status, verify.text).toBe(200);
     expect(live.size).toBe(0); // the agent's sandbox and the eval one are both gone
@@ -84,7 +89,7 @@ describe('swe over the NeMo Gym face (bwrap)', () => {
     ['bash', { command: 'git apply /tmp/agent.patch && git status --short' }],
   ];
 
-  it.each([0, 1, 2])('the gold patch resolves fixture %i (reward 1, every test counted)', async (index) => {
+  it.each([0, 1, 2, 3])('the gold patch resolves fixture %i (reward 1, every test counted)', async (index) => {
     const fixture = built.fixtures[index]!;
     const { verify, outputs } = await rollout(fixture, [...applyPatch(fixture.goldPatch), ['submit', {}]]);
     expect(outputs[2]).toContain('submitted');
@@ -120,14 +125,15 @@ describe('swe over the NeMo Gym face (bwrap)', () => {
     const row = {
       ...calc.row,
       setup_script: "printf 'GENERATED = 1\\n' > calc/generated.py && mkdir -p build && echo artefact > build/out.txt",
-      test_command: 'test -f calc/generated.py && test -f build/out.txt && python3 -m pytest -rA -p no:cacheprovider {tests}',
+      test_command: 'test -f calc/generated.py && test -f build/out.txt && python3 -m pytest -rA {tests}',
     };
     const { verify, outputs } = await rollout({ ...calc, row }, [['bash', { command: 'cat calc/generated.py; git status --short | wc -l' }], ...applyPatch(calc.goldPatch)]);
     expect(outputs[0]!.trim().split('\n')).toEqual(['GENERATED = 1', '0']);
     expect(verify).toMatchObject({ reward: 1, resolved: true });
     expect(verify.model_patch).not.toContain('generated.py');
     const skipped = await rollout({ ...calc, row: { ...row, setup_script: 'true' } }, applyPatch(calc.goldPatch));
-    expect(skipped.verify).toMatchObject({ reward: 0, evaluation_completed: true, f2p_passed: 0, p2p_passed: 0 }); // the test command needs the setup
+    // the test command needs the setup: without it no test runs
+    expect(skipped.verify).toMatchObject({ reward: 0, evaluation_completed: true, f2p_passed: 0, p2p_passed: 0, failure_reason: 'tests_missing' });
   });
 
   it('an empty patch is reward 0 with the reason, and no eval sandbox is started', async () => {
@@ -161,8 +167,8 @@ describe('swe over the NeMo Gym face (bwrap)', () => {
       const response = makeResponse([]);
       const answer = await call(server.url, 'POST', '/verify', { ...textkit.row, patch: textkit.unappliablePatch, response });
       expect(answer.status).toBe(200);
-      expect(answer.json).toMatchObject({ reward: 0, resolved: false, evaluation_completed: false, apply_failed: true, failure_reason: 'patch_apply_failed' });
-      expect((answer.json as Verify).failure_detail).toMatch(/patch does not apply|hunk/i);
+      expect(answer.json).toMatchObject({ reward: 0, resolved: false, evaluation_completed: false, apply_failed: true, failure_reason: 'patch_failed' });
+      expect((answer.json as Verify).failure_detail).toMatch(/^the patch does not apply:\n[\s\S]*(patch does not apply|hunk)/i);
       expect((answer.json as Verify).model_patch).toBe(textkit.unappliablePatch);
       // the same server resolves the gold patch without any session: stateless golden verification
       const gold = await call(server.url, 'POST', '/verify', { ...textkit.row, response });
@@ -179,7 +185,8 @@ describe('swe over the NeMo Gym face (bwrap)', () => {
     try {
       const response = makeResponse([]);
       const badTests = await call(server.url, 'POST', '/verify', { ...inventory.row, test_patch: calc.testPatch, response });
-      expect(badTests.json).toMatchObject({ reward: 0, evaluation_completed: false, apply_failed: false, patch_applied_with: 'git apply', failure_reason: 'test_patch_apply_failed' });
+      expect(badTests.json).toMatchObject({ reward: 0, evaluation_completed: false, apply_failed: false, patch_applied_with: 'git apply', failure_reason: 'patch_failed' });
+      expect((badTests.json as Verify).failure_detail).toMatch(/^test_patch does not apply:/);
       const conftest = 'diff --git a/tests/conftest.py b/tests/conftest.py\nnew file mode 100644\n--- /dev/null\n+++ b/tests/conftest.py\n@@ -0,0 +1,2 @@\n+import time\n+time.sleep(30)\n';
       const slow = `${inventory.testPatch}${conftest}`;
       const sleepy = await call(server.url, 'POST', '/verify', { ...inventory.row, test_patch: slow, response });
@@ -215,19 +222,126 @@ describe('swe over the NeMo Gym face (bwrap)', () => {
     expect(verify).toMatchObject({ reward: 1, resolved: true, f2p_passed: 2, p2p_passed: 4 });
   });
 
-  it('a seed that cannot prepare the repository fails and holds no sandbox', async () => {
+  it('a row naming a commit its repository lacks is a 422 and holds no sandbox', async () => {
     const seed = await call(url, 'POST', '/seed_session', { ...calc.row, base_commit: 'f'.repeat(40) });
-    expect(seed.status).toBe(500);
-    expect(seed.text).toContain('cannot read');
+    expect(seed.status, seed.text).toBe(422);
+    expect(seed.json).toEqual({ detail: [expect.objectContaining({ type: 'value_error', loc: ['body', 'base_commit'], msg: expect.stringContaining('cannot read') })] });
     expect(live.size).toBe(0);
-    const unknownParser = await call(url, 'POST', '/seed_session', { ...calc.row, test_parser: 'nope' });
-    expect(unknownParser.status).toBe(500);
-    expect(unknownParser.text).toContain('unknown test_parser');
+  });
+
+  it("a row's image that does not exist is a 422 naming it, and holds no sandbox", async () => {
+    const { repo_path: _local, ...row } = calc.row;
+    const seed = await call(url, 'POST', '/seed_session', { ...row, image: 'oci:/nonexistent/sweb.eval.x86_64.fixtures_1776_calc-1:latest' });
+    expect(seed.status, seed.text).toBe(422);
+    expect(seed.text).toContain('/nonexistent/sweb.eval.x86_64.fixtures_1776_calc-1');
+    expect(live.size).toBe(0);
+  });
+
+  it('an unknown test_parser is a FastAPI 422 on /seed_session and /verify, never a 500', async () => {
+    for (const path of ['/seed_session', '/verify']) {
+      const answer = await call(url, 'POST', path, { ...calc.row, test_parser: 'bin/test', response: makeResponse([]) });
+      expect(answer.status, answer.text).toBe(422);
+      const detail = (answer.json as { detail: Array<Record<string, unknown>> }).detail;
+      expect(detail).toEqual([expect.objectContaining({ type: 'value_error', loc: ['body', 'test_parser'], input: 'bin/test' })]);
+      expect(detail[0]!.msg).toMatch(/^Value error, unknown test_parser "bin\/test" \(known: pytest, .*django.*sympy/);
+    }
+    expect(live.size).toBe(0);
   });
 
   it('verify without a seeded session is reward 0 (no agent sandbox), never a 5xx', async () => {
     const answer = await call(url, 'POST', '/verify', { ...calc.row, response: makeResponse([]) });
     expect(answer.status).toBe(200);
     expect(answer.json).toMatchObject({ reward: 0, failure_reason: 'no_agent_sandbox', evaluation_completed: false });
+  });
+
+  describe("SWE-bench's specs, failure reasons, env, binds and verify_from", () => {
+    let golden: ResourcesServer;
+    let goldenServer: RunningServer;
+    beforeAll(async () => {
+      golden = createResourcesServer(swe, { config: { is_verifying_golden_patch: true } });
+      goldenServer = await serveFetch(golden);
+    });
+    afterAll(async () => {
+      await goldenServer?.close();
+      await golden?.close();
+    });
+    const verifyGold = async (row: Record<string, unknown>): Promise<Verify> => {
+      const answer = await call(goldenServer.url, 'POST', '/verify', { ...row, response: makeResponse([]) });
+      expect(answer.status, answer.text).toBe(200);
+      return answer.json as Verify;
+    };
+
+    it("a django/django row runs SWE-bench's runtests.py command on test_patch's modules and reads it with the django parser", async () => {
+      const shop = built.fixtures[3]!;
+      const gold = await verifyGold(shop.row);
+      expect(gold).toMatchObject({ reward: 1, test_command: "./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1 'pricing_tests.tests'" });
+      expect(gold.test_output).toContain('test_total_many (pricing_tests.tests.PricingTests.test_total_many) ... ok');
+      const broken = await verifyGold({ ...shop.row, patch: shop.breakingPatch });
+      expect(broken).toMatchObject({ reward: 0, evaluation_completed: true, failure_reason: 'tests_failed', f2p_passed: 1, p2p_passed: 1 });
+      expect(broken.failed_tests).toEqual([{ id: 'The cheapest price is the smallest one.', kind: 'PASS_TO_PASS', status: 'FAILED' }]);
+    });
+
+    it("a pytest-dev/pytest row runs SWE-bench's `pytest -rA` (the sandbox's pytest, no cache plugin flag)", async () => {
+      // SWE-bench's images install the package; here the row's env puts it on the path
+      const row = { ...calc.row, repo: 'pytest-dev/pytest', version: '8.4', env: { PYTHONPATH: '/workspace' } };
+      const verify = await verifyGold(row);
+      expect(verify, String(verify.test_output)).toMatchObject({ reward: 1, resolved: true, test_command: "pytest -rA 'tests/test_stats.py'" });
+      expect(verify.test_output).not.toContain('cacheprovider');
+      const { env: _env, ...bare } = row;
+      // without it `import calc` fails at collection: the file ERRORs and none of the tests runs
+      expect(await verifyGold(bare)).toMatchObject({ reward: 0, failure_reason: 'tests_missing' });
+    });
+
+    it('tests that do not exist, or a command that runs none, are tests_missing; a failing one tests_failed', async () => {
+      const missing = await verifyGold({ ...calc.row, FAIL_TO_PASS: ['tests/test_stats.py::test_not_there'], PASS_TO_PASS: [] });
+      expect(missing).toMatchObject({ reward: 0, evaluation_completed: true, failure_reason: 'tests_missing', failed_tests: [{ id: 'tests/test_stats.py::test_not_there', kind: 'FAIL_TO_PASS', status: 'MISSING' }] });
+      expect(missing.failure_detail).toMatch(/^none of the 1 FAIL_TO_PASS \/ PASS_TO_PASS tests is in the output of `python3 -m pytest -rA 'tests\/test_stats.py'` \(exit 0, parser pytest\)$/);
+      const none = await verifyGold({ ...calc.row, test_command: 'echo no tests here' });
+      expect(none).toMatchObject({ reward: 0, failure_reason: 'tests_missing', f2p_passed: 0, p2p_passed: 0 });
+      // one expected test missing among ones that ran is a failure like any other
+      const some = await verifyGold({ ...calc.row, FAIL_TO_PASS: [...calc.failToPass, 'tests/test_stats.py::test_not_there'] });
+      expect(some).toMatchObject({ reward: 0, failure_reason: 'tests_failed', f2p_passed: 1 });
+    });
+
+    it("the row's env is in the agent's shell and in the evaluation; without it the tests do not run", async () => {
+      const row = { ...calc.row, env: { SWE_ROW_VAR: 'from the row' }, test_command: 'test "$SWE_ROW_VAR" = "from the row" && python3 -m pytest -rA {tests}' };
+      const { verify, outputs } = await rollout({ ...calc, row }, [['bash', { command: 'echo "[$SWE_ROW_VAR]"' }], ...applyPatch(calc.goldPatch)]);
+      expect(outputs[0]!.trim()).toBe('[from the row]');
+      expect(verify).toMatchObject({ reward: 1, resolved: true });
+      const { env: _env, ...without } = row;
+      const { verify: bare } = await rollout({ ...calc, row: without }, applyPatch(calc.goldPatch));
+      expect(bare).toMatchObject({ reward: 0, failure_reason: 'tests_missing' });
+    });
+
+    it("the row's binds are in the agent's sandbox (read-only) and in the evaluation", async () => {
+      const data = mkdtempSync(join(tmpdir(), 'rollserve-swe-bind-'));
+      try {
+        writeFileSync(join(data, 'hello.txt'), 'bound in\n');
+        chmodSync(data, 0o755); // the sandbox's user is not the owner
+        const row = { ...calc.row, binds: [{ host: data, sandbox: '/tmp/swe-data' }], test_command: 'test -f /tmp/swe-data/hello.txt && python3 -m pytest -rA {tests}' };
+        const { verify, outputs } = await rollout({ ...calc, row }, [
+          ['bash', { command: 'cat /tmp/swe-data/hello.txt; touch /tmp/swe-data/new 2>/dev/null || echo read-only' }],
+          ...applyPatch(calc.goldPatch),
+        ]);
+        expect(outputs[0]!.trim().split('\n')).toEqual(['bound in', 'read-only']);
+        expect(verify).toMatchObject({ reward: 1, resolved: true });
+      } finally {
+        rmSync(data, { recursive: true, force: true });
+      }
+    });
+
+    it("verify_from 'response' evaluates the diff in the response text and still releases the agent's sandbox", async () => {
+      const text = `The fix:\n\n\`\`\`diff\n${textkit.goldPatch}\`\`\`\n`;
+      const response = makeResponse([{ id: 'm', type: 'message', role: 'assistant', status: 'completed', content: [{ type: 'output_text', text, annotations: [] }] }]);
+      // the agent's sandbox holds a different (wrong) change: the response's diff is what counts
+      const { verify } = await rollout({ ...textkit, row: { ...textkit.row, verify_from: 'response' } }, applyPatch(textkit.breakingPatch), response);
+      expect(verify).toMatchObject({ reward: 1, resolved: true, verify_from: 'response', model_patch: textkit.goldPatch, diff_time: 0 });
+      // without a session too, and a response without a diff is an empty patch
+      const stateless = await call(url, 'POST', '/verify', { ...textkit.row, verify_from: 'response', response });
+      expect(stateless.json).toMatchObject({ reward: 1, verify_from: 'response' });
+      const empty = await call(url, 'POST', '/verify', { ...textkit.row, verify_from: 'response', response: makeResponse([]) });
+      expect(empty.json).toMatchObject({ reward: 0, failure_reason: 'empty_patch', evaluation_completed: false });
+      expect(live.size).toBe(0);
+    });
   });
 });

@@ -89,4 +89,24 @@ describe('swe inside the rollout service (bwrap)', () => {
     expect(result.turns[0]!.toolCalls[0]!.output).toContain('tests');
     expect(svc.status().liveSandboxes).toBe(0);
   });
+
+  it("the row's env reaches the agent's shell and the evaluation; verify_from 'response' takes the diff the policy wrote", async () => {
+    const fixture = built.fixtures[0]!;
+    const { svc } = await setup((_request, turn) =>
+      turn === 0 ? { toolCalls: [{ name: 'bash', arguments: { command: 'echo "[$SWE_ROW_VAR]"' } }] } : `Here is the fix:\n\n\`\`\`diff\n${fixture.goldPatch}\`\`\`\n`,
+    );
+    const row = {
+      ...fixture.row,
+      env: { SWE_ROW_VAR: 'from the row' },
+      verify_from: 'response',
+      test_command: 'test "$SWE_ROW_VAR" = "from the row" && python3 -m pytest -rA {tests}',
+    };
+    await svc.submit([{ id: 'env', env: 'swe', row, policy: { model: 'fake-policy' } }]);
+    const result = await svc.wait('env');
+    expect(result.criticalError).toBeNull();
+    expect(result.turns[0]!.toolCalls[0]!.output.trim()).toBe('[from the row]');
+    expect(result.verifyExtras).toMatchObject({ verify_from: 'response', model_patch: fixture.goldPatch, resolved: true });
+    expect(result.reward).toBe(1);
+    expect(svc.status().liveSandboxes).toBe(0);
+  });
 });

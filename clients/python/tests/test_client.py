@@ -32,9 +32,9 @@ def test_submit_a_batch_and_iterate_results(client: rollserve.Client) -> None:
     assert first.ok and first.state == "done" and first.critical_error is None and first.filter is False
     assert first.env == "pyclient" and first.task_id == submitted[0].task_id and first.sample_index == 0
     assert first.advantage is None  # n = 1
-    assert len(first.turns) == 1 and first.turns[0]["generationTokenIds"]
+    assert len(first.turns) == 1 and first.turns[0]["generation_token_ids"]
     # forward compatible: the whole JSON is kept, fields the client does not model included
-    assert first["finishedAt"] == first.finished_at and "timing" in first.raw
+    assert first["finished_at"] == first.finished_at and "timing" in first.raw
 
     # a finished result iterates again (already finished results come first)
     again = list(client.iter_results(submitted[0].task_id))
@@ -112,7 +112,7 @@ def test_tool_rollouts_carry_their_turns(client: rollserve.Client, prefix: str) 
     [result] = client.wait(client.submit(task))
     assert result.reward == 1
     assert len(result.turns) == 2
-    assert result.turns[0]["toolCalls"][0]["name"] == "increment_counter"
+    assert result.turns[0]["tool_calls"][0]["name"] == "increment_counter"
 
 
 def test_cancel(client: rollserve.Client, prefix: str) -> None:

@@ -1,12 +1,17 @@
 import { deflateSync } from 'node:zlib';
-import { computeAggregateMetrics } from '@rollserve/core';
+import { computeAggregateMetrics, SessionTools } from '@rollserve/core';
 import type { EnvironmentContext, NeMoGymResponse, VerifyEntry } from '@rollserve/core';
 import { expectDeepClose, pythonReference, referenceCases } from '@rollserve/testing';
-import { afterAll, describe, expect, it } from 'vitest';
-import { closeSharedRunners, CodeConfig, codeEnvironment } from './environment.ts';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { CodeConfig, codeEnvironment, type CodeResources } from './environment.ts';
 import codeDefault from './index.ts';
 
-afterAll(closeSharedRunners);
+// the environment's own setup and close, as a server runs them
+let resources: CodeResources;
+beforeAll(async () => {
+  resources = await codeEnvironment.setup!(CodeConfig.parse({}));
+});
+afterAll(() => codeEnvironment.close!(resources));
 
 function context(config: Record<string, unknown> = {}): EnvironmentContext<CodeConfig> {
   const logger = { info() {}, warn() {}, error() {}, debug() {}, child: () => logger };
@@ -15,6 +20,8 @@ function context(config: Record<string, unknown> = {}): EnvironmentContext<CodeC
     config: CodeConfig.parse({ unit_test_timeout_secs: 2, ...config }),
     logger: logger as never,
     signal: new AbortController().signal,
+    tools: new SessionTools(),
+    resources,
   };
 }
 

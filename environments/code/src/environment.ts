@@ -83,36 +83,9 @@ function unitTests(raw: z.output<typeof CodeRow>['verifier_metadata']['unit_test
   return { inputs: tests.inputs, outputs: tests.outputs, fn_name: tests.fn_name ?? null };
 }
 
-// One runner per sandbox setup, shared by every server of the process.
-const runners = new Map<string, CodeRunner>();
-
-export function sharedRunner(config: CodeConfig): CodeRunner {
-  const key = JSON.stringify([
-    config.num_processes,
-    config.memory_limit_mib,
-    config.sandbox_provider,
-    config.sandbox_image,
-    config.sandbox_python,
-  ]);
-  let runner = runners.get(key);
-  if (!runner) {
-    runner = createCodeRunner({
-      concurrency: config.num_processes,
-      memoryMib: config.memory_limit_mib,
-      python: config.sandbox_python,
-      ...(config.sandbox_provider === undefined ? {} : { provider: config.sandbox_provider }),
-      ...(config.sandbox_image === undefined ? {} : { image: config.sandbox_image }),
-    });
-    runners.set(key, runner);
-  }
-  return runner;
-}
-
-/** Stops the sandbox providers the environment started (warm sandboxes). */
-export async function closeSharedRunners(): Promise<void> {
-  const all = [...runners.values()];
-  runners.clear();
-  await Promise.all(all.map((runner) => runner.close()));
+/** What a code server holds: the runner of its submissions (`setup`; `close` stops its warm sandboxes). */
+export interface CodeResources {
+  runner: CodeRunner;
 }
 
 const passOptions: PassMajorityOptions = {
@@ -153,8 +126,18 @@ export const codeEnvironment = defineEnvironment({
   row: CodeRow,
   config: CodeConfig,
   reverifyMode: 'stateless',
+  setup: (config): CodeResources => ({
+    runner: createCodeRunner({
+      concurrency: config.num_processes,
+      memoryMib: config.memory_limit_mib,
+      python: config.sandbox_python,
+      ...(config.sandbox_provider === undefined ? {} : { provider: config.sandbox_provider }),
+      ...(config.sandbox_image === undefined ? {} : { image: config.sandbox_image }),
+    }),
+  }),
+  close: (resources) => resources.runner.close(),
   async verify(row, response, ctx) {
-    const config = CodeConfig.parse(ctx.config ?? {});
+    const config = ctx.config;
     const text = outputText(response);
     const difficulty = row.verifier_metadata.difficulty ?? null;
     const empty = {
@@ -171,8 +154,7 @@ export const codeEnvironment = defineEnvironment({
     const code = extractCode(text);
     if (code === '') return { reward: 0, ...empty, extracted_model_output: text };
 
-    const runner = sharedRunner(config);
-    const { result, metadata, seconds } = await runner.run({
+    const { result, metadata, seconds } = await ctx.resources.runner.run({
       code,
       inputs: tests.inputs,
       outputs: tests.outputs,
@@ -194,5 +176,4 @@ export const codeEnvironment = defineEnvironment({
   },
   metrics: codeMetrics,
   keyMetrics: codeKeyMetrics,
-  close: closeSharedRunners,
 });

@@ -1,8 +1,8 @@
 // math_with_code's `execute_python` and `end_session` tools on the session's persistent Python
 // kernel, inside the session's sandbox (bwrap by default) rather than a host subprocess.
 
-import { defineTool, PythonKernel, sessionTools } from '@rollserve/core';
-import type { EnvironmentContext, PythonKernelOptions, Session } from '@rollserve/core';
+import { defineTool } from '@rollserve/core';
+import type { EnvironmentContext, SessionTools } from '@rollserve/core';
 import { z } from 'zod';
 import { pyStrip } from '@rollserve/core';
 
@@ -69,42 +69,14 @@ function pythonErrorMessage(ename: string, evalue: string): string {
 
 const failure = (message: string): ExecutePythonResponse => ({ success: false, stdout: '', stderr: '', error_message: message, result: null });
 
-// One kernel per session (keyed by its state bag, as sessionTools does); end_session drops it and
-// the next execute_python starts a fresh one, as math_with_code does.
-const kernels = new WeakMap<object, Promise<PythonKernel>>();
-
-function kernelFor(session: Session, options: PythonKernelOptions): Promise<PythonKernel> {
-  let kernel = kernels.get(session.state);
-  if (kernel === undefined) {
-    const started = sessionTools(session)
-      .sandbox()
-      .then(async (sandbox) => {
-        const k = await PythonKernel.start(sandbox, options);
-        await k.run(PRELUDE, { timeoutMs: 60_000 });
-        return k;
-      });
-    kernel = started;
-    kernels.set(session.state, started);
-    started.catch(() => {
-      if (kernels.get(session.state) === started) kernels.delete(session.state);
-    });
-    session.onClose(() => closeKernel(session, started));
-  }
-  return kernel;
-}
-
-async function closeKernel(session: Session, which?: Promise<PythonKernel>): Promise<void> {
-  const kernel = which ?? kernels.get(session.state);
-  if (kernel === undefined) return;
-  if (kernels.get(session.state) === kernel) kernels.delete(session.state);
-  await kernel.then((k) => k.close(), () => undefined);
-}
-
-/** Runs one `execute_python` call in the session's kernel and answers in math_with_code's shape. */
-export async function executePython(code: string, session: Session, config: CodeToolsConfig): Promise<ExecutePythonResponse> {
+/**
+ * Runs one `execute_python` call in the session's kernel (`tools.python()`; end_session resets it
+ * and the next call starts a fresh one, as math_with_code does) and answers in math_with_code's shape.
+ */
+export async function executePython(code: string, tools: SessionTools, config: CodeToolsConfig): Promise<ExecutePythonResponse> {
   const limitMs = config.max_execution_time * 1000;
   try {
-    const kernel = await kernelFor(session, { defaultTimeoutMs: limitMs, maxOutputChars: 1_000_000 });
+    const kernel = await tools.python({ defaultTimeoutMs: limitMs, maxOutputChars: 1_000_000, prelude: PRELUDE });
     const started = performance.now();
     const ran = await kernel.run(code, { timeoutMs: limitMs });
     if (ran.status === 'timeout') return failure('code timed-out');
@@ -140,7 +112,7 @@ export function createExecutePythonTool<Config>(configOf: (ctx: EnvironmentConte
     // The per-call limit is the config's; this only bounds sandbox start-up on top of it.
     timeoutMs: 300_000,
     succeeded: (output: ExecutePythonResponse) => output.success === true,
-    handler: ({ code }, ctx) => executePython(code, ctx.session, configOf(ctx)),
+    handler: ({ code }, ctx) => executePython(code, ctx.tools, configOf(ctx)),
   });
 }
 
@@ -150,7 +122,7 @@ export function createEndSessionTool<Config>() {
     description: 'Clean up the Python execution session.',
     parameters: z.object({}),
     async handler(_args, ctx): Promise<ExecutePythonResponse> {
-      await closeKernel(ctx.session);
+      await ctx.tools.resetPython();
       return { success: true, stdout: '', stderr: '', error_message: null, result: null };
     },
   });

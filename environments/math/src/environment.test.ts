@@ -1,16 +1,21 @@
 import { once } from 'node:events';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { computeAggregateMetrics } from '@rollserve/core';
+import { computeAggregateMetrics, SessionTools } from '@rollserve/core';
 import type { EnvironmentContext, NeMoGymResponse, VerifyEntry } from '@rollserve/core';
 import { expectDeepClose, pythonReference, referenceCases, unhashReference } from '@rollserve/testing';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { closeSharedGraders, lastBoxedAnswer, MathConfig, mathEnvironment } from './environment.ts';
+import { lastBoxedAnswer, MathConfig, mathEnvironment, type MathResources } from './environment.ts';
 import mathDefault from './index.ts';
 import { JUDGE_SYSTEM_MESSAGE, JudgeError, judgeEquivalence, judgePrompt } from './judge.ts';
 
+// the environment's own setup and close, as a server runs them
+let resources: MathResources;
+beforeAll(async () => {
+  resources = await mathEnvironment.setup!(MathConfig.parse({}));
+});
 afterAll(async () => {
-  await closeSharedGraders();
+  await mathEnvironment.close!(resources);
 });
 
 function context(config: Record<string, unknown> = {}): EnvironmentContext<MathConfig> {
@@ -20,6 +25,8 @@ function context(config: Record<string, unknown> = {}): EnvironmentContext<MathC
     config: MathConfig.parse(config),
     logger: logger as never,
     signal: new AbortController().signal,
+    tools: new SessionTools(),
+    resources,
   };
 }
 

@@ -75,27 +75,9 @@ export type MathConfig = z.output<typeof MathConfig>;
 
 export { lastBoxedAnswer };
 
-// One pool per (time limit, concurrency), shared by every server of the process.
-const graders = new Map<string, Grader>();
-
-export function sharedGrader(config: Pick<MathConfig, 'library_verifier_timeout_seconds' | 'library_verifier_max_concurrency'>): Grader {
-  const key = `${config.library_verifier_timeout_seconds}:${config.library_verifier_max_concurrency}`;
-  let grader = graders.get(key);
-  if (!grader) {
-    grader = createGrader({
-      timeoutSeconds: config.library_verifier_timeout_seconds,
-      maxConcurrency: config.library_verifier_max_concurrency,
-    });
-    graders.set(key, grader);
-  }
-  return grader;
-}
-
-/** Stops the worker pools the environment started. */
-export async function closeSharedGraders(): Promise<void> {
-  const all = [...graders.values()];
-  graders.clear();
-  await Promise.all(all.map((g) => g.close()));
+/** What a math server holds: its grader's worker pool (`setup`, freed by `close`). */
+export interface MathResources {
+  grader: Grader;
 }
 
 function mathScore(entry: VerifyEntry): Record<string, number | boolean> {
@@ -129,26 +111,18 @@ export function mathKeyMetrics(agentMetrics: Record<string, unknown>): Record<st
   };
 }
 
-// The server hands every call the same config object: parsed once, not once per /verify.
-const parsedConfigs = new WeakMap<object, MathConfig>();
-function mathConfig(raw: unknown): MathConfig {
-  if (raw === null || typeof raw !== 'object') return MathConfig.parse(raw ?? {});
-  let config = parsedConfigs.get(raw);
-  if (!config) {
-    config = MathConfig.parse(raw);
-    parsedConfigs.set(raw, config);
-  }
-  return config;
-}
-
 export const mathEnvironment = defineEnvironment({
   name: 'math',
   domain: 'math',
   description: 'Math answers checked symbolically, with an optional LLM judge (drop-in for math_with_judge) or with Python tools (math_with_code)',
   row: MathRow,
   config: MathConfig,
+  setup: (config): MathResources => ({
+    grader: createGrader({ timeoutSeconds: config.library_verifier_timeout_seconds, maxConcurrency: config.library_verifier_max_concurrency }),
+  }),
+  close: (resources) => resources.grader.close(),
   tools: {
-    execute_python: createExecutePythonTool<MathConfig>((ctx) => MathConfig.parse(ctx.config ?? {})),
+    execute_python: createExecutePythonTool<MathConfig>((ctx) => ctx.config),
     end_session: createEndSessionTool<MathConfig>(),
   },
   // As NeMo Gym: the Python tools only for rows that declare them (math_with_code rows).
@@ -157,7 +131,7 @@ export const mathEnvironment = defineEnvironment({
   // NeMo Gym's response model declares these floats: 1.0, not 1, in the JSON.
   floatFields: ['reward', 'library_reward'],
   async verify(row, response, ctx) {
-    const config = mathConfig(ctx.config);
+    const config = ctx.config;
     if (row.expected_result !== undefined) {
       return { ...verifyMathWithCode(row.expected_result, response, config.math_with_code_verifier) };
     }
@@ -171,7 +145,7 @@ export const mathEnvironment = defineEnvironment({
     if (candidate === undefined) {
       return { reward: 0, expected_answer: expected, extracted_answer: null, library_reward: 0, judge_evaluations: null };
     }
-    const graded = await sharedGrader(config).grade(expected, text, { corrections: config.math_verify_mode === 'corrected' });
+    const graded = await ctx.resources.grader.grade(expected, text, { corrections: config.math_verify_mode === 'corrected' });
     const libraryReward = graded.reward;
     const extracted = graded.extracted_answer;
     if (!config.should_use_judge || libraryReward > 0.5) {
@@ -207,5 +181,4 @@ export const mathEnvironment = defineEnvironment({
   },
   metrics: mathMetrics,
   keyMetrics: mathKeyMetrics,
-  close: closeSharedGraders,
 });

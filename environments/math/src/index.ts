@@ -1,14 +1,13 @@
 export { mathEnvironment as default } from './environment.ts';
 export {
-  closeSharedGraders,
   lastBoxedAnswer,
   MathConfig,
   mathEnvironment,
   mathKeyMetrics,
   mathMetrics,
   MathRow,
-  sharedGrader,
 } from './environment.ts';
+export type { MathResources } from './environment.ts';
 export type { ExtractionTarget } from './extract.ts';
 export { extractionMatchGroups, stripGold } from './extract.ts';
 export type { GradeOptions, GradeResult } from './grade.ts';

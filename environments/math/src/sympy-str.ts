@@ -48,6 +48,7 @@ export function rational(p: bigint, q: bigint): SNode {
 // latex2sympy's unary minus and subtraction: a number is negated, anything else becomes
 // Mul(-1, ...) with a product's factors spliced in (`-2x` is Mul(-1, 2, x), printed -1*2*x).
 function negate(node: SNode): SNode {
+  scalar(node);
   if (node.k === 'int') return int(-node.v);
   if (node.k === 'rat') return { k: 'rat', p: -node.p, q: node.q };
   if (node.k === 'float') return { k: 'float', v: -node.v };
@@ -75,6 +76,10 @@ function isOpen(x: Json): x is [string, Json] {
 /** Builds the sympy-like tree from non-canonical MathJSON. Throws `Unsupported` for errors. */
 export function fromMathJson(json: Json, depth = 0): SNode {
   if (depth > 400) throw new Unsupported('too deep');
+  if (depth === 0) {
+    const assigned = setElementsRelation(json);
+    if (assigned) return assigned;
+  }
   if (typeof json === 'number') {
     if (Number.isInteger(json) && Math.abs(json) < 2 ** 53) return int(BigInt(json));
     if (!Number.isFinite(json)) return { k: 'const', name: Number.isNaN(json) ? 'nan' : 'oo' };
@@ -121,7 +126,13 @@ export function fromMathJson(json: Json, depth = 0): SNode {
       if (Array.isArray(first) && first[0] === 'Negate' && ops.length > 1) {
         return negate(flatMul([sub(first[1]), ...ops.slice(1).map(sub)]));
       }
-      const factors = ops.map(sub);
+      const factors: SNode[] = [];
+      for (let i = 0; i < ops.length; i++) {
+        const call = head === 'InvisibleOperator' ? functionCall(ops[i], ops[i + 1], depth) : undefined;
+        if (call) i++;
+        factors.push(call ?? sub(ops[i]));
+      }
+      if (factors.length === 1) return factors[0] as SNode;
       // A mixed number: 2\frac{1}{2} is 5/2.
       const [whole, part] = factors;
       if (head === 'InvisibleOperator' && factors.length === 2 && whole?.k === 'int' && part?.k === 'rat' && part.p > 0n) {
@@ -134,11 +145,11 @@ export function fromMathJson(json: Json, depth = 0): SNode {
       const num = sub(ops[0]);
       const den = sub(ops[1]);
       if (num.k === 'int' && den.k === 'int') return rational(num.v, den.v);
-      return { k: 'mul', args: [num, { k: 'pow', base: den, exp: MINUS_ONE }] };
+      return { k: 'mul', args: [scalar(num), { k: 'pow', base: scalar(den), exp: MINUS_ONE }] };
     }
     case 'Power': {
-      const base = sub(ops[0]);
-      const exp = sub(ops[1]);
+      const base = scalar(sub(ops[0]));
+      const exp = scalar(sub(ops[1]));
       return { k: 'pow', base, exp };
     }
     case 'Square':
@@ -171,6 +182,9 @@ export function fromMathJson(json: Json, depth = 0): SNode {
       return { k: 'set', items };
     }
     case 'Measurement': {
+      // a \\pm b only as a whole answer or list element (elements() reads those), or as the right
+      // side of a whole-answer x = ... (setElementsRelation): nowhere inside an expression.
+      if (depth > 0) throw new Unsupported('pm inside an expression');
       const items = elements(json, depth);
       return { k: 'set', items };
     }
@@ -253,6 +267,75 @@ export function fromMathJson(json: Json, depth = 0): SNode {
       throw new Unsupported(head);
     }
   }
+}
+
+/**
+ * latex2sympy's function call: a letter (other than e, optionally subscripted) directly followed by
+ * parentheses holding one atom (a number, a letter, a letter with an exponent or index, \\infty) or
+ * a comma list is an undefined function applied to them: f(2), f(y), g(1, 2). Anything else in the
+ * parentheses is a product: f(x+1) is f*(x + 1).
+ */
+function functionCall(name: Json, arg: Json, depth: number): SNode | undefined {
+  if (typeof name !== 'string' || !/^[a-df-zA-Z](?:_[A-Za-z0-9]+)?$/.test(name)) return undefined;
+  if (!Array.isArray(arg) || arg[0] !== 'Delimiter' || arg.length < 2) return undefined;
+  const fence = arg[2];
+  if (fence !== undefined && !(typeof fence === 'string' && fence.startsWith("'("))) return undefined;
+  const inner = arg[1];
+  let args: Json[];
+  if (Array.isArray(inner) && inner[0] === 'Sequence') {
+    args = inner.slice(1);
+    if (args.length < 2) return undefined;
+  } else if (isAtomJson(inner)) args = [inner];
+  else return undefined;
+  return { k: 'fn', name, args: args.map((x) => fromMathJson(x, depth + 1)) };
+}
+
+const LETTER_SYMBOL = /^(?:[a-df-zA-Z]|[A-Za-z]+)(?:_[A-Za-z0-9]+)?$/;
+
+/** latex2sympy's `atom`: a non-negative number, a letter or named symbol (maybe with an exponent or index), \\infty. */
+function isAtomJson(x: Json): boolean {
+  if (typeof x === 'number') return x >= 0;
+  if (typeof x === 'string') return x !== 'e' && x !== 'ExponentialE' && LETTER_SYMBOL.test(x);
+  if (x !== null && typeof x === 'object' && !Array.isArray(x)) {
+    const num = (x as { num?: unknown }).num;
+    return typeof num === 'string' && !num.startsWith('-');
+  }
+  if (Array.isArray(x) && (x[0] === 'Power' || x[0] === 'Subscript') && x.length === 3) {
+    return typeof x[1] === 'string' && x[1] !== 'e' && x[1] !== 'ExponentialE' && LETTER_SYMBOL.test(x[1]);
+  }
+  return false;
+}
+
+const isRelation = (x: Json): boolean => Array.isArray(x) && (x[0] === 'Element' || x[0] === 'Approx' || x[0] === 'And' || RELATIONS[x[0] as string] !== undefined);
+
+/**
+ * latex2sympy's `set_elements_relation`: a whole answer `x = a, b, c` (or `(x, y) = ...`, or with
+ * \\in) whose other elements hold no relation is one equation with the list as its right side:
+ * Eq(x, {a, b, c}), Eq((x, y), {Interval.open(5, 8), (8, 5)}). `a = 1, b = 2` stays two equations.
+ */
+function setElementsRelation(json: Json): SNode | undefined {
+  let first: Json;
+  let rest: Json[] = [];
+  if (Array.isArray(json) && (json[0] === 'Equal' || json[0] === 'Element') && Array.isArray(json[2]) && json[2][0] === 'Measurement') {
+    first = json;
+  } else {
+    if (!Array.isArray(json) || json[0] !== 'Delimiter' || json[2] !== "','") return undefined;
+    const list = json[1];
+    if (!Array.isArray(list) || list[0] !== 'Sequence' || list.length < 3) return undefined;
+    [first, ...rest] = list.slice(1) as Json[];
+  }
+  if (!Array.isArray(first) || (first[0] !== 'Equal' && first[0] !== 'Element') || first.length !== 3) return undefined;
+  if (rest.some(isRelation) || isRelation(first[2])) return undefined;
+  const letter = (x: Json): x is string => typeof x === 'string' && x !== 'e' && LETTER_SYMBOL.test(x);
+  const lhsJson = first[1];
+  let lhs: SNode;
+  if (letter(lhsJson)) lhs = fromSymbol(lhsJson);
+  else if (Array.isArray(lhsJson) && lhsJson[0] === 'Delimiter' && lhsJson[2] === "'(,)'" && Array.isArray(lhsJson[1]) &&
+    lhsJson[1][0] === 'Sequence' && lhsJson[1].slice(1).every(letter)) {
+    lhs = { k: 'tuple', items: (lhsJson[1].slice(1) as string[]).map(fromSymbol) };
+  } else return undefined;
+  const items = [first[2], ...rest].flatMap((x) => elements(x, 0));
+  return { k: 'rel', op: '=', lhs, rhs: items.length === 1 ? (items[0] as SNode) : { k: 'set', items } };
 }
 
 /** latex2sympy's interval: an empty one (right end not past the left) is a tuple instead. */
@@ -370,7 +453,15 @@ function fromSymbol(name: string): SNode {
   }
 }
 
+// latex2sympy's grammar has intervals, tuples and sets only as list elements and in set
+// operations, never inside arithmetic: -[0,1), 2(1,3) or \frac{1 \pm 2}{3} do not parse.
+function scalar(node: SNode): SNode {
+  if (node.k === 'interval' || node.k === 'tuple' || node.k === 'set') throw new Unsupported('set in arithmetic');
+  return node;
+}
+
 function flatAdd(args: SNode[]): SNode {
+  args.forEach(scalar);
   const out: SNode[] = [];
   for (const a of args) if (a.k === 'add') out.push(...a.args);
   else out.push(a);
@@ -378,6 +469,7 @@ function flatAdd(args: SNode[]): SNode {
 }
 
 function flatMul(args: SNode[]): SNode {
+  args.forEach(scalar);
   const out: SNode[] = [];
   for (const a of args) if (a.k === 'mul') out.push(...a.args);
   else out.push(a);
@@ -420,90 +512,242 @@ function parenthesize(n: SNode, level: number, strict = false): string {
   return prec < level || (!strict && prec <= level) ? `(${s})` : s;
 }
 
-/** sympy's Float str: 15 significant digits, scientific below 1e-4. */
-function printFloat(v: number): string {
-  if (v === 0) return '0';
+/**
+ * sympy's Float str: 15 significant digits, scientific below 1e-4. Inside another expression
+ * (print level > 1, full_prec 'auto') trailing zeros are stripped: 3.0, 10.5.
+ */
+function printFloat(v: number, strip: boolean): string {
+  if (v === 0) return '0.0';
   const exp = Math.floor(Math.log10(Math.abs(v)));
   if (exp < -4) {
-    const [mant, e] = v.toExponential(14).split('e');
-    return `${mant}e${Number(e)}`;
+    const [mant, e] = v.toExponential(14).split('e') as [string, string];
+    return `${strip ? mant.replace(/(\.\d*?\d)0+$/, '$1') : mant}e${Number(e)}`;
   }
-  if (exp >= 15) return `${BigInt(Math.round(v))}.`;
-  return v.toFixed(Math.max(0, 14 - exp));
+  if (exp >= 15) return `${BigInt(Math.round(v))}.${strip ? '0' : ''}`;
+  const fixed = v.toFixed(Math.max(0, 14 - exp));
+  return strip ? fixed.replace(/(\.\d*?\d)0+$/, '$1') : fixed;
 }
 
-// Class order of sympy's sort_key, enough for the factors of a product.
-function classRank(n: SNode): number {
+// ---- sympy's default_sort_key ------------------------------------------------------------------
+// sympy orders the factors of a product, the elements of a set and the arguments of And by
+// default_sort_key: (class key, (number of args, arg keys), exponent key, coefficient), compared as
+// Python compares tuples. Class keys: numbers (1, 0, 'Number'); atoms (2, 0, class name: Exp1,
+// ImaginaryUnit, Pi, Symbol); Mul, Add, Pow (3, 0..2); functions (4, rank, name), where exp, log,
+// sin, cos, ... have fixed ranks, undefined functions (f(x)) 0 and the other named functions 10000;
+// everything else (relations, sets, tuples, intervals) (5, 0, class name).
+
+type SortKey = ReadonlyArray<number | string | SortKey>;
+
+const FUNCTION_RANK: Record<string, number> = {
+  exp: 10, log: 11, sin: 20, cos: 21, tan: 22, cot: 23, sinh: 30, cosh: 31, tanh: 32, coth: 33,
+  conjugate: 40, re: 41, im: 42, arg: 43,
+};
+const NAMED_FUNCTIONS = new Set([
+  'sec', 'csc', 'asin', 'acos', 'atan', 'acot', 'asec', 'acsc', 'asinh', 'acosh', 'atanh', 'Abs', 'factorial',
+  'binomial', 'floor', 'ceiling', 'gamma', 'sqrt', 'sign',
+]);
+const BASIC_CLASS: Record<string, string> = {
+  '=': 'Equality', '!=': 'Unequality', '<': 'StrictLessThan', '<=': 'LessThan', '>': 'StrictGreaterThan', '>=': 'GreaterThan',
+};
+
+const isNumberLeaf = (n: SNode): n is Extract<SNode, { k: 'int' | 'rat' | 'float' }> => n.k === 'int' || n.k === 'rat' || n.k === 'float';
+// -oo is Mul(-1, oo) in the tree, NegativeInfinity (a Number) to sympy.
+const isNegativeInfinity = (n: SNode): boolean => n.k === 'mul' && n.args.length === 2 && n.args[0]?.k === 'int' && n.args[0].v === -1n &&
+  n.args[1]?.k === 'const' && n.args[1].name === 'oo';
+const isSympyNumber = (n: SNode): boolean => isNumberLeaf(n) || (n.k === 'const' && n.text === undefined && (n.name === 'oo' || n.name === 'nan')) ||
+  isNegativeInfinity(n);
+const isAtom = (n: SNode): boolean => isNumberLeaf(n) || n.k === 'sym' || n.k === 'const' || n.k === 'str';
+
+function classKey(n: SNode): SortKey {
   switch (n.k) {
     case 'int':
     case 'rat':
     case 'float':
-      return 1;
+      return [1, 0, 'Number'];
     case 'const':
-      if (n.text !== undefined) return 5; // the letters e and i are symbols to latex2sympy
-      return n.name === 'E' ? 2 : n.name === 'pi' ? 3 : n.name === 'I' ? 4 : 0;
+      if (n.text !== undefined) return [2, 0, 'Symbol'];
+      return n.name === 'oo' || n.name === 'nan' ? [1, 0, 'Number'] : n.name === 'EmptySet' ? [5, 0, 'EmptySet']
+        : [2, 0, { pi: 'Pi', E: 'Exp1', I: 'ImaginaryUnit', zoo: 'ComplexInfinity' }[n.name]];
     case 'sym':
-      return 5;
-    case 'pow':
-      return classRank(n.base);
+    case 'str':
+      return [2, 0, 'Symbol'];
     case 'mul':
-      return 6;
+      return [3, 0, 'Mul'];
     case 'add':
-      return 7;
-    default:
-      return 10;
-  }
-}
-
-// Enough of sympy's sort_key for the factors of a product: class first, then the arguments; a
-// power sorts by its base, then its exponent.
-function compareKeys(a: SNode, b: SNode): number {
-  // A number's sort key is its coefficient's: numbers come before everything, powers of numbers too.
-  const na = a.k === 'int' || a.k === 'rat' || a.k === 'float';
-  const nb = b.k === 'int' || b.k === 'rat' || b.k === 'float';
-  if (na !== nb) return na ? -1 : 1;
-  const [ba, ea] = a.k === 'pow' ? [a.base, a.exp] : [a, undefined];
-  const [bb, eb] = b.k === 'pow' ? [b.base, b.exp] : [b, undefined];
-  const ra = classRank(ba);
-  const rb = classRank(bb);
-  if (ra !== rb) return ra - rb;
-  const c = compareSame(ba, bb);
-  if (c !== 0) return c;
-  const xa = ea ? numericValue(ea) : 1;
-  const xb = eb ? numericValue(eb) : 1;
-  return Number.isNaN(xa) || Number.isNaN(xb) ? 0 : xa - xb;
-}
-
-function compareSame(a: SNode, b: SNode): number {
-  if ((a.k === 'int' || a.k === 'rat' || a.k === 'float') && (b.k === 'int' || b.k === 'rat' || b.k === 'float')) {
-    return numericValue(a) - numericValue(b);
-  }
-  if ((a.k === 'add' || a.k === 'mul') && (b.k === 'add' || b.k === 'mul')) {
-    if (a.args.length !== b.args.length) return a.args.length - b.args.length;
-    const sa = [...a.args].sort(compareKeys);
-    const sb = [...b.args].sort(compareKeys);
-    for (let i = 0; i < sa.length; i++) {
-      const c = compareKeys(sa[i] as SNode, sb[i] as SNode);
-      if (c !== 0) return c;
-    }
-    return 0;
-  }
-  const na = keyName(a);
-  const nb = keyName(b);
-  return na < nb ? -1 : na > nb ? 1 : 0;
-}
-
-function keyName(n: SNode): string {
-  switch (n.k) {
-    case 'sym':
-      return n.name;
-    case 'const':
-      return n.text ?? n.name;
+      return [3, 1, 'Add'];
+    case 'pow':
+      return [3, 2, 'Pow'];
     case 'fn':
-      return `${n.name}(${n.args.map(print).join(',')})`;
-    default:
-      return print(n);
+      if (n.name === 'Max' || n.name === 'Min' || n.name === 'Union') return [5, 0, n.name];
+      return [4, FUNCTION_RANK[n.name] ?? (NAMED_FUNCTIONS.has(n.name) ? 10000 : 0), n.name];
+    case 'rel':
+      return [5, 0, BASIC_CLASS[n.op] as string];
+    case 'and':
+      return [5, 0, 'And'];
+    case 'set':
+      return [5, 0, 'FiniteSet'];
+    case 'tuple':
+      return [5, 0, 'Tuple'];
+    case 'interval':
+      return [5, 0, 'Interval'];
+    case 'matrix':
+      return [5, 0, 'ImmutableDenseMatrix'];
   }
+}
+
+const ONE_KEY: SortKey = [[1, 0, 'Number'], [0, []], [], 1];
+const boolKey = (b: boolean): SortKey => [[2, 0, b ? 'BooleanTrue' : 'BooleanFalse'], [1, [b ? 'True' : 'False']], ONE_KEY, 1];
+
+const sortKeys = new WeakMap<SNode, SortKey>();
+
+/** sympy's default_sort_key of the tree. */
+export function sortKey(n: SNode): SortKey {
+  let key = sortKeys.get(n);
+  if (!key) {
+    key = computeSortKey(n);
+    sortKeys.set(n, key);
+  }
+  return key;
+}
+
+function computeSortKey(n: SNode): SortKey {
+  if (isSympyNumber(n)) return [[1, 0, 'Number'], [0, []], [], numericValue(n)];
+  if (isAtom(n)) return [classKey(n), [1, [printWhole(n)]], ONE_KEY, 1];
+  if (n.k === 'fn' && n.name === 'Union') return [classKey(n), [n.args.length, n.args.map(sortKey).sort(compareSortKeys)], ONE_KEY, 1];
+  if (n.k === 'add' || n.k === 'mul' || n.k === 'pow' || n.k === 'fn') {
+    // Expr.sort_key: the numeric coefficient apart, a power by its base then its exponent.
+    let coeff = 1;
+    let expr: SNode = n;
+    if (n.k === 'mul' && n.args[0] && isSympyNumber(n.args[0]) && n.args.length > 1) {
+      coeff = numericValue(n.args[0]);
+      expr = n.args.length === 2 ? (n.args[1] as SNode) : { k: 'mul', args: n.args.slice(1) };
+    }
+    let exp: SortKey = ONE_KEY;
+    if (expr.k === 'pow') {
+      if (expr.base.k === 'const' && expr.base.name === 'E' && expr.base.text === undefined) {
+        expr = { k: 'fn', name: 'exp', args: [expr.exp] };
+      } else {
+        exp = sortKey(expr.exp);
+        expr = expr.base;
+      }
+    }
+    let args: Array<string | SortKey>;
+    if (isAtom(expr)) args = [printWhole(expr)];
+    else if (expr.k === 'add') args = orderedTerms(expr.args).map(sortKey);
+    else if (expr.k === 'mul') {
+      // as_ordered_factors (args_cnc): a leading negative number other than -1 is split off as -1.
+      const [lead, ...others] = expr.args;
+      const factors = lead && isNumberLeaf(lead) && isNegativeNumber(lead) && !(lead.k === 'int' && lead.v === -1n)
+        ? [MINUS_ONE, negate(lead), ...others] : expr.args;
+      args = factors.map(sortKey).sort(compareSortKeys);
+    }
+    else if (expr.k === 'pow' || expr.k === 'fn') args = (expr.k === 'pow' ? [expr.base, expr.exp] : expr.args).map(sortKey);
+    else return [classKey(expr), [1, [sortKey(expr)]], exp, coeff];
+    return [classKey(expr), [args.length, args], exp, coeff];
+  }
+  // Basic.sort_key: (class key, (number of args, arg keys), 1, 1).
+  let args: SortKey[];
+  switch (n.k) {
+    case 'rel':
+      args = [sortKey(n.lhs), sortKey(n.rhs)];
+      break;
+    case 'and':
+      args = orderedArgs(n.args).map(sortKey);
+      break;
+    case 'set':
+      args = n.items.map(sortKey).sort(compareSortKeys);
+      break;
+    case 'tuple':
+      args = n.items.map(sortKey);
+      break;
+    case 'interval':
+      args = [sortKey(n.lo), sortKey(n.hi), boolKey(n.lopen || isInfinite(n.lo)), boolKey(n.ropen || isInfinite(n.hi))];
+      break;
+    case 'matrix':
+      args = [n.rows.length, n.rows[0]?.length ?? 0, ...n.rows.flat().map(sortKey)] as unknown as SortKey[];
+      break;
+    default:
+      args = [];
+  }
+  return [classKey(n), [args.length, args], ONE_KEY, 1];
+}
+
+/** Python's tuple comparison of two sort keys (numbers before strings before tuples). */
+export function compareSortKeys(a: SortKey, b: SortKey): number {
+  const n = Math.min(a.length, b.length);
+  for (let i = 0; i < n; i++) {
+    const x = a[i] as number | string | SortKey;
+    const y = b[i] as number | string | SortKey;
+    const tx = typeof x === 'number' ? 0 : typeof x === 'string' ? 1 : 2;
+    const ty = typeof y === 'number' ? 0 : typeof y === 'string' ? 1 : 2;
+    if (tx !== ty) return tx - ty;
+    let c = 0;
+    if (tx !== 2) c = x < y ? -1 : x > y ? 1 : 0;
+    else c = compareSortKeys(x as SortKey, y as SortKey);
+    if (c !== 0) return c;
+  }
+  return a.length - b.length;
+}
+
+const compareNodes = (a: SNode, b: SNode): number => compareSortKeys(sortKey(a), sortKey(b));
+
+/** sympy's _node_count: 1 per node of the tree, a Float 0.5. */
+function nodeCount(n: SNode): number {
+  if (isNegativeInfinity(n)) return 1;
+  switch (n.k) {
+    case 'float':
+      return 0.5;
+    case 'add':
+    case 'mul':
+    case 'fn':
+    case 'and':
+      return 1 + n.args.reduce((acc, a) => acc + nodeCount(a), 0);
+    case 'pow':
+      return 1 + nodeCount(n.base) + nodeCount(n.exp);
+    case 'rel':
+      return 1 + nodeCount(n.lhs) + nodeCount(n.rhs);
+    case 'set':
+    case 'tuple':
+      return 1 + n.items.reduce((acc, a) => acc + nodeCount(a), 0);
+    case 'interval':
+      return 3 + nodeCount(n.lo) + nodeCount(n.hi);
+    case 'matrix':
+      return 3 + n.rows.flat().reduce((acc, a) => acc + nodeCount(a), 0);
+    default:
+      return 1;
+  }
+}
+
+/** sympy's ordered() (how And keeps its arguments): by node count, then default_sort_key. */
+function orderedArgs(args: SNode[]): SNode[] {
+  return [...args].sort((a, b) => nodeCount(a) - nodeCount(b) || compareNodes(a, b));
+}
+
+const REAL_FUNCTIONS: Record<string, (x: number) => number> = {
+  sin: Math.sin, cos: Math.cos, tan: Math.tan, cot: (x) => 1 / Math.tan(x), sec: (x) => 1 / Math.cos(x), csc: (x) => 1 / Math.sin(x),
+  asin: Math.asin, acos: Math.acos, atan: Math.atan, sinh: Math.sinh, cosh: Math.cosh, tanh: Math.tanh, exp: Math.exp,
+  Abs: Math.abs, floor: Math.floor, ceiling: Math.ceil, sqrt: Math.sqrt,
+  factorial: (x) => {
+    if (Number.isInteger(x)) {
+      if (x < 0 || x > 170) return NaN;
+      let f = 1;
+      for (let i = 2; i <= x; i++) f *= i;
+      return f;
+    }
+    return gamma(x + 1);
+  },
+};
+
+// Lanczos approximation (g = 7), enough to order terms.
+const LANCZOS = [0.99999999999980993, 676.5203681218851, -1259.1392167224028, 771.32342877765313, -176.61502916214059,
+  12.507343278686905, -0.13857109526572012, 9.9843695780195716e-6, 1.5056327351493116e-7];
+function gamma(x: number): number {
+  if (x < 0.5) return Math.PI / (Math.sin(Math.PI * x) * gamma(1 - x));
+  const z = x - 1;
+  let a = LANCZOS[0] as number;
+  const t = z + 7.5;
+  for (let i = 1; i < 9; i++) a += (LANCZOS[i] as number) / (z + i);
+  return Math.sqrt(2 * Math.PI) * Math.pow(t, z + 0.5) * Math.exp(-t) * a;
 }
 
 /**
@@ -527,21 +771,31 @@ export function numericValue(n: SNode): number {
     case 'pow':
       return Math.pow(numericValue(n.base), numericValue(n.exp));
     case 'fn': {
-      const f = (Math as unknown as Record<string, unknown>)[n.name];
-      const a = n.args[0];
-      if (typeof f === 'function' && a && n.args.length === 1) return (f as (x: number) => number)(numericValue(a));
-      return NaN;
+      const [a, b] = n.args.map(numericValue);
+      if (a === undefined) return NaN;
+      if (n.name === 'log') return b === undefined ? Math.log(a) : Math.log(a) / Math.log(b);
+      const f = REAL_FUNCTIONS[n.name];
+      return f && n.args.length === 1 ? f(a) : NaN;
     }
     default:
       return NaN;
   }
 }
 
-function isNumberNode(n: SNode): boolean {
-  return n.k === 'int' || n.k === 'rat' || n.k === 'float' || (n.k === 'const' && (n.name === 'pi' || n.name === 'E'));
-}
+// ---- sympy's Expr.as_ordered_terms() ----------------------------------------------------------
+// Each term is split into a complex coefficient (every factor that is a number: 2, sqrt(3), pi, I)
+// and a monomial over generators (the other factors, by base and integer exponent; x**(3/2) is
+// (x**(1/2))**3). Terms sort by monomial, lexicographically over the generators in
+// default_sort_key order, higher powers first; then real coefficients before complex ones, by
+// imaginary then real part, ascending; ties keep their order.
 
-function isNumeric(n: SNode): boolean {
+type Complex = [re: number, im: number];
+
+const UNDEFINED_FUNCTION = (name: string): boolean => FUNCTION_RANK[name] === undefined && !NAMED_FUNCTIONS.has(name) &&
+  !['Max', 'Min', 'gcd', 'lcm'].includes(name);
+
+/** sympy's `is_number`: no free symbols and no undefined function. */
+function isNumberExpr(n: SNode): boolean {
   switch (n.k) {
     case 'int':
     case 'rat':
@@ -551,64 +805,162 @@ function isNumeric(n: SNode): boolean {
       return n.name !== 'EmptySet' && n.text === undefined;
     case 'add':
     case 'mul':
-      return n.args.every(isNumeric);
+      return n.args.every(isNumberExpr);
     case 'pow':
-      return isNumeric(n.base) && isNumeric(n.exp);
+      return isNumberExpr(n.base) && isNumberExpr(n.exp);
     case 'fn':
-      return n.args.every(isNumeric);
+      return !UNDEFINED_FUNCTION(n.name) && n.args.every(isNumberExpr);
     default:
       return false;
   }
 }
 
-interface TermInfo {
-  node: SNode;
-  coeff: number;
-  monom: Map<string, number>;
-}
+const cmul = (a: Complex, b: Complex): Complex => [a[0] * b[0] - a[1] * b[1], a[0] * b[1] + a[1] * b[0]];
 
-function termInfo(node: SNode): TermInfo {
-  const factors = node.k === 'mul' ? node.args : [node];
-  let coeff = 1;
-  const monom = new Map<string, number>();
-  for (const f of factors) {
-    if (isNumeric(f)) {
-      const v = numericValue(f);
-      coeff *= Number.isNaN(v) ? 1 : v;
-      continue;
-    }
-    const [base, exp] = f.k === 'pow' ? [f.base, numericValue(f.exp)] : [f, 1];
-    monom.set(print(base), Number.isNaN(exp) ? 1 : exp);
-  }
-  return { node, coeff, monom };
-}
-
-/** sympy's `Expr.as_ordered_terms()` for an Add, closely enough for answers. */
-function orderedTerms(args: SNode[]): SNode[] {
-  if (args.length === 2) {
-    const sorted = [...args].sort((a, b) => Number(!isNumberNode(a)) - Number(!isNumberNode(b)));
-    const [first, second] = sorted as [SNode, SNode];
-    if (isNumberNode(first) && second.k === 'mul' && second.args.length === 2) {
-      const c = second.args.find((x) => x.k === 'int' || x.k === 'rat' || x.k === 'float');
-      if (c && isNegativeNumber(c) && numericValue(first) > 0) return sorted;
-    }
-  }
-  const infos = args.map(termInfo);
-  const gens = [...new Set(infos.flatMap((t) => [...t.monom.keys()]))].sort();
-  return infos
-    .map((t, i) => ({ t, i }))
-    .sort((a, b) => {
-      for (const g of gens) {
-        const da = a.t.monom.get(g) ?? 0;
-        const db = b.t.monom.get(g) ?? 0;
-        if (da !== db) return db - da;
+/** Python's complex() of a number expression; undefined where sympy could not evaluate it. */
+function complexValue(n: SNode): Complex | undefined {
+  switch (n.k) {
+    case 'const':
+      if (n.name === 'I') return [0, 1];
+      break;
+    case 'add': {
+      let re = 0;
+      let im = 0;
+      for (const a of n.args) {
+        const v = complexValue(a);
+        if (!v) return undefined;
+        re += v[0];
+        im += v[1];
       }
-      const ca = a.t.coeff;
-      const cb = b.t.coeff;
-      if (ca !== cb && !Number.isNaN(ca) && !Number.isNaN(cb)) return ca < cb ? -1 : 1;
-      return a.i - b.i;
+      return [re, im];
+    }
+    case 'mul': {
+      let acc: Complex = [1, 0];
+      for (const a of n.args) {
+        const v = complexValue(a);
+        if (!v) return undefined;
+        acc = cmul(acc, v);
+      }
+      return acc;
+    }
+    case 'pow': {
+      const b = complexValue(n.base);
+      const e = complexValue(n.exp);
+      if (!b || !e) return undefined;
+      if (b[1] === 0 && e[1] === 0 && (b[0] >= 0 || Number.isInteger(e[0]))) {
+        if (Number.isInteger(e[0]) && b[1] === 0) return [Math.pow(b[0], e[0]), 0];
+        return [Math.pow(b[0], e[0]), 0];
+      }
+      if (e[1] === 0 && Number.isInteger(e[0]) && Math.abs(e[0]) <= 64) {
+        let acc: Complex = [1, 0];
+        for (let i = 0; i < Math.abs(e[0]); i++) acc = cmul(acc, b);
+        if (e[0] < 0) {
+          const d = acc[0] * acc[0] + acc[1] * acc[1];
+          acc = [acc[0] / d, -acc[1] / d];
+        }
+        return acc;
+      }
+      // Principal value: exp(e * log(b)).
+      const r = Math.hypot(b[0], b[1]);
+      const t = Math.atan2(b[1], b[0]);
+      const [lr, li] = cmul(e, [Math.log(r), t]);
+      return [Math.exp(lr) * Math.cos(li), Math.exp(lr) * Math.sin(li)];
+    }
+    case 'fn': {
+      // Functions of complex values (sin(I), log(-1)) are complex.
+      const z = n.args.length === 1 && n.args[0] ? complexValue(n.args[0]) : undefined;
+      if (!z || (z[1] === 0 && !(n.name === 'log' && z[0] < 0))) break;
+      const [a, b] = z;
+      if (n.name === 'sin') return [Math.sin(a) * Math.cosh(b), Math.cos(a) * Math.sinh(b)];
+      if (n.name === 'cos') return [Math.cos(a) * Math.cosh(b), -Math.sin(a) * Math.sinh(b)];
+      if (n.name === 'exp') return [Math.exp(a) * Math.cos(b), Math.exp(a) * Math.sin(b)];
+      if (n.name === 'log') return [Math.log(Math.hypot(a, b)), Math.atan2(b, a)];
+      if (n.name === 'Abs') return [Math.hypot(a, b), 0];
+      return undefined;
+    }
+    default:
+      break;
+  }
+  const v = numericValue(n);
+  return Number.isNaN(v) ? undefined : [v, 0];
+}
+
+/** sympy's decompose_power: a factor as (generator, integer exponent). */
+function decomposePower(factor: SNode): [SNode, number] {
+  let base: SNode = factor;
+  let exp: SNode = int(1n);
+  if (factor.k === 'pow') [base, exp] = [factor.base, factor.exp];
+  else if (factor.k === 'fn' && factor.name === 'exp' && factor.args.length === 1) [base, exp] = [{ k: 'const', name: 'E' }, factor.args[0] as SNode];
+  if (exp.k === 'int') return [base, Number(exp.v)];
+  if (exp.k === 'rat') return [{ k: 'pow', base, exp: rational(1n, exp.q) }, Number(exp.p)];
+  if (exp.k === 'float') return [factor, 1];
+  // A symbolic exponent: its rational coefficient is the power, the rest stays in the generator.
+  const [c, tail] = exp.k === 'mul' && exp.args[0] && (exp.args[0].k === 'int' || exp.args[0].k === 'rat') && exp.args.length > 1
+    ? [exp.args[0], exp.args.length === 2 ? (exp.args[1] as SNode) : { k: 'mul' as const, args: exp.args.slice(1) }]
+    : [undefined, exp];
+  if (!c) return [factor, 1];
+  const [p, q] = c.k === 'int' ? [c.v, 1n] : [c.p, c.q];
+  if (p === -1n && q === 1n) return [{ k: 'pow', base, exp: tail }, -1];
+  if (p === 1n && q === 1n) return [factor, 1];
+  const scaled: SNode = q === 1n ? tail : { k: 'mul', args: [rational(1n, q), tail] };
+  return [{ k: 'pow', base, exp: scaled }, Number(p)];
+}
+
+const isNumberOrNumberSymbol = (n: SNode): boolean => isSympyNumber(n) || (n.k === 'const' && n.text === undefined && (n.name === 'pi' || n.name === 'E'));
+
+/** sympy's `Expr.as_ordered_terms()` of an Add's terms. */
+function orderedTerms(args: SNode[]): SNode[] {
+  // Add(Number, Mul(Number, x)) with the first positive and the second negative: 1 - 2*x.
+  const byNumber = (a: SNode, b: SNode): number => Number(!isNumberOrNumberSymbol(a)) - Number(!isNumberOrNumberSymbol(b));
+  const addArgs = [...args].sort(byNumber);
+  const [first, second] = addArgs;
+  if (addArgs.length === 2 && first && second && isNumberOrNumberSymbol(first) && second.k === 'mul') {
+    const mulArgs = [...second.args].sort(byNumber);
+    const c = mulArgs[0];
+    if (mulArgs.length === 2 && c && isSympyNumber(c) && numericValue(first) > 0 && numericValue(c) < 0) return addArgs;
+  }
+  const gens = new Map<string, SNode>();
+  const terms = args.map((term, index) => {
+    let coeff: Complex = [1, 0];
+    let factors: SNode[];
+    if (isSympyNumber(term)) {
+      coeff = complexValue(term) ?? [1, 0];
+      factors = [];
+    } else if (term.k === 'mul' && term.args[0] && isSympyNumber(term.args[0]) && term.args.length > 1) {
+      coeff = complexValue(term.args[0]) ?? [1, 0];
+      factors = term.args.length === 2 && term.args[1]?.k === 'mul' ? term.args[1].args : term.args.slice(1);
+    } else factors = term.k === 'mul' ? term.args : [term];
+    const monom = new Map<string, number>();
+    for (const f of factors) {
+      if (isNumberExpr(f)) {
+        const v = complexValue(f);
+        if (v) {
+          coeff = cmul(coeff, v);
+          continue;
+        }
+      }
+      const [base, e] = decomposePower(f);
+      const name = print(base);
+      monom.set(name, e);
+      if (!gens.has(name)) gens.set(name, base);
+    }
+    return { term, index, coeff, monom };
+  });
+  const order = [...gens.entries()].sort((a, b) => compareNodes(a[1], b[1])).map(([name]) => name);
+  return terms
+    .sort((a, b) => {
+      for (const g of order) {
+        const d = (b.monom.get(g) ?? 0) - (a.monom.get(g) ?? 0);
+        if (d !== 0) return d;
+      }
+      const [ra, ia] = a.coeff;
+      const [rb, ib] = b.coeff;
+      if ((ia !== 0) !== (ib !== 0)) return ia !== 0 ? 1 : -1;
+      if (ia !== ib) return ia - ib;
+      if (ra !== rb && !Number.isNaN(ra - rb)) return ra < rb ? -1 : 1;
+      return a.index - b.index;
     })
-    .map(({ t }) => t.node);
+    .map((t) => t.term);
 }
 
 function printAdd(n: Extract<SNode, { k: 'add' }>): string {
@@ -680,9 +1032,12 @@ function printMul(n: Extract<SNode, { k: 'mul' }>): string {
   if (first && (first.k === 'int' || first.k === 'rat' || first.k === 'float') && isNegativeNumber(first)) {
     sign = '-';
     const pos = negate(first);
-    rest = isOne(pos) ? rest.slice(1) : [pos, ...rest.slice(1)];
+    // sympy's _keep_coeff: a lone product after the coefficient is spliced in (-1/9 * (pi*E) is
+    // printed -E*pi/9).
+    const tail = rest.length === 2 && rest[1]?.k === 'mul' ? rest[1].args : rest.slice(1);
+    rest = isOne(pos) ? [...tail] : [pos, ...tail];
   }
-  const ordered = rest.sort(compareKeys);
+  const ordered = rest.sort(compareNodes);
   const num: SNode[] = [];
   const den: SNode[] = [];
   const powParen = new Set<SNode>();
@@ -698,8 +1053,9 @@ function printMul(n: Extract<SNode, { k: 'mul' }>): string {
     } else num.push(item);
   }
   if (num.length === 0) num.push(int(1n));
-  const mulPrec = sign ? PREC.Mul : prec;
-  const numStr = num.map((x) => parenthesize(x, mulPrec));
+  const mulPrec = prec;
+  // A lone negated factor: parenthesised between Mul and Pow precedence, as Python's unary minus.
+  const numStr = num.length === 1 && sign ? [parenthesize(num[0] as SNode, (PREC.Mul + PREC.Pow) / 2)] : num.map((x) => parenthesize(x, mulPrec));
   const denStr = den.map((x) => {
     const s = parenthesize(x, mulPrec);
     return powParen.has(x) ? `(${s})` : s;
@@ -719,39 +1075,6 @@ function printPow(n: Extract<SNode, { k: 'pow' }>): string {
 
 const REL_STR: Record<string, string> = { '<': '<', '<=': '<=', '>': '>', '>=': '>=' };
 
-// sympy's class order between the kinds a set holds: numbers, then symbols and expressions, then
-// Interval, then Tuple (class names in order).
-function setRank(n: SNode): number {
-  if (isNumeric(n)) return 0;
-  if (n.k === 'interval') return 2;
-  if (n.k === 'tuple') return 3;
-  return 1;
-}
-
-// default_sort_key, enough for the elements of a set: numbers by value, tuples by length then
-// element by element, intervals by their ends, the rest by name.
-function compareSetItems(a: SNode, b: SNode): number {
-  const ra = setRank(a);
-  const rb = setRank(b);
-  if (ra !== rb) return ra - rb;
-  if (ra === 0) {
-    const d = numericValue(a) - numericValue(b);
-    if (d !== 0 && !Number.isNaN(d)) return d;
-  }
-  if (a.k === 'tuple' && b.k === 'tuple') {
-    if (a.items.length !== b.items.length) return a.items.length - b.items.length;
-    for (let i = 0; i < a.items.length; i++) {
-      const c = compareSetItems(a.items[i] as SNode, b.items[i] as SNode);
-      if (c !== 0) return c;
-    }
-    return 0;
-  }
-  if (a.k === 'interval' && b.k === 'interval') return compareSetItems(a.lo, b.lo) || compareSetItems(a.hi, b.hi);
-  const pa = print(a);
-  const pb = print(b);
-  return pa < pb ? -1 : pa > pb ? 1 : 0;
-}
-
 // FiniteSet holds each element once and prints them sorted.
 function sortSetItems(items: SNode[]): SNode[] {
   const seen = new Set<string>();
@@ -761,7 +1084,7 @@ function sortSetItems(items: SNode[]): SNode[] {
     seen.add(key);
     return true;
   });
-  return unique.sort(compareSetItems);
+  return unique.sort(compareNodes);
 }
 
 const isInfinite = (n: SNode): boolean =>
@@ -769,15 +1092,54 @@ const isInfinite = (n: SNode): boolean =>
 
 /** sympy `str()` of the tree. */
 export function print(n: SNode): string {
+  printLevel++;
+  try {
+    return printNode(n);
+  } finally {
+    printLevel--;
+  }
+}
+
+/** latex2sympy names an indexed symbol a_3, but a_{37} when the index is longer than one character. */
+const symbolName = (name: string): string => name.replace(/^([^_]+)_([^_{}]{2,})$/, '$1_{$2}');
+
+// sympy's printer level: 1 for the whole answer, more inside it.
+let printLevel = 0;
+
+function printWhole(n: SNode): string {
+  const saved = printLevel;
+  printLevel = 0;
+  try {
+    return print(n);
+  } finally {
+    printLevel = saved;
+  }
+}
+
+/**
+ * sympy's Matrix str: `Matrix([[1, 2], [3, 4]])` for a whole answer (Matrix.__str__); inside an
+ * expression the printer's table, one row a line, columns right-aligned to their widest entry.
+ */
+function printMatrix(rows: SNode[][]): string {
+  // Matrix.__str__ prints str(self.tolist()): each entry as a whole answer.
+  if (printLevel <= 1) return `Matrix([${rows.map((r) => `[${r.map(printWhole).join(', ')}]`).join(', ')}])`;
+  const cells = rows.map((r) => r.map(print));
+  const widths: number[] = [];
+  for (const r of cells) r.forEach((c, j) => (widths[j] = Math.max(widths[j] ?? 0, c.length)));
+  const table = cells.map((r) => `[${r.map((c, j) => c.padStart(widths[j] ?? 0)).join(', ')}]`).join(',\n');
+  return rows.length === 1 ? `Matrix([${table}])` : `Matrix([\n${table}])`;
+}
+
+function printNode(n: SNode): string {
   switch (n.k) {
     case 'int':
       return String(n.v);
     case 'rat':
       return `${n.p}/${n.q}`;
     case 'float':
-      return printFloat(n.v);
+      return printFloat(n.v, printLevel > 1);
     case 'sym':
-      return n.name;
+      return symbolName(n.name);
     case 'const':
       return n.text ?? n.name;
     case 'str':
@@ -789,16 +1151,9 @@ export function print(n: SNode): string {
     case 'pow':
       return printPow(n);
     case 'fn': {
-      // Union's arguments print in sympy's order: an Interval before a Union, intervals by their ends.
-      const args = n.name === 'Union' && n.args.length === 2
-        ? [...n.args].sort((a, b) => {
-          const ua = a.k === 'fn' && a.name === 'Union';
-          const ub = b.k === 'fn' && b.name === 'Union';
-          if (ua !== ub) return ua ? 1 : -1;
-          return a.k === 'interval' && b.k === 'interval' ? compareSetItems(a, b) : 0;
-        })
-        : n.args;
-      return `${n.name}(${args.map(print).join(', ')})`;
+      // Union prints as a LatticeOp: its arguments sorted by default_sort_key.
+      const args = n.name === 'Union' ? [...n.args].sort(compareNodes) : n.args;
+      return `${symbolName(n.name)}(${args.map(print).join(', ')})`;
     }
     case 'rel':
       if (n.op === '=') return `Eq(${print(n.lhs)}, ${print(n.rhs)})`;
@@ -806,8 +1161,7 @@ export function print(n: SNode): string {
       return `${parenthesize(n.lhs, PREC.Relational, true)} ${REL_STR[n.op]} ${parenthesize(n.rhs, PREC.Relational, true)}`;
     case 'and':
       // And's arguments print sorted; Eq and Ne are calls and need no parentheses.
-      return [...n.args]
-        .sort((a, b) => (a.k === 'rel' && b.k === 'rel' ? compareKeys(a.lhs, b.lhs) || compareKeys(a.rhs, b.rhs) : 0))
+      return orderedArgs(n.args)
         .map((a) => (a.k === 'rel' && (a.op === '=' || a.op === '!=') ? print(a) : `(${print(a)})`))
         .join(' & ');
     case 'set':
@@ -815,14 +1169,18 @@ export function print(n: SNode): string {
     case 'tuple':
       return n.items.length === 1 ? `(${print(n.items[0] as SNode)},)` : `(${n.items.map(print).join(', ')})`;
     case 'interval': {
-      // As sympy's printer: an infinite end's openness is not shown unless the other end is open.
+      // sympy's Interval is always open at an infinite end; its printer does not show that
+      // openness unless the other end is open too.
       const loInf = isInfinite(n.lo);
       const hiInf = isInfinite(n.hi);
-      const plain = (loInf && hiInf) || (loInf && !n.ropen) || (hiInf && !n.lopen);
-      const kind = plain ? '' : n.lopen && n.ropen ? '.open' : n.lopen ? '.Lopen' : n.ropen ? '.Ropen' : '';
-      return `Interval${kind}(${print(n.lo)}, ${print(n.hi)})`;
+      const lopen = n.lopen || loInf;
+      const ropen = n.ropen || hiInf;
+      const plain = (loInf && hiInf) || (loInf && !ropen) || (hiInf && !lopen);
+      const kind = plain ? '' : lopen && ropen ? '.open' : lopen ? '.Lopen' : ropen ? '.Ropen' : '';
+      // Its ends are formatted with str(), as whole answers (0.500000000000000, not 0.5).
+      return `Interval${kind}(${printWhole(n.lo)}, ${printWhole(n.hi)})`;
     }
     case 'matrix':
-      return `Matrix([${n.rows.map((r) => `[${r.map(print).join(', ')}]`).join(', ')}])`;
+      return printMatrix(n.rows);
   }
 }

@@ -9,7 +9,6 @@ import {
   defineEnvironment,
   defineTool,
   RolloutError,
-  sessionTools,
   shQuote,
   type EnvironmentContext,
   type SandboxProvider,
@@ -19,8 +18,9 @@ import { z } from 'zod';
 import { evaluatePatch, type EvalOutcome, type FailureReason } from './evaluate.ts';
 import { resolveInstance, sandboxSpec, type SweInstance } from './instance.ts';
 import { prepareRepository } from './repository.ts';
+import { responseDiff } from './response-diff.ts';
 import { SweConfig, SweRow } from './schema.ts';
-import { diffScript, GIT_ENV } from './scripts.ts';
+import { diffScript } from './scripts.ts';
 
 /** What a seeded session keeps for verify. */
 interface SweState {
@@ -35,18 +35,9 @@ interface SweState {
 const STATE_KEY = 'swe';
 const stateOf = (ctx: EnvironmentContext<SweConfig>): SweState | undefined => ctx.session.state[STATE_KEY] as SweState | undefined;
 
-// One provider per provider config, shared by every session of the process.
-const providers = new Map<string, SandboxProvider>();
-
-/** The sandbox provider the config names (bwrap on Linux when it names none). */
-export function providerFor(config: Pick<SweConfig, 'sandbox_provider'>): SandboxProvider {
-  const key = JSON.stringify(config.sandbox_provider ?? null);
-  let provider = providers.get(key);
-  if (provider === undefined) {
-    provider = createSandboxProvider(config.sandbox_provider);
-    providers.set(key, provider);
-  }
-  return provider;
+/** What a SWE server holds: the sandbox provider its config names (bwrap on Linux when none). */
+export interface SweResources {
+  provider: SandboxProvider;
 }
 
 /** The keys of every `/verify` answer besides reward, responses_create_params and response. */
@@ -60,6 +51,8 @@ export const SWE_EXTRA_KEYS = [
   'failure_detail',
   'apply_failed',
   'patch_applied_with',
+  'verify_from',
+  'test_command',
   'test_output',
   'failed_tests',
   'f2p_passed',
@@ -77,9 +70,8 @@ export interface SweEnvironmentOptions {
   /** @default 'swe' */
   name?: string;
   /**
-   * The image of the agent sandbox that the rollout service's INIT stage creates (its
-   * `sandbox.image`). The NeMo Gym face creates the agent sandbox itself, from the row's `image`
-   * or the config's.
+   * The image of the agent sandbox when neither the row nor the config names one (both faces
+   * create it from `sandbox.spec`).
    */
   image?: string;
   network?: boolean;
@@ -90,7 +82,6 @@ const submitParameters = z.object({});
 
 /** Builds the SWE environment; the package's default export is `createSweEnvironment()`. */
 export function createSweEnvironment(options: SweEnvironmentOptions = {}) {
-  const runtime = (ctx: EnvironmentContext<SweConfig>) => ({ provider: providerFor(ctx.config) });
   const sandboxImage = options.image;
 
   return defineEnvironment({
@@ -101,21 +92,25 @@ export function createSweEnvironment(options: SweEnvironmentOptions = {}) {
     seedRow: SweRow,
     config: SweConfig,
     reverifyMode: 'unsupported',
+    setup: (config): SweResources => ({ provider: createSandboxProvider(config.sandbox_provider) }),
+    close: (resources) => resources.provider.close?.(),
     sandbox: {
       keepForVerify: true,
-      // Per row: the instance's image (or repository directory) and workdir.
+      // Per row: the instance's image (or repository directory), workdir and the config's
+      // environment variables (the agent's shell has them from the start).
       spec: (row, config) => {
-        const parsedConfig = SweConfig.parse(config);
-        const spec = sandboxSpec(resolveInstance(SweRow.parse(row), parsedConfig), parsedConfig);
+        const spec = sandboxSpec(resolveInstance(row, config), config);
         return sandboxImage === undefined || spec.image !== undefined ? spec : { ...spec, image: sandboxImage };
       },
+      // the provider the config names, for the agent's sandbox too; else the face's
+      provider: (config, resources) => (config.sandbox_provider === undefined ? undefined : resources.provider),
       ...(sandboxImage === undefined ? {} : { image: sandboxImage }),
       ...(options.network === undefined ? {} : { network: options.network }),
       ...(options.resources === undefined ? {} : { resources: options.resources }),
     },
     tools: {
-      bash: createBashTool<SweConfig>({ runtime }),
-      str_replace_editor: createEditorTool<SweConfig>({ runtime }),
+      bash: createBashTool<SweConfig>(),
+      str_replace_editor: createEditorTool<SweConfig>(),
       submit: defineTool<typeof submitParameters, SweConfig>({
         description:
           'Submit your changes when the task is done. The repository as it is now is evaluated; make no further changes after submitting.',
@@ -131,27 +126,13 @@ export function createSweEnvironment(options: SweEnvironmentOptions = {}) {
     async seedSession(row, ctx) {
       const started = performance.now();
       const instance = resolveInstance(row, ctx.config);
-      // On the rollout service INIT has already created the sandbox (from `sandbox` above); on the
-      // NeMo Gym face it is created here, with the row's image.
-      const inner = providerFor(ctx.config);
-      let createdHere = false;
-      const provider: SandboxProvider = {
-        name: inner.name,
-        create: (spec) => {
-          createdHere = true;
-          return inner.create(spec);
-        },
-      };
-      const tools = sessionTools(ctx.session, { provider, spec: sandboxSpec(instance, ctx.config) });
-      const sandbox = await tools.sandbox();
+      const { tools } = ctx;
+      const sandbox = await tools.sandbox(); // `sandbox.spec` above, for this row
       let baseSha: string;
       try {
         baseSha = await prepareRepository(sandbox, instance, ctx.config.setup_timeout_s * 1000);
-        // The agent's shell starts in the repository, with the config's environment (a sandbox INIT
-        // created does not carry it).
-        const exports = createdHere ? [] : Object.entries({ ...GIT_ENV, ...ctx.config.env }).map(([k, v]) => `export ${k}=${shQuote(v)}`);
-        const cd = instance.repoDir === sandbox.workdir ? [] : [`cd ${shQuote(instance.repoDir)}`];
-        if (exports.length + cd.length > 0) await (await tools.bash()).run([...exports, ...cd].join('; '));
+        // The agent's shell starts in the repository.
+        if (instance.repoDir !== sandbox.workdir) await (await tools.bash()).run(`cd ${shQuote(instance.repoDir)}`);
       } catch (error) {
         await tools.close(); // a failed seed holds no sandbox
         throw error;
@@ -161,7 +142,7 @@ export function createSweEnvironment(options: SweEnvironmentOptions = {}) {
       return { sandbox_handle: sandbox.id };
     },
 
-    async verify(row, _response, ctx) {
+    async verify(row, response, ctx) {
       const started = performance.now();
       const config = ctx.config;
       const state = stateOf(ctx);
@@ -175,6 +156,8 @@ export function createSweEnvironment(options: SweEnvironmentOptions = {}) {
         failure_detail: null as string | null,
         apply_failed: false,
         patch_applied_with: null as string | null,
+        verify_from: row.verify_from ?? config.verify_from,
+        test_command: '',
         test_output: '',
         failed_tests: [] as EvalOutcome['failed_tests'],
         f2p_passed: 0,
@@ -195,9 +178,11 @@ export function createSweEnvironment(options: SweEnvironmentOptions = {}) {
       };
 
       let patch = '';
-      if (state !== undefined) {
+      // verify_from 'response': the agent's sandbox is only released, the diff is the response's.
+      if (state !== undefined && result.verify_from === 'response') await ctx.tools.close();
+      else if (state !== undefined) {
         const diffStarted = performance.now();
-        const tools = sessionTools(ctx.session);
+        const { tools } = ctx;
         try {
           const sandbox = await tools.sandbox();
           const diff = await sandbox.exec(diffScript(state.baseSha), { cwd: state.instance.repoDir, timeoutMs: 120_000, maxOutputBytes: 64 << 20 });
@@ -216,6 +201,7 @@ export function createSweEnvironment(options: SweEnvironmentOptions = {}) {
         result.diff_time = Math.round(performance.now() - diffStarted) / 1000;
       }
       if (config.is_verifying_golden_patch) patch = row.patch ?? '';
+      else if (result.verify_from === 'response') patch = responseDiff(response);
       else if (state === undefined) return finish('no_agent_sandbox', 'verify found no seeded session: call /seed_session first (same cookie)');
       result.model_patch = patch;
       if (patch.trim() === '') return finish(result.failure_reason === 'diff_failed' ? 'diff_failed' : 'empty_patch');
@@ -228,7 +214,7 @@ export function createSweEnvironment(options: SweEnvironmentOptions = {}) {
       } catch (error) {
         return finish('eval_sandbox_failed', RolloutError.from(error).message);
       }
-      const outcome = await evaluatePatch(instance, patch, { provider: providerFor(config), config, signal: ctx.signal });
+      const outcome = await evaluatePatch(instance, patch, { provider: ctx.resources.provider, config, signal: ctx.signal });
       Object.assign(result, outcome);
       return finish(null);
     },

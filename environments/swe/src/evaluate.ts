@@ -1,20 +1,26 @@
 import { performance } from 'node:perf_hooks';
 import { RolloutError, type Sandbox, type SandboxProvider } from '@rollserve/core';
-import { sandboxSpec, type SweInstance } from './instance.ts';
+import { instanceTestCommand, sandboxSpec, type SweInstance } from './instance.ts';
 import { prepareRepository } from './repository.ts';
 import type { SweConfig } from './schema.ts';
 import { APPLIED_MARKER, applyScript, PATCH_DIR, patchedFiles, restoreScript, stageScript } from './scripts.ts';
-import { grade, testCommandLine, type Grade } from './test-parsers.ts';
+import { condaActivateScript } from './specs/index.ts';
+import { grade, type Grade } from './test-parsers.ts';
 
-/** Why a patch did not resolve the instance (`failure_reason`). */
+/**
+ * Why a patch did not resolve the instance (`failure_reason`): `patch_failed` when the model
+ * patch or test_patch does not apply (`failure_detail` says which), `tests_missing` when none of
+ * the FAIL_TO_PASS / PASS_TO_PASS tests appear in the test output (they did not run: a wrong
+ * command, missing files, a broken interpreter), `tests_failed` when they ran and some failed.
+ */
 export type FailureReason =
   | 'no_agent_sandbox'
   | 'diff_failed'
   | 'empty_patch'
   | 'eval_sandbox_failed'
-  | 'patch_apply_failed'
-  | 'test_patch_apply_failed'
+  | 'patch_failed'
   | 'tests_timeout'
+  | 'tests_missing'
   | 'tests_failed';
 
 export interface EvalOutcome {
@@ -25,6 +31,8 @@ export interface EvalOutcome {
   failure_detail: string | null;
   apply_failed: boolean;
   patch_applied_with: string | null;
+  /** The test command line that ran (or would have). */
+  test_command: string;
   test_output: string;
   f2p_passed: number;
   p2p_passed: number;
@@ -56,6 +64,7 @@ export async function evaluatePatch(instance: SweInstance, patch: string, option
     failure_detail: null,
     apply_failed: false,
     patch_applied_with: null,
+    test_command: instanceTestCommand(instance),
     test_output: '',
     f2p_passed: 0,
     p2p_passed: 0,
@@ -87,8 +96,8 @@ export async function evaluatePatch(instance: SweInstance, patch: string, option
       const applied = await sandbox.exec(applyScript(`${PATCH_DIR}/model.patch`, { fromStdin: true }), { cwd, stdin, timeoutMs: setupMs });
       if (applied.returnCode !== 0) {
         outcome.apply_failed = true;
-        outcome.failure_reason = 'patch_apply_failed';
-        outcome.failure_detail = tail(`${applied.stdout}${applied.stderr}`, 2000);
+        outcome.failure_reason = 'patch_failed';
+        outcome.failure_detail = `the patch does not apply:\n${tail(`${applied.stdout}${applied.stderr}`, 2000)}`;
         return outcome;
       }
       outcome.patch_applied_with = applied.stdout.split(APPLIED_MARKER).pop()?.trim() ?? null;
@@ -97,14 +106,15 @@ export async function evaluatePatch(instance: SweInstance, patch: string, option
         const script = `${stageScript(file)}\n${restoreScript(patchedFiles(instance.testPatch))}\n${applyScript(file)}`;
         const testApplied = await sandbox.exec(script, { cwd, stdin: instance.testPatch, timeoutMs: setupMs });
         if (testApplied.returnCode !== 0) {
-          outcome.failure_reason = 'test_patch_apply_failed';
-          outcome.failure_detail = tail(`${testApplied.stdout}${testApplied.stderr}`, 2000);
+          outcome.failure_reason = 'patch_failed';
+          outcome.failure_detail = `test_patch does not apply:\n${tail(`${testApplied.stdout}${testApplied.stderr}`, 2000)}`;
           return outcome;
         }
       }
       const ids = [...instance.failToPass, ...instance.passToPass];
-      const command = testCommandLine(instance.testCommand, instance.parser, ids);
-      const run = await sandbox.exec(`${command} 2>&1`, { cwd, timeoutMs: config.evaluation_timeout * 1000 });
+      // SWE-bench's commands run in its images' conda env, as its eval script's `conda activate testbed`
+      const activate = instance.testCommandFrom === 'swe-bench' ? `${condaActivateScript()}\n` : '';
+      const run = await sandbox.exec(`${activate}${outcome.test_command} 2>&1`, { cwd, env: instance.testEnv, timeoutMs: config.evaluation_timeout * 1000 });
       const output = `${run.stdout}${run.stderr}`;
       outcome.test_output = tail(output, config.max_test_output_chars);
       if (run.errorType !== undefined) {
@@ -118,7 +128,11 @@ export async function evaluatePatch(instance: SweInstance, patch: string, option
       outcome.f2p_passed = graded.f2pPassed;
       outcome.p2p_passed = graded.p2pPassed;
       outcome.failed_tests = graded.failedTests;
-      if (!graded.resolved) outcome.failure_reason = 'tests_failed';
+      if (graded.resolved) return outcome;
+      if (ids.length > 0 && graded.missing === ids.length) {
+        outcome.failure_reason = 'tests_missing';
+        outcome.failure_detail = `none of the ${ids.length} FAIL_TO_PASS / PASS_TO_PASS tests is in the output of \`${outcome.test_command}\` (exit ${run.returnCode}, parser ${instance.parserName})`;
+      } else outcome.failure_reason = 'tests_failed';
       return outcome;
     } finally {
       outcome.patch_verification_time_taken = seconds(verifyStarted);

@@ -1,6 +1,6 @@
 import { buildExecArgv, buildInstanceStartArgv, limitWrapper, RolloutError } from '@rollserve/core';
 import { describe, expect, it } from 'vitest';
-import { resolveInstance, sandboxSpec } from './instance.ts';
+import { instanceTestCommand, resolveInstance, sandboxSpec } from './instance.ts';
 import { SweConfig, SweRow } from './schema.ts';
 import { freshRepoScript } from './scripts.ts';
 
@@ -23,10 +23,12 @@ describe('rows and config', () => {
     expect(row.version).toBe('4.3'); // other keys pass through
   });
 
-  it('an image row runs in /testbed with pytest by default; a repo_path row in the workspace', () => {
+  it("an image row runs in /testbed with SWE-bench's spec of its repository; a repo_path row in the workspace", () => {
     const config = SweConfig.parse({});
     const image = resolveInstance(SweRow.parse({ ...swebenchRow, image: 'docker://swebench/sweb.eval.x86_64.astropy_1776_astropy-12907:latest' }), config);
-    expect(image).toMatchObject({ repoDir: '/testbed', workdir: '/workspace', parserName: 'pytest', testCommand: 'python3 -m pytest -rA -p no:cacheprovider {tests}' });
+    expect(image).toMatchObject({ repoDir: '/testbed', workdir: '/workspace', parserName: 'pytest_v2', testCommand: 'pytest -rA', testCommandFrom: 'swe-bench', testTargets: ['x'] });
+    const unknownRepo = resolveInstance(SweRow.parse({ ...swebenchRow, repo: 'someone/else', image: 'x.sif' }), config);
+    expect(unknownRepo).toMatchObject({ parserName: 'pytest', testCommand: 'python3 -m pytest -rA {tests}', testCommandFrom: 'default' });
     expect(image.repoPath).toBeUndefined();
     const local = resolveInstance(SweRow.parse({ ...swebenchRow, repo_path: '/srv/repos/astropy', setup_script: 'pip install -e .' }), config);
     expect(local).toMatchObject({ repoDir: '/workspace', repoPath: '/srv/repos/astropy', setupScript: 'pip install -e .' });
@@ -51,14 +53,76 @@ describe('rows and config', () => {
       } catch (e) {
         error = e;
       }
-      expect(RolloutError.isInstance(error) && error.code === 'BAD_REQUEST').toBe(true);
+      expect(RolloutError.isInstance(error) && error.code === 'UNPROCESSABLE').toBe(true); // a 422 on both faces
       expect((error as Error).message).toMatch(pattern);
     };
     fails({}, /repo_path .* or an image/);
     fails({ repo_path: '../etc' }, /outside repos_root/);
-    fails({ repo_path: 'astropy', test_parser: 'nope' }, /unknown test_parser "nope"/);
+    fails({ repo_path: 'astropy', binds: [{ host: '/etc', sandbox: '/data' }] }, /bind "\/etc" is outside repos_root/);
+    const unknownParser = SweRow.safeParse({ ...swebenchRow, repo_path: 'astropy', test_parser: 'nope' });
+    expect(unknownParser.success).toBe(false);
+    expect(unknownParser.error?.issues[0]).toMatchObject({ path: ['test_parser'], message: expect.stringMatching(/^unknown test_parser "nope" \(known: pytest, .*sympy/) });
+    expect(SweConfig.safeParse({ test_parser: 'nope' }).success).toBe(false);
     fails({ repo_path: 'astropy', base_commit: '--output=/tmp/x' }, /invalid base_commit/);
     expect(resolveInstance(SweRow.parse({ ...swebenchRow, repo_path: 'astropy' }), config).repoPath).toBe('/srv/repos/astropy');
+  });
+});
+
+describe("SWE-bench's specs, overrides, env and binds", () => {
+  const djangoRow = {
+    repo: 'django/django',
+    instance_id: 'django__django-11099',
+    base_commit: 'd26b2424437dabeeca94d7900b37d2df4410da0c',
+    version: '3.0',
+    image: '/images/django.sif',
+    test_patch: 'diff --git a/tests/auth_tests/test_validators.py b/tests/auth_tests/test_validators.py\n--- a/tests/auth_tests/test_validators.py\n+++ b/tests/auth_tests/test_validators.py\n',
+    FAIL_TO_PASS: '["test_ascii_validator (auth_tests.test_validators.UsernameValidatorsTests)"]',
+    PASS_TO_PASS: '[]',
+  };
+
+  it("django runs runtests.py on the test_patch's modules with SWE-bench's locale; row and config override", () => {
+    const config = SweConfig.parse({});
+    const instance = resolveInstance(SweRow.parse(djangoRow), config);
+    expect(instance).toMatchObject({ parserName: 'django', testTargets: ['auth_tests.test_validators'] });
+    expect(instanceTestCommand(instance)).toBe("./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1 'auth_tests.test_validators'");
+    expect(instance.testEnv).toMatchObject({ LANG: 'en_US.UTF-8', LC_ALL: 'en_US.UTF-8' });
+    const row = resolveInstance(SweRow.parse({ ...djangoRow, test_command: 'python -m pytest -rA {tests}', test_parser: 'pytest' }), config);
+    expect(row).toMatchObject({ parserName: 'pytest', testCommandFrom: 'row', testTargets: ['tests/auth_tests/test_validators.py'] });
+    const configured = resolveInstance(SweRow.parse(djangoRow), SweConfig.parse({ test_command: 'make test', test_parser: 'unittest' }));
+    expect(configured).toMatchObject({ parserName: 'unittest', testCommand: 'make test', testCommandFrom: 'config' });
+  });
+
+  it('sympy runs bin/test on the files of test_patch, whatever its bare test names', () => {
+    const instance = resolveInstance(
+      SweRow.parse({
+        ...djangoRow,
+        repo: 'sympy/sympy',
+        instance_id: 'sympy__sympy-20590',
+        version: '1.7',
+        test_patch: 'diff --git a/sympy/core/tests/test_basic.py b/sympy/core/tests/test_basic.py\n',
+        FAIL_TO_PASS: '["test_immutable"]',
+        PASS_TO_PASS: '["test_structure"]',
+      }),
+      SweConfig.parse({}),
+    );
+    expect(instanceTestCommand(instance)).toBe("PYTHONWARNINGS='ignore::UserWarning,ignore::SyntaxWarning' bin/test -C --verbose 'sympy/core/tests/test_basic.py'");
+    expect(instance.parserName).toBe('sympy');
+  });
+
+  it("puts the row's env (over the config's) and binds in the sandbox spec, and its image_template", () => {
+    const config = SweConfig.parse({ env: { A: 'config', B: 'config' }, image_template: 'docker://x/{instance_id}' });
+    const instance = resolveInstance(
+      SweRow.parse({ ...djangoRow, image: undefined, image_template: '/images/{instance_id_1776}.sif', env: { B: 'row', PYTHONPATH: '/testbed' }, binds: [{ host: '/data/wheels', sandbox: '/wheels' }] }),
+      config,
+    );
+    expect(instance.image).toBe('/images/django_1776_django-11099.sif');
+    const spec = sandboxSpec(instance, config);
+    expect(spec.env).toMatchObject({ A: 'config', B: 'row', PYTHONPATH: '/testbed' });
+    expect(spec.binds).toEqual([{ host: '/data/wheels', sandbox: '/wheels', readOnly: true }]);
+    expect(instance.testEnv).toMatchObject({ LANG: 'en_US.UTF-8', B: 'row' });
+    expect(SweRow.safeParse({ ...djangoRow, env: { 'A;B': 'x' } }).success).toBe(false);
+    expect(SweRow.safeParse({ ...djangoRow, binds: [{ host: 'relative', sandbox: '/x' }] }).success).toBe(false);
+    expect(SweRow.safeParse({ ...djangoRow, verify_from: 'elsewhere' }).success).toBe(false);
   });
 });
 

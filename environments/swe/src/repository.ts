@@ -1,5 +1,5 @@
 import { execFile } from 'node:child_process';
-import { RolloutError, type Sandbox } from '@rollserve/core';
+import { invalidInputError, RolloutError, type Sandbox } from '@rollserve/core';
 import type { SweInstance } from './instance.ts';
 import { extractScript, freshRepoScript } from './scripts.ts';
 
@@ -26,7 +26,12 @@ export function archiveTree(repoPath: string, commit: string): Promise<Buffer> {
       { encoding: 'buffer', maxBuffer: 2 ** 31 - 1, env: { ...process.env, GIT_CONFIG_NOSYSTEM: '1' } },
       (error, stdout, stderr) => {
         if (error === null) resolve(stdout);
-        else reject(new RolloutError({ code: 'BAD_REQUEST', message: `cannot read ${commit} of ${repoPath}: ${stderr.toString().trim() || error.message}`, cause: error }));
+        else {
+          // a bad row, not a server fault: the 422 of a pydantic validator, at the field to blame
+          const why = stderr.toString().trim() || error.message;
+          const field = /not a git repository|No such file|cannot change to/i.test(why) ? 'repo_path' : 'base_commit';
+          reject(invalidInputError([field], `cannot read ${commit} of ${repoPath}: ${why}`, field === 'repo_path' ? repoPath : commit));
+        }
       },
     );
   });

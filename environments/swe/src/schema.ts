@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { getTestParser, testParserNames } from './test-parsers.ts';
 
 /** SWE-bench keeps FAIL_TO_PASS / PASS_TO_PASS as JSON strings; SWE-Gym and R2E-Gym as lists. */
 export const TestList = z.preprocess((value) => {
@@ -10,13 +11,27 @@ export const TestList = z.preprocess((value) => {
   }
 }, z.array(z.string()));
 
+/** A test-parser name the registry knows (else the row is a 422, naming the known ones). */
+const ParserName = z.string().refine((name) => getTestParser(name) !== undefined, {
+  error: (issue) => `unknown test_parser ${JSON.stringify(issue.input)} (known: ${testParserNames().join(', ')})`,
+});
+
+/** Environment variables: names as sh takes them. */
+const EnvVars = z.record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/), z.string());
+
+/** Where the patch to evaluate comes from: the agent sandbox's working tree, or the diff in the response text. */
+export const VerifyFrom = z.enum(['sandbox', 'response']);
+
 /**
  * The row fields the environment reads: SWE-bench's, plus where the repository comes from. Other
  * keys (problem_statement, hints_text, version, ...) pass through untouched.
  */
 export const SweRow = z.looseObject({
   instance_id: z.string(),
+  /** SWE-bench's `owner/name`: with `version`, it picks SWE-bench's test command and parser. */
   repo: z.string().optional(),
+  /** SWE-bench's version of the repository at base_commit (a string; a JSON number is read as SWE-bench writes it). */
+  version: z.union([z.string(), z.number()]).optional(),
   base_commit: z.string(),
   /** The gold patch; used when `is_verifying_golden_patch` is set. */
   patch: z.string().optional(),
@@ -25,16 +40,36 @@ export const SweRow = z.looseObject({
   PASS_TO_PASS: TestList.default([]),
   /** An Apptainer `.sif`, a `docker://` reference, or (bwrap) a root directory. Wins over the config's. */
   image: z.string().optional(),
+  /** The image from the instance id, as the config's `image_template` (which it overrides). */
+  image_template: z.string().optional(),
   /** A git repository on the host (bwrap, local): its tree at base_commit is copied into the sandbox. */
   repo_path: z.string().optional(),
   /** Where the repository lives inside the sandbox. */
   repo_dir: z.string().optional(),
   /** sh run in the repository before the agent starts and before the tests run. */
   setup_script: z.string().optional(),
-  /** The test command; `{tests}` is replaced by the shell-quoted targets of the parser. */
+  /**
+   * The test command; `{tests}` is replaced by the shell-quoted test files (from test_patch),
+   * else they are appended. Overrides the config's and SWE-bench's.
+   */
   test_command: z.string().optional(),
-  /** A name in the test-parser registry. */
-  test_parser: z.string().optional(),
+  /** A name in the test-parser registry. Overrides the config's and SWE-bench's. */
+  test_parser: ParserName.optional(),
+  /** Environment variables of the agent's shell and of the evaluation (over the config's `env`). */
+  env: EnvVars.optional(),
+  /** Host directories bound into the agent's sandbox and the eval one (below `repos_root` when set). */
+  binds: z
+    .array(
+      z.object({
+        host: z.string().startsWith('/', 'an absolute host path'),
+        sandbox: z.string().startsWith('/', 'an absolute sandbox path'),
+        /** @default true */
+        read_only: z.boolean().default(true),
+      }),
+    )
+    .optional(),
+  /** Where the patch comes from (overrides the config's). */
+  verify_from: VerifyFrom.optional(),
 });
 export type SweRow = z.output<typeof SweRow>;
 
@@ -54,7 +89,7 @@ export const SweConfig = z.object({
    */
   image_template: z.string().optional(),
   /** Environment variables of every command in the sandboxes (the agent's shell included). */
-  env: z.record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/), z.string()).default({}),
+  env: EnvVars.default({}),
   /** Relative `repo_path`s resolve here, and every `repo_path` must lie below it when set. */
   repos_root: z.string().optional(),
   /** Where the repository lives in the sandbox. @default workdir with repo_path, else /testbed (SWE-bench images) */
@@ -62,8 +97,12 @@ export const SweConfig = z.object({
   /** The sandbox's working directory (its writable workspace). */
   workdir: z.string().default('/workspace'),
   setup_script: z.string().optional(),
+  /** The test command of every row that names none (over SWE-bench's per-repository one). */
   test_command: z.string().optional(),
-  test_parser: z.string().default('pytest'),
+  /** The parser of every row that names none (over SWE-bench's); unknown repositories get `pytest`. */
+  test_parser: ParserName.optional(),
+  /** Where the patch comes from: the agent sandbox's `git diff` or the diff in the response text. */
+  verify_from: VerifyFrom.default('sandbox'),
   network: z.boolean().default(false),
   resources: z
     .object({

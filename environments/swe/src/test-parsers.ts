@@ -5,41 +5,170 @@ export type TestStatus = 'PASSED' | 'FAILED' | 'ERROR' | 'SKIPPED' | 'XFAIL' | '
 
 /**
  * How one test framework is run and read. The environment picks one by name (the row's
- * `test_parser`, else the config's); register more with `registerTestParser`.
+ * `test_parser`, else the config's, else SWE-bench's for the row's repository); register more
+ * with `registerTestParser`.
  */
 export interface TestParser {
-  /** The command when neither row nor config gives one; `{tests}` becomes the targets. */
+  /** The command when neither row, config nor SWE-bench's specs give one; `{tests}` becomes the targets. */
   defaultCommand: string;
-  /** What the command is given to run these test ids (files, modules). */
+  /** What the command is given to run these test ids, when the row has no test_patch to derive them from. */
   targets(ids: readonly string[]): string[];
+  /**
+   * SWE-bench's test directives from the files test_patch touches (non-test files already
+   * left out). Omitted: the paths as they are (pytest, sympy's bin/test).
+   */
+  directives?(files: readonly string[]): string[];
   /** The status of each test found in the output. `expectedIds` resolves ambiguous lines. */
   parse(output: string, expectedIds: readonly string[]): Map<string, TestStatus>;
 }
 
 const unique = (values: Iterable<string>): string[] => [...new Set(values)];
+const fileTargets = (ids: readonly string[]): string[] => unique(ids.map((id) => id.split('::')[0]!).filter((file) => file !== ''));
+
+// SWE-bench's statuses; a line is a result line when it starts with one of them.
+const SWE_STATUSES = ['FAILED', 'PASSED', 'SKIPPED', 'ERROR', 'XFAIL'] as const;
+const startsWithStatus = (line: string): TestStatus | undefined => SWE_STATUSES.find((s) => line.startsWith(s));
 
 // Linear on any line (a lazy `(.+?)\s*$` is quadratic on long lines the patched code can print).
 const PYTEST_LINE = /^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED)\s+(\S.*)$/;
 
 /**
- * pytest run with `-rA`: the short test summary has one line per test, `PASSED <nodeid>` or
+ * pytest's `-rA` summary lines as SWE-bench's `parse_log_pytest` reads them: `PASSED <nodeid>`,
  * `FAILED <nodeid> - <message>`. Node ids may hold spaces (parametrised ids), so a line is matched
  * against the expected ids first, longest first; else its first word is the id (SWE-bench's rule).
+ * `SKIPPED [N] file:line: reason` is a summary, not a test.
  */
+function parsePytest(output: string, expectedIds: readonly string[], rewrite: (line: string) => string = (l) => l): Map<string, TestStatus> {
+  const byLength = [...expectedIds].sort((a, b) => b.length - a.length);
+  const statuses = new Map<string, TestStatus>();
+  for (const raw of output.split(/\r?\n/)) {
+    const match = PYTEST_LINE.exec(rewrite(raw));
+    if (match === null) continue;
+    const status = match[1] as TestStatus;
+    const rest = match[2]!.trimEnd();
+    if (status === 'SKIPPED' && /^\[\d+\]/.test(rest)) continue;
+    const id = byLength.find((candidate) => rest === candidate || rest.startsWith(`${candidate} `)) ?? rest.split(/\s/)[0]!;
+    statuses.set(id, status);
+  }
+  return statuses;
+}
+
 export const pytestParser: TestParser = {
-  defaultCommand: 'python3 -m pytest -rA -p no:cacheprovider {tests}',
-  targets: (ids) => unique(ids.map((id) => id.split('::')[0]!).filter((file) => file !== '')),
+  defaultCommand: 'python3 -m pytest -rA {tests}',
+  targets: fileTargets,
+  parse: (output, expectedIds) => parsePytest(output, expectedIds),
+};
+
+/**
+ * SWE-bench's `parse_log_pytest_options` (requests, pylint, pydicom): as pytest, but a parameter
+ * that is an absolute path keeps only its last component (`test_x[/tmp/abc/file]` → `test_x[/file]`).
+ */
+export const pytestOptionsParser: TestParser = {
+  ...pytestParser,
   parse(output, expectedIds) {
-    const byLength = [...expectedIds].sort((a, b) => b.length - a.length);
     const statuses = new Map<string, TestStatus>();
-    for (const line of output.split(/\r?\n/)) {
-      const match = PYTEST_LINE.exec(line);
-      if (match === null) continue;
-      const status = match[1] as TestStatus;
-      const rest = match[2]!.trimEnd();
-      if (status === 'SKIPPED' && rest.startsWith('[')) continue; // "SKIPPED [1] file:line: reason": no node id
-      const id = byLength.find((candidate) => rest === candidate || rest.startsWith(`${candidate} `)) ?? rest.split(/\s/)[0]!;
-      statuses.set(id, status);
+    for (const [id, status] of parsePytest(output, expectedIds)) {
+      const match = /^(.*?)\[(.*)\]$/.exec(id);
+      const option = match?.[2];
+      if (match !== null && option !== undefined && option.startsWith('/') && !option.startsWith('//') && !option.includes('*')) {
+        statuses.set(`${match[1]}[/${option.split('/').pop()}]`, status);
+      } else statuses.set(id, status);
+    }
+    return statuses;
+  },
+};
+
+const CONTROL = /[\x01-\x1f]/g;
+const words = (line: string): string[] => line.split(/\s+/).filter((w) => w !== '');
+
+/**
+ * SWE-bench's `parse_log_pytest_v2` (astropy, scikit-learn, sphinx): colours stripped, the id is
+ * the rest of the line (spaces kept, runs of them as one), and the older `<nodeid> PASSED` form too.
+ */
+export const pytestV2Parser: TestParser = {
+  ...pytestParser,
+  parse(output) {
+    const statuses = new Map<string, TestStatus>();
+    for (const raw of output.split('\n')) {
+      let line = raw.replace(/\[(\d+)m/g, '').replace(CONTROL, '');
+      const status = startsWithStatus(line);
+      if (status !== undefined) {
+        if (status === 'FAILED') line = line.split(' - ')[0]!;
+        const parts = words(line);
+        if (parts.length >= 2 && !(status === 'SKIPPED' && /^\[\d+\]$/.test(parts[1]!))) statuses.set(parts.slice(1).join(' '), parts[0] as TestStatus);
+        continue;
+      }
+      const trailing = SWE_STATUSES.find((s) => line.endsWith(s));
+      if (trailing !== undefined) {
+        const parts = words(line);
+        if (parts.length >= 2) statuses.set(parts.slice(0, -1).join(' '), parts.at(-1) as TestStatus);
+      }
+    }
+    return statuses;
+  },
+};
+
+/** SWE-bench's `parse_log_matplotlib`: pytest, with mouse buttons printed as their numbers. */
+export const matplotlibParser: TestParser = {
+  ...pytestParser,
+  parse: (output, expectedIds) => parsePytest(output, expectedIds, (line) => line.replaceAll('MouseButton.LEFT', '1').replaceAll('MouseButton.RIGHT', '3')),
+};
+
+/**
+ * SWE-bench's `parse_log_seaborn`: `FAILED <id>`, `PASSED <id>`, and pytest -v's
+ * `<id> PASSED [ 50%]` progress lines.
+ */
+export const seabornParser: TestParser = {
+  ...pytestParser,
+  parse(output) {
+    const statuses = new Map<string, TestStatus>();
+    for (const line of output.split('\n')) {
+      const parts = words(line);
+      if (parts.length < 2) continue;
+      if (line.startsWith('FAILED')) statuses.set(parts[1]!, 'FAILED');
+      else if (line.includes(' PASSED ')) {
+        if (parts[1] === 'PASSED') statuses.set(parts[0]!, 'PASSED');
+      } else if (line.startsWith('PASSED')) statuses.set(parts[1]!, 'PASSED');
+    }
+    return statuses;
+  },
+};
+
+/**
+ * SWE-bench's `parse_log_sympy` for `bin/test -C --verbose`: `test_name ok`, `test_name F`,
+ * `test_name E` (bare names, as SWE-bench's ids are), and the `___ path.py:test_name ___` headers
+ * of failure reports.
+ */
+/**
+ * What SWE-bench's `(_*) (.*)\.py:(.*) (_*)` finds on one line, in linear time: after the first
+ * space, up to the last `.py:` that a space still follows, then up to the last space.
+ */
+function sympyFailureHeader(line: string): string | undefined {
+  const first = line.indexOf(' ');
+  const last = line.lastIndexOf(' ');
+  if (first < 0 || last - 4 < first + 1) return undefined;
+  const py = line.lastIndexOf('.py:', last - 4);
+  if (py < first + 1) return undefined;
+  return `${line.slice(first + 1, py)}.py:${line.slice(py + 4, last)}`;
+}
+
+export const sympyParser: TestParser = {
+  defaultCommand: 'bin/test -C --verbose {tests}',
+  // sympy's ids are bare names: the files come from test_patch, not from them.
+  targets: () => [],
+  parse(output) {
+    const statuses = new Map<string, TestStatus>();
+    for (const line of output.split('\n')) {
+      const header = sympyFailureHeader(line);
+      if (header !== undefined) statuses.set(header, 'FAILED');
+    }
+    for (const raw of output.split('\n')) {
+      const line = raw.trim();
+      if (!line.startsWith('test_')) continue;
+      const name = line.split(/\s/)[0]!;
+      if (line.endsWith(' E')) statuses.set(name, 'ERROR');
+      if (line.endsWith(' F')) statuses.set(name, 'FAILED');
+      if (line.endsWith(' ok')) statuses.set(name, 'PASSED');
     }
     return statuses;
   },
@@ -53,29 +182,32 @@ const UNITTEST_RESULT: Record<string, TestStatus> = {
   'unexpected success': 'XPASS',
 };
 
-/** `name (module.Class)` as SWE-bench writes Django ids; Python 3.11 prints `name (module.Class.name)`. */
+/** `name (module.Class)`; Python 3.11 prints `name (module.Class.name)`. */
 function unittestId(name: string, where: string): string {
   return `${name} (${where.endsWith(`.${name}`) ? where.slice(0, -name.length - 1) : where})`;
 }
 
+const unittestTargets = (ids: readonly string[]): string[] =>
+  unique(
+    ids.map((id) => {
+      const match = /^(\S+) \(([^)]+)\)$/.exec(id);
+      if (match === null) return id;
+      const where = match[2]!;
+      return where.endsWith(`.${match[1]}`) ? where : `${where}.${match[1]}`;
+    }),
+  );
+
 /**
- * `python -m unittest -v` (and Django's runner): `test_x (module.Class) ... ok`, the description
- * sometimes on the next line. Ids are SWE-bench's `test_x (module.Class)`.
+ * `python -m unittest -v`: `test_x (module.Class) ... ok`, the description sometimes on the
+ * next line. Ids are `test_x (module.Class)`, Python 3.11's qualified form folded into it.
  */
 export const unittestParser: TestParser = {
   defaultCommand: 'python3 -m unittest -v {tests}',
-  targets: (ids) =>
-    unique(
-      ids.map((id) => {
-        const match = /^(\S+) \(([^)]+)\)$/.exec(id);
-        return match === null ? id : `${match[2]}.${match[1]}`;
-      }),
-    ),
+  targets: unittestTargets,
   parse(output) {
     const statuses = new Map<string, TestStatus>();
-    const lines = output.split(/\r?\n/);
     let pending: string | undefined;
-    for (const line of lines) {
+    for (const line of output.split(/\r?\n/)) {
       const head = /^(\w+) \(([\w.]+)\)/.exec(line);
       if (head !== null) pending = unittestId(head[1]!, head[2]!);
       const tail = / \.\.\. (ok|FAIL|ERROR|skipped.*|expected failure|unexpected success)\s*$/.exec(line);
@@ -89,10 +221,66 @@ export const unittestParser: TestParser = {
   },
 };
 
+// Django's runner sometimes prints a long message between "..." and "ok" (SWE-bench's three cases).
+const DJANGO_INTERRUPTED = [
+  /^(.*?)\s\.\.\.\sTesting against Django installed in ([\s\S]*?) silenced\)\.\nok$/gm,
+  /^(.*?)\s\.\.\.\sInternal Server Error: \/(.*)\/\nok$/gm,
+  /^(.*?)\s\.\.\.\sSystem check identified no issues \(0 silenced\)\nok$/gm,
+];
+
+/**
+ * SWE-bench's `parse_log_django` for `tests/runtests.py --verbosity 2`: the id is what precedes
+ * ` ... ` on the result line, exactly as printed: `test_x (module.Class)`, Python 3.11's
+ * `test_x (module.Class.test_x)`, or a test's docstring when the runner prints it on its own line
+ * (SWE-bench's Django ids are these). `FAIL: <id>` / `ERROR: <id>` report headers count too.
+ */
+export const djangoParser: TestParser = {
+  defaultCommand: './tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1 {tests}',
+  targets: unittestTargets,
+  // tests/file_storage/tests.py → file_storage.tests (runtests.py takes modules under tests/)
+  directives: (files) => files.map((file) => file.replace(/\.py$/, '').replace(/^tests\//, '').replaceAll('/', '.')),
+  parse(output) {
+    const statuses = new Map<string, TestStatus>();
+    let previous: string | undefined;
+    for (const raw of output.split('\n')) {
+      let line = raw.trim();
+      if (line.includes('--version is equivalent to version')) statuses.set('--version is equivalent to version', 'PASSED');
+      if (line.includes(' ... ')) previous = line.split(' ... ')[0]!;
+      for (const suffix of [' ... ok', ' ... OK', ' ...  OK']) {
+        if (!line.endsWith(suffix)) continue;
+        // django__django-7188: a migration's output precedes the test's name on its line
+        if (line.startsWith('Applying sites.0002_alter_domain_unique...test_no_migrations')) line = line.split('...').slice(1).join('...').trim();
+        statuses.set(line.slice(0, line.length - suffix.length), 'PASSED');
+        break;
+      }
+      if (line.includes(' ... skipped')) statuses.set(line.split(' ... skipped')[0]!, 'SKIPPED');
+      if (line.endsWith(' ... FAIL')) statuses.set(line.split(' ... FAIL')[0]!, 'FAILED');
+      if (line.startsWith('FAIL:')) statuses.set(words(line)[1] ?? '', 'FAILED');
+      if (line.endsWith(' ... ERROR')) statuses.set(line.split(' ... ERROR')[0]!, 'ERROR');
+      if (line.startsWith('ERROR:')) statuses.set(words(line)[1] ?? '', 'ERROR');
+      if (line.startsWith('ok') && previous !== undefined) statuses.set(previous, 'PASSED');
+    }
+    for (const pattern of DJANGO_INTERRUPTED) {
+      for (const match of output.matchAll(pattern)) statuses.set(match[1]!, 'PASSED');
+    }
+    statuses.delete('');
+    return statuses;
+  },
+};
+
 const parsers = new Map<string, TestParser>([
   ['pytest', pytestParser],
+  ['pytest_options', pytestOptionsParser],
+  ['pytest_v2', pytestV2Parser],
+  ['django', djangoParser],
+  ['sympy', sympyParser],
+  ['seaborn', seabornParser],
+  ['matplotlib', matplotlibParser],
   ['unittest', unittestParser],
-  ['django', unittestParser],
+  // SWE-bench's per-repository names for the same parsers
+  ...(['astropy', 'scikit', 'sphinx'] as const).map((name): [string, TestParser] => [name, pytestV2Parser]),
+  ...(['requests', 'pylint', 'pydicom'] as const).map((name): [string, TestParser] => [name, pytestOptionsParser]),
+  ...(['flask', 'marshmallow', 'xarray', 'pvlib', 'pyvista', 'sqlfluff', 'astroid'] as const).map((name): [string, TestParser] => [name, pytestParser]),
 ]);
 
 /** Adds a parser (or replaces one) under `name`. */
@@ -108,14 +296,16 @@ export function testParserNames(): string[] {
   return [...parsers.keys()];
 }
 
-/** The command line that runs `ids`: `{tests}` replaced by the quoted targets, else appended. */
-export function testCommandLine(template: string, parser: TestParser, ids: readonly string[]): string {
-  const targets = parser.targets(ids).map(shQuote).join(' ');
-  return template.includes('{tests}') ? template.replaceAll('{tests}', targets) : `${template} ${targets}`.trimEnd();
+/** The command line that runs `targets` (shell-quoted): in place of `{tests}`, else appended. */
+export function testCommandLine(template: string, targets: readonly string[]): string {
+  const quoted = targets.map(shQuote).join(' ');
+  return template.includes('{tests}') ? template.replaceAll('{tests}', quoted) : `${template} ${quoted}`.trimEnd();
 }
 
-/** Tests pass as SWE-bench counts it: PASSED or XFAIL. */
+/** A FAIL_TO_PASS test passes as SWE-bench counts it: PASSED or XFAIL. */
 export const passed = (status: TestStatus | undefined): boolean => status === 'PASSED' || status === 'XFAIL';
+/** A PASS_TO_PASS test is kept when it passes or is skipped (SWE-bench's `test_maintained`). */
+export const maintained = (status: TestStatus | undefined): boolean => passed(status) || status === 'SKIPPED';
 
 export interface Grade {
   resolved: boolean;
@@ -123,21 +313,42 @@ export interface Grade {
   p2pPassed: number;
   /** Expected tests that did not pass, with what happened to them ('MISSING' when not run). */
   failedTests: Array<{ id: string; kind: 'FAIL_TO_PASS' | 'PASS_TO_PASS'; status: TestStatus | 'MISSING' }>;
+  /** How many expected tests the output does not mention at all. */
+  missing: number;
 }
 
-/** Resolved exactly when every FAIL_TO_PASS test passes and every PASS_TO_PASS test still does. */
-export function grade(statuses: Map<string, TestStatus>, failToPass: readonly string[], passToPass: readonly string[]): Grade {
+const count = (text: string, char: string): number => text.split(char).length - 1;
+
+/**
+ * The status of `id`: its own, or, for an id SWE-bench's datasets cut inside its parameters (an
+ * unclosed `[`), that of the ids it begins, when they agree on passing or not.
+ */
+export function statusOf(statuses: ReadonlyMap<string, TestStatus>, id: string, ok: (s: TestStatus) => boolean = passed): TestStatus | undefined {
+  const own = statuses.get(id);
+  if (own !== undefined || count(id, '[') <= count(id, ']')) return own;
+  const found = [...statuses].filter(([key]) => key.startsWith(id)).map(([, status]) => status);
+  if (found.length === 0) return undefined;
+  return found.every(ok) || !found.some(ok) ? found[0] : 'FAILED';
+}
+
+/**
+ * Resolved exactly when every FAIL_TO_PASS test passes and every PASS_TO_PASS test is kept, as
+ * SWE-bench grades (`get_eval_tests_report`).
+ */
+export function grade(statuses: ReadonlyMap<string, TestStatus>, failToPass: readonly string[], passToPass: readonly string[]): Grade {
   const failedTests: Grade['failedTests'] = [];
-  const count = (ids: readonly string[], kind: 'FAIL_TO_PASS' | 'PASS_TO_PASS'): number => {
+  let missing = 0;
+  const tally = (ids: readonly string[], kind: 'FAIL_TO_PASS' | 'PASS_TO_PASS', ok: (s: TestStatus | undefined) => boolean): number => {
     let n = 0;
     for (const id of ids) {
-      const status = statuses.get(id);
-      if (passed(status)) n++;
+      const status = statusOf(statuses, id, ok);
+      if (status === undefined) missing++;
+      if (ok(status)) n++;
       else failedTests.push({ id, kind, status: status ?? 'MISSING' });
     }
     return n;
   };
-  const f2pPassed = count(failToPass, 'FAIL_TO_PASS');
-  const p2pPassed = count(passToPass, 'PASS_TO_PASS');
-  return { resolved: f2pPassed === failToPass.length && p2pPassed === passToPass.length, f2pPassed, p2pPassed, failedTests };
+  const f2pPassed = tally(failToPass, 'FAIL_TO_PASS', passed);
+  const p2pPassed = tally(passToPass, 'PASS_TO_PASS', maintained);
+  return { resolved: f2pPassed === failToPass.length && p2pPassed === passToPass.length, f2pPassed, p2pPassed, failedTests, missing };
 }

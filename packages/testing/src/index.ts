@@ -7,3 +7,4 @@ export * from './fake-policy/index.ts';
 export * from './expect-deep-close.ts';
 export * from './rollout-service.ts';
 export * from './sandbox-suite.ts';
+export * from './postgres.ts';

@@ -1,18 +1,11 @@
 """Typed views of the service's JSON. Every object keeps the whole JSON it came from in ``raw``
 (unknown fields included, so a newer service loses nothing) and answers ``obj["field"]`` from it.
-Known fields accept both the service's camelCase and snake_case names."""
+The service's keys are snake_case, as are these attributes."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
-
-
-def _pick(raw: Mapping[str, Any], *names: str, default: Any = None) -> Any:
-    for name in names:
-        if name in raw:
-            return raw[name]
-    return default
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 
 class _Raw:
@@ -60,23 +53,23 @@ class Result(_Raw):
     def from_json(cls, raw: Dict[str, Any]) -> "Result":
         return cls(
             id=raw["id"],
-            task_id=_pick(raw, "taskId", "task_id"),
-            sample_index=_pick(raw, "sampleIndex", "sample_index", default=0),
+            task_id=raw.get("task_id"),
+            sample_index=raw.get("sample_index", 0),
             env=raw.get("env", ""),
             state=raw.get("state", ""),
             reward=raw.get("reward", 0.0),
             advantage=raw.get("advantage"),
             filter=bool(raw.get("filter", False)),
-            critical_error=_pick(raw, "criticalError", "critical_error"),
+            critical_error=raw.get("critical_error"),
             error=raw.get("error"),
-            reward_components=_pick(raw, "rewardComponents", "reward_components"),
-            verify_extras=_pick(raw, "verifyExtras", "verify_extras", default={}) or {},
+            reward_components=raw.get("reward_components"),
+            verify_extras=raw.get("verify_extras") or {},
             turns=raw.get("turns") or [],
             messages=raw.get("messages") or [],
             response=raw.get("response"),
             timing=raw.get("timing") or {},
             metadata=raw.get("metadata"),
-            finished_at=_pick(raw, "finishedAt", "finished_at"),
+            finished_at=raw.get("finished_at"),
             raw=raw,
         )
 
@@ -107,8 +100,8 @@ class Rollout(_Raw):
         result = raw.get("result")
         return cls(
             id=raw["id"],
-            task_id=_pick(raw, "taskId", "task_id"),
-            sample_index=_pick(raw, "sampleIndex", "sample_index", default=0),
+            task_id=raw.get("task_id"),
+            sample_index=raw.get("sample_index", 0),
             env=raw.get("env", ""),
             state=raw.get("state", ""),
             active=bool(raw.get("active", False)),

@@ -2,7 +2,7 @@ import { distance } from 'fastest-levenshtein';
 
 /** What argv-check needs of a citty command: its argument definitions. */
 export interface CheckedCommand {
-  args?: Record<string, { type?: string; alias?: string | string[] }>;
+  args?: Record<string, { type?: string; alias?: string | string[]; required?: boolean; description?: string }>;
 }
 
 /** The closest of `candidates` to `word`, when it is close enough to be what was meant. */
@@ -38,20 +38,32 @@ export function checkArgv(argv: readonly string[], commands: Readonly<Record<str
   }
   flags.set('help', 'boolean');
   flags.set('h', 'boolean');
+  const given = new Set<string>();
   for (let i = 0; i < rest.length; i++) {
     const token = rest[i]!;
     if (token === '--') break;
     if (!token.startsWith('-') || token === '-') continue;
     const [flag, inline] = token.replace(/^--?/, '').split(/=(.*)/s) as [string, string | undefined];
     const type = flags.get(flag);
+    given.add(flag);
     if (type === undefined) {
       const hint = suggest(flag, [...flags.keys()].filter((key) => key !== 'h'));
       return `unknown option ${token.split('=')[0]} for "rollserve ${name}"${hint === undefined ? '' : `; did you mean --${hint}?`} (rollserve ${name} --help lists its options)`;
     }
     if (type === 'string' && inline === undefined) {
-      if (i + 1 >= rest.length) return `option --${flag} of "rollserve ${name}" needs a value`;
+      const next = rest[i + 1];
+      // `--policy --model m`: the next option is not the value (an unquoted empty variable, say)
+      const nextIsOption = next !== undefined && next.startsWith('--') && flags.has(next.slice(2).split('=')[0]!);
+      if (next === undefined || nextIsOption) return `option --${flag} of "rollserve ${name}" needs a value`;
       i++;
     }
+  }
+  if (given.has('help') || given.has('h')) return undefined;
+  // citty would print its usage and then the error; one line naming the flag reads better
+  for (const [key, def] of Object.entries(args)) {
+    if (def.type === 'positional' || def.required !== true || given.has(key)) continue;
+    if ([def.alias ?? []].flat().some((alias) => given.has(alias))) continue;
+    return `option --${key} of "rollserve ${name}" is required${def.description ? ` (${def.description})` : ''}`;
   }
   return undefined;
 }

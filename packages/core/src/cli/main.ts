@@ -2,15 +2,19 @@ import { readFileSync } from 'node:fs';
 import { writeFile } from 'node:fs/promises';
 import { stringify } from 'yaml';
 import { defineCommand, runMain } from 'citty';
+import { pino } from 'pino';
 import { assertBindAllowed } from '../gym/bind-policy.ts';
 import { exitOnSignals, launchFromNemoGym, startResourcesServer, type LaunchedServer } from '../gym/launch.ts';
+import { RolloutError } from '../errors.ts';
 import { LlmBackendPool } from '../rollout/llm/index.ts';
 import { PoolModelProvider } from '../rollout/model-provider.ts';
 import { removeStaleSandboxDirs } from '../sandbox/staging.ts';
 import { startRolloutServer, type RolloutServer } from '../rollout/server.ts';
 import { RolloutService } from '../rollout/service.ts';
 import { checkArgv, type CheckedCommand } from './argv-check.ts';
-import { collectRollouts, sidecarPaths } from './collect.ts';
+import { DEMO_MODEL, prepareDemo, resultLine, summaryTable } from './demo.ts';
+import { collectRollouts, sidecarPaths, type CollectSummary } from './collect.ts';
+import { httpRunner, inProcessRunner } from './rollout-runner.ts';
 import { nemoGymConfig } from './gym-config.ts';
 import { scaffoldEnvironment } from './scaffold.ts';
 import { listInstalledEnvironments, loadEnvironment, resolveEnvironments, type InstalledEnvironment } from './discover.ts';
@@ -125,47 +129,153 @@ const start = defineCommand({
   },
 });
 
+/** A numeric flag, checked: a typo is an error that names the flag, not NaN sent on. */
+function numberFlag(name: string, value: string | undefined, { integer = false, min = 0 }: { integer?: boolean; min?: number } = {}): number | undefined {
+  if (value === undefined || value === '') return undefined;
+  const number = Number(value);
+  if (!Number.isFinite(number) || (integer && !Number.isInteger(number)) || number < min) {
+    throw new RolloutError({ code: 'BAD_REQUEST', message: `--${name} takes ${integer ? 'an integer' : 'a number'} >= ${min}, not "${value}"` });
+  }
+  return number;
+}
+
 const rollout = defineCommand({
-  meta: { name: 'rollout', description: 'Collect rollouts for a JSONL of rows (like ng_collect_rollouts): results, failures and aggregate metrics' },
+  meta: { name: 'rollout', description: 'Collect rollouts for a JSONL of rows (like ng_collect_rollouts): results as they finish, failures, aggregate metrics' },
   args: {
     env: { type: 'string', description: 'Environment name', required: true },
     input: { type: 'string', description: 'Rows (JSONL)', required: true },
-    output: { type: 'string', description: 'Results (JSONL); <stem>_failures.jsonl and <stem>_aggregate_metrics.json go beside it', required: true },
-    policy: { type: 'string', description: 'Policy inference servers (OpenAI base URLs, comma-separated)', required: true },
-    model: { type: 'string', description: 'Served model name (as the inference servers name it)', required: true },
+    output: { type: 'string', description: 'Results (JSONL, appended as they finish); <stem>_failures.jsonl and <stem>_aggregate_metrics.json go beside it', required: true },
+    model: { type: 'string', description: 'Served model name, as the inference servers name it', required: true },
+    policy: { type: 'string', description: 'Policy inference servers (OpenAI base URLs, comma-separated); with --service, one base URL for every task (default: the service\'s backends)' },
+    service: { type: 'string', description: 'A running rollout service (http://host:8100) to submit to, instead of one in this process' },
+    token: { type: 'string', description: 'Bearer token of --service (also ROLLSERVE_TOKEN)' },
+    limit: { type: 'string', description: 'Only the first N rows' },
+    concurrency: { type: 'string', description: 'Rollouts in flight at once (default: all)' },
     n: { type: 'string', description: 'Samples per row', default: '1' },
     temperature: { type: 'string', description: 'Sampling temperature' },
+    'top-p': { type: 'string', description: 'Nucleus sampling top_p' },
     'max-tokens': { type: 'string', description: 'Generation limit per turn' },
     'max-turns': { type: 'string', description: 'Model calls per rollout', default: '16' },
     'time-limit': { type: 'string', description: 'Stage seconds per rollout', default: '600' },
   },
   async run({ args }) {
-    const [installed] = resolveEnvironments([args.env]);
-    const env = await loadEnvironment(installed!.dir);
-    await sweepStaleSandboxes();
-    const pool = new LlmBackendPool();
-    for (const url of list_(args.policy)) pool.add({ baseUrl: url });
-    const models = new PoolModelProvider(pool);
-    const service = await RolloutService.create({ environments: [env], models, journalPath: sidecarPaths(args.output).journal });
-    try {
-      const summary = await collectRollouts(service, {
-        env,
-        input: args.input,
-        output: args.output,
-        model: args.model,
-        n: Number(args.n),
-        sampling: {
-          ...(args.temperature ? { temperature: Number(args.temperature) } : {}),
-          ...(args['max-tokens'] ? { max_tokens: Number(args['max-tokens']) } : {}),
-        },
-        limits: { max_turns: Number(args['max-turns']), time_limit_s: Number(args['time-limit']) },
-        tty: process.stdout.isTTY === true,
-      });
-      console.log(`${summary.done} rollouts written to ${args.output}; ${summary.failed} failures to ${sidecarPaths(args.output).failures}`);
-    } finally {
-      await service.close();
-      await models.close();
+    const policies = list_(args.policy);
+    if (args.service === undefined && policies.length === 0) {
+      throw new RolloutError({ code: 'BAD_REQUEST', message: '--policy is required without --service: the policy inference servers (OpenAI base URLs, comma-separated)' });
     }
+    if (args.service !== undefined && policies.length > 1) {
+      throw new RolloutError({ code: 'BAD_REQUEST', message: 'with --service, --policy takes one base URL (add more backends to the service: POST /v1/llm-backends)' });
+    }
+    const options = {
+      env: args.env,
+      input: args.input,
+      output: args.output,
+      model: args.model,
+      n: numberFlag('n', args.n, { integer: true, min: 1 })!,
+      sampling: {
+        ...(args.temperature ? { temperature: numberFlag('temperature', args.temperature) } : {}),
+        ...(args['top-p'] ? { top_p: numberFlag('top-p', args['top-p']) } : {}),
+        ...(args['max-tokens'] ? { max_tokens: numberFlag('max-tokens', args['max-tokens'], { integer: true, min: 1 }) } : {}),
+      },
+      limits: { max_turns: numberFlag('max-turns', args['max-turns'], { integer: true, min: 1 })!, time_limit_s: numberFlag('time-limit', args['time-limit'])! },
+      tty: process.stderr.isTTY === true,
+    };
+    const limit = numberFlag('limit', args.limit, { integer: true, min: 1 });
+    const concurrency = numberFlag('concurrency', args.concurrency, { integer: true, min: 1 });
+    const extra = { ...(limit ? { limit } : {}), ...(concurrency ? { concurrency } : {}) };
+    let summary: CollectSummary;
+    if (args.service !== undefined) {
+      // the environment's metric hooks when it is installed here too; NeMo Gym's defaults otherwise
+      const installed = listInstalledEnvironments().find((env) => env.name === args.env);
+      const hooks = installed ? await loadEnvironment(installed.dir) : undefined;
+      const token = (args.token ?? process.env.ROLLSERVE_TOKEN) || undefined;
+      summary = await collectRollouts(httpRunner(args.service, token), { ...options, ...extra, ...(hooks ? { metricsHooks: hooks } : {}), ...(policies[0] ? { baseUrl: policies[0] } : {}) });
+    } else {
+      const [installed] = resolveEnvironments([args.env]);
+      const env = await loadEnvironment(installed!.dir);
+      await sweepStaleSandboxes();
+      const pool = new LlmBackendPool();
+      for (const url of policies) pool.add({ baseUrl: url });
+      const models = new PoolModelProvider(pool);
+      // failures are summed up at the end; the service's own log goes to stderr, errors only
+      const logger = pino({ name: 'rollserve', level: process.env.ROLLSERVE_LOG_LEVEL ?? 'error' }, pino.destination(2));
+      const service = await RolloutService.create({ environments: [env], models, logger, journalPath: sidecarPaths(args.output).journal });
+      try {
+        summary = await collectRollouts(inProcessRunner(service), { ...options, ...extra, metricsHooks: env });
+      } finally {
+        await service.close();
+        await models.close();
+      }
+    }
+    const paths = sidecarPaths(args.output);
+    const mean = summary.meanReward === null ? 'no reward' : `mean reward ${summary.meanReward.toFixed(3)}`;
+    console.log(`${summary.total} rollouts: ${summary.done} written to ${args.output} (${mean}), ${summary.failed} failed (${paths.failures}); ${summary.rate.toFixed(1)} rollouts/s`);
+    if (summary.failed > 0) {
+      for (const { message, count } of summary.errors.slice(0, 3)) console.error(`  ${count} × ${message}`);
+      throw new RolloutError({ code: 'UNAVAILABLE', message: `${summary.failed} of ${summary.total} rollouts failed (infrastructure failures, filter: true; see ${paths.failures})` });
+    }
+  },
+});
+
+const demo = defineCommand({
+  meta: { name: 'demo', description: 'A first run without a GPU: the rollout service with a scripted policy that answers every environment\'s example rows' },
+  args: {
+    host: hostArg,
+    port: { type: 'string', description: 'Port of the rollout service (0: any free port)', default: '8100' },
+    serve: { type: 'boolean', description: 'Keep serving after the demo rollouts (try the README\'s curl examples), until Ctrl-C', default: false },
+    ...tokenArgs,
+  },
+  async run({ args }) {
+    const access = serveAccess(args);
+    const installed = listInstalledEnvironments();
+    if (installed.length === 0) throw new Error('no environments installed');
+    await sweepStaleSandboxes();
+    const prepared = await prepareDemo(installed, '127.0.0.1');
+    let server: RolloutServer | undefined;
+    const close = async () => {
+      await server?.close();
+      await prepared.close();
+    };
+    try {
+      const logger = pino({ name: 'rollserve', level: process.env.ROLLSERVE_LOG_LEVEL ?? 'error' }, pino.destination(2));
+      server = await startRolloutServer({
+        environments: prepared.environments,
+        host: access.host,
+        port: numberFlag('port', args.port, { integer: true })!,
+        llmBackends: [prepared.policyUrl],
+        defaultModel: DEMO_MODEL,
+        allowNoToken: access.allowNoToken,
+        logger,
+        ...(access.token ? { token: access.token } : {}),
+      });
+      console.log(`${'policy'.padEnd(8)} ${prepared.policyUrl}   (scripted: answers the example rows; model "${DEMO_MODEL}")`);
+      console.log(`${'service'.padEnd(8)} ${server.url}   (rollout service: POST /v1/rollouts, GET /v1/status)`);
+      if (prepared.skipped.length > 0) console.log(`no scripted answers for ${prepared.skipped.join(', ')}: skipped`);
+      const service = server.service;
+      await service.submit(prepared.cases.map((c) => c.task));
+      const results = await Promise.all(
+        prepared.cases.map(async ({ task }) => {
+          const result = await service.wait(task.id);
+          console.log(resultLine(result));
+          return result;
+        }),
+      );
+      const { lines, failed } = summaryTable(results);
+      console.log('');
+      for (const line of lines) console.log(line);
+      const envs = new Set(results.map((r) => r.env)).size;
+      console.log(`${results.length} rollouts of ${envs} environments: ${failed === 0 ? 'all done' : `${failed} failed`}`);
+      if (failed > 0) throw new RolloutError({ code: 'UNAVAILABLE', message: `${failed} of ${results.length} demo rollouts failed (see above)` });
+      if (args.serve) {
+        console.log(`serving ${server.url} until Ctrl-C; try the README's curl examples (model "${DEMO_MODEL}")`);
+        exitOnSignals(close);
+        return;
+      }
+    } catch (error) {
+      await close();
+      throw error;
+    }
+    await close();
   },
 });
 
@@ -215,7 +325,7 @@ const nemoGym = defineCommand({
   },
 });
 
-const subCommands = { serve, list, start, rollout, new: create, 'gym-config': gymConfig, 'nemo-gym': nemoGym };
+const subCommands = { serve, list, start, rollout, demo, new: create, 'gym-config': gymConfig, 'nemo-gym': nemoGym };
 
 // A mistake on the command line, or a failure of the command, is one line that says what went
 // wrong (exit 2 and 1), never a stack trace; ROLLSERVE_DEBUG=1 shows the trace.

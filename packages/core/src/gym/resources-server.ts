@@ -7,9 +7,11 @@ import { getPath } from 'hono/utils/url';
 import { pino, type Logger } from 'pino';
 import { z } from 'zod';
 import { NeMoGymResponse, ResponseCreateParams } from '../protocol/responses.ts';
-import type { Environment, EnvironmentContext, VerifyEntry } from '../spec/environment.ts';
+import { sandboxSpecOf, type Environment, type EnvironmentContext, type Session, type VerifyEntry } from '../spec/environment.ts';
 import { invokeTool } from '../spec/invoke-tool.ts';
 import type { ToolDefinition } from '../spec/tool.ts';
+import type { SandboxProvider } from '../sandbox/types.ts';
+import { createSessionTools, type SessionTools } from '../tools/session-tools.ts';
 import { RolloutError } from '../errors.ts';
 import {
   BODY_PARSE_ERROR_BODY,
@@ -40,6 +42,11 @@ export interface ResourcesServerOptions {
   sessionIdleTtlMs?: number;
   /** Per-call limit for tools that set none. @default 60_000 */
   toolTimeoutMs?: number;
+  /**
+   * Creates the sessions' sandboxes (`ctx.tools`) when the environment names no provider.
+   * @default createSandboxProvider()
+   */
+  sandboxProvider?: SandboxProvider;
   /**
    * Required as `Authorization: Bearer <token>` on every route but the `GET /` liveness probe
    * when set. NeMo Gym's own clients send no such header.
@@ -194,6 +201,44 @@ export function createResourcesServer(env: Environment<any, any, any>, options: 
     getPath: (request) => stripRolloutPrefix(getPath(request)).path,
   });
 
+  // env.setup once per server, on first use; what it returns is every hook's ctx.resources.
+  let resources: unknown;
+  let setupDone = env.setup === undefined;
+  let settingUp: Promise<unknown> | undefined;
+  const setup = async (): Promise<void> => {
+    settingUp ??= Promise.resolve()
+      .then(() => env.setup!(config))
+      .then(
+        (value) => {
+          resources = value;
+          setupDone = true;
+        },
+        (error: unknown) => {
+          settingUp = undefined; // tried again by the next request
+          throw error;
+        },
+      );
+    await settingUp;
+  };
+
+  // The session's ctx.tools, made on first use; the sandbox from env.sandbox, for the seed row.
+  const toolsBySession = new Map<string, { tools: SessionTools; row?: Record<string, unknown> }>();
+  const toolsOf = (session: Session) => {
+    let entry = toolsBySession.get(session.id);
+    if (entry === undefined) {
+      const seed: { row?: Record<string, unknown> } = {};
+      const provider = env.sandbox?.provider?.(config, resources) ?? options.sandboxProvider;
+      const tools = createSessionTools(session, {
+        ...(provider ? { provider } : {}),
+        spec: () => sandboxSpecOf(env.sandbox, seed.row, config),
+      });
+      entry = Object.assign(seed, { tools });
+      toolsBySession.set(session.id, entry);
+      session.onClose(() => void toolsBySession.delete(session.id));
+    }
+    return entry;
+  };
+
   const contextFor = (c: Context<Vars>, signal?: AbortSignal): EnvironmentContext => {
     const session = sessions.get(c.get('sessionId'));
     // Busy while this request is served: the idle reaper leaves it alone (a long SWE verify).
@@ -201,7 +246,8 @@ export function createResourcesServer(env: Environment<any, any, any>, options: 
       sessions.use(session.id, true);
       c.set('sessionBusy', true);
     }
-    return { session, config, logger: logger.child({ session: session.id }), signal: signal ?? requestSignal(c) };
+    const { tools } = toolsOf(session);
+    return { session, config, logger: logger.child({ session: session.id }), signal: signal ?? requestSignal(c), tools, resources };
   };
 
   // Session cookie on every response, 404 and 422 as CONTRACT.md §1.3 asks, and 500 too (Python
@@ -239,6 +285,11 @@ export function createResourcesServer(env: Environment<any, any, any>, options: 
   app.post('/seed_session', async (c) => {
     const body = await readJson(c);
     const [raw] = validate([z.looseObject({})], body);
+    // The session's sandbox is made for this row (its parsed form) when the environment asks so.
+    const sandboxRow = env.sandbox?.spec ? { ...raw, ...(validate([env.row], body)[0] as object) } : undefined;
+    if (!env.seedSession && sandboxRow === undefined) return c.json({});
+    if (!setupDone) await setup();
+    if (sandboxRow !== undefined) toolsOf(sessions.get(c.get('sessionId'))).row = sandboxRow;
     if (!env.seedSession) return c.json({});
     const [row] = env.seedRow ? validate([env.seedRow], body) : [raw];
     const result = await env.seedSession({ ...raw, ...(row as object) }, contextFor(c));
@@ -251,6 +302,7 @@ export function createResourcesServer(env: Environment<any, any, any>, options: 
     const [, row] = validate<z.ZodType>([VerifyBase, env.row], body);
     const sessionId = c.get('sessionId');
     try {
+      if (!setupDone) await setup();
       const result = await env.verify(
         { ...raw, ...(row as object) },
         raw.response as z.output<typeof NeMoGymResponse>,
@@ -290,6 +342,7 @@ export function createResourcesServer(env: Environment<any, any, any>, options: 
   }
 
   async function runTool(c: Context<Vars>, tool: ToolDefinition<any, any>, args: unknown) {
+    if (!setupDone) await setup();
     const { signal: _signal, ...ctx } = contextFor(c);
     const outcome = await invokeTool(tool, args, ctx, { timeoutMs: tool.timeoutMs ?? defaultToolTimeoutMs, signal: requestSignal(c) });
     if (outcome.ok) {
@@ -332,7 +385,11 @@ export function createResourcesServer(env: Environment<any, any, any>, options: 
     environment: env,
     close: async () => {
       await sessions.close();
-      await env.close?.();
+      if (env.setup === undefined) await env.close?.(undefined);
+      else if (settingUp !== undefined) {
+        const ran = await settingUp.then(() => true, () => false);
+        if (ran) await env.close?.(resources);
+      }
     },
   });
 }

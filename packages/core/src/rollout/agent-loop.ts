@@ -22,7 +22,11 @@ export interface ModelTurn {
   latencyMs: number;
 }
 
-/** Calls the policy for one turn of one rollout. */
+/**
+ * Calls the policy for one turn of one rollout. `messages` only grow between calls (the assistant
+ * reply, then its tool outputs), which lets a token-in model (`policy.generation: 'tokens'`, see
+ * TokenConversation) keep the conversation as token ids and tokenize only what was appended.
+ */
 export type CallModel = (request: { messages: ChatMessage[]; tools: ChatTool[] }, signal: AbortSignal) => Promise<ModelTurn>;
 
 export interface AgentLoopOptions {
@@ -143,7 +147,8 @@ export async function runAgentLoop(options: AgentLoopOptions): Promise<AgentLoop
 
   for (let index = 0; index < options.maxTurns; index++) {
     if (options.signal.aborted) throw options.signal.reason ?? new RolloutError({ code: 'CANCELLED', message: 'rollout aborted' });
-    const model = await options.callModel({ messages: structuredClone(messages), tools: chatTools }, options.signal);
+    // A copy of the list (the loop appends to its own); the messages themselves are never changed once sent.
+    const model = await options.callModel({ messages: messages.slice(), tools: chatTools }, options.signal);
     usage.input += model.usage.promptTokens;
     usage.output += model.usage.completionTokens;
     messages.push({

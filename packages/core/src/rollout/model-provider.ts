@@ -1,5 +1,5 @@
 import type { CallModel } from './agent-loop.ts';
-import { LlmBackendPool } from './llm/index.ts';
+import { LlmBackendPool, TokenConversation } from './llm/index.ts';
 import type { ModelProvider } from './service.ts';
 import type { RolloutTask } from './types.ts';
 
@@ -34,17 +34,18 @@ export class PoolModelProvider implements ModelProvider {
     const { pool } = entry;
     this.#rolloutPools.set(rolloutId, entry);
     const { max_tokens, ...sampling } = policy.sampling;
+    // Token-in generation keeps the rollout's conversation as token ids across its turns.
+    const tokens = policy.generation === 'tokens' ? new TokenConversation() : null;
     return async (request, signal) => {
-      const result = await pool.chat(
-        rolloutId,
-        {
-          messages: request.messages,
-          model: policy.model,
-          ...(request.tools.length > 0 ? { tools: request.tools } : {}),
-          sampling: { ...sampling, ...(max_tokens === undefined ? {} : { max_tokens }) },
-        },
-        { signal },
-      );
+      const chat = {
+        messages: request.messages,
+        model: policy.model,
+        ...(request.tools.length > 0 ? { tools: request.tools } : {}),
+        sampling: { ...sampling, ...(max_tokens === undefined ? {} : { max_tokens }) },
+      };
+      const result = tokens
+        ? await tokens.turn((call) => pool.send(rolloutId, call, { signal }), chat)
+        : await pool.chat(rolloutId, chat, { signal });
       return {
         content: result.message.content,
         reasoning: result.message.reasoning ?? null,

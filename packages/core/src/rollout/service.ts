@@ -6,9 +6,9 @@ import { pino, type Logger } from 'pino';
 import { RolloutError } from '../errors.ts';
 import { createSandboxProvider } from '../sandbox/registry.ts';
 import type { SandboxProvider, SandboxResources, SandboxSpec } from '../sandbox/types.ts';
-import { sessionTools } from '../tools/session-tools.ts';
+import { createSessionTools, type SessionTools } from '../tools/session-tools.ts';
 import { SessionStore } from '../gym/session-store.ts';
-import type { Environment, EnvironmentContext } from '../spec/environment.ts';
+import { sandboxSpecOf, type Environment, type EnvironmentContext } from '../spec/environment.ts';
 import { runAgentLoop, type CallModel } from './agent-loop.ts';
 import { assignTaskGroupCredit, assignTaskSampleCredit, assignTurnRewards } from './credit.ts';
 import { Journal, type JournalRecord } from './journal.ts';
@@ -134,7 +134,7 @@ const TERMINAL: ReadonlySet<RolloutState> = new Set(['done', 'failed', 'cancelle
 
 function stableStringify(value: unknown): string {
   return JSON.stringify(value, (_key, v: unknown) =>
-    v && typeof v === 'object' && !Array.isArray(v) ? Object.fromEntries(Object.entries(v).sort(([a], [b]) => a.localeCompare(b))) : v,
+    v && typeof v === 'object' && !Array.isArray(v) ? Object.fromEntries(Object.entries(v).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))) : v,
   );
 }
 
@@ -159,7 +159,11 @@ export class RolloutService {
   readonly #counts = { done: 0, failed: 0, cancelled: 0 };
   #journal: Journal | undefined;
   #closed = false;
-  #sandboxProvider: SandboxProvider | undefined;
+  /** The providers sandboxes come from, each wrapped to count what it has open. */
+  readonly #counted = new Map<SandboxProvider, SandboxProvider>();
+  #defaultProvider: SandboxProvider | undefined;
+  /** What each environment's `setup` returned (started on its first rollout). */
+  readonly #setups = new Map<string, Promise<unknown>>();
   #liveSandboxes = 0;
   /** Accepted jobs not started yet (see #admit). */
   #backlog: Job[] = [];
@@ -197,6 +201,11 @@ export class RolloutService {
 
   get environments(): string[] {
     return [...this.#envs.keys()];
+  }
+
+  /** A served environment by name (its metrics hooks, say). */
+  environment(name: string): Environment<any, any, any> | undefined {
+    return this.#envs.get(name);
   }
 
   async #recover(path: string, fsync: boolean): Promise<void> {
@@ -330,11 +339,15 @@ export class RolloutService {
     void run.catch((error: unknown) => this.logger.error({ err: error, rollout: job.id }, 'rollout bookkeeping failed'));
   }
 
-  /** The sandbox provider, counting what it has open (GET /v1/status, /metrics). */
-  #sandboxes(): SandboxProvider {
-    if (this.#sandboxProvider) return this.#sandboxProvider;
-    const inner = this.options.sandboxProvider ?? createSandboxProvider();
-    this.#sandboxProvider = {
+  /**
+   * The environment's sandbox provider (else the service's), counting what it has open
+   * (GET /v1/status, /metrics).
+   */
+  #sandboxes(given?: SandboxProvider): SandboxProvider {
+    const inner = given ?? (this.#defaultProvider ??= this.options.sandboxProvider ?? createSandboxProvider());
+    const known = this.#counted.get(inner);
+    if (known) return known;
+    const counted: SandboxProvider = {
       name: inner.name,
       create: async (spec) => {
         const sandbox = await inner.create(spec);
@@ -352,7 +365,23 @@ export class RolloutService {
         });
       },
     };
-    return this.#sandboxProvider;
+    this.#counted.set(inner, counted);
+    return counted;
+  }
+
+  /** The environment's `setup`, run once (on its first rollout); a failed one is tried again. */
+  #setupOf(env: Environment<any, any, any>): Promise<unknown> {
+    if (!env.setup) return Promise.resolve(undefined);
+    let started = this.#setups.get(env.name);
+    if (!started) {
+      const run = Promise.resolve().then(() => env.setup!(this.#configs[env.name] ?? {}));
+      run.catch(() => {
+        if (this.#setups.get(env.name) === run) this.#setups.delete(env.name);
+      });
+      this.#setups.set(env.name, run);
+      started = run;
+    }
+    return started;
   }
 
   /** Runs one stage of a job in that stage's pool, within what is left of the job's time budget. */
@@ -366,28 +395,27 @@ export class RolloutService {
         const budget = job.task.limits.time_limit_s * 1000 - job.usedMs;
         if (budget <= 0) throw new RolloutError({ code: 'TIMEOUT', message: `time limit of ${job.task.limits.time_limit_s} s reached before ${name}` });
         job.active = true;
-        const deadline = AbortSignal.timeout(Math.ceil(budget));
-        const signal = AbortSignal.any([job.abort.signal, deadline]);
+        // The stage's time limit aborts the job's own signal (a timed-out rollout ends there), so a
+        // stage costs one timer, not a timeout signal and a composite one (AbortSignal.timeout's
+        // timers live until the signal is collected).
+        const signal = job.abort.signal;
+        const timeout = () => new RolloutError({ code: 'TIMEOUT', message: `time limit of ${job.task.limits.time_limit_s} s reached in ${name}` });
+        const deadline = setTimeout(() => job.abort.abort(timeout()), Math.ceil(budget));
         const started = performance.now();
-        const stop = this.metrics.stageLatency.startTimer({ stage: name });
         try {
           return await new Promise<T>((resolve, reject) => {
-            const onAbort = () =>
-              reject(
-                deadline.aborted
-                  ? new RolloutError({ code: 'TIMEOUT', message: `time limit of ${job.task.limits.time_limit_s} s reached in ${name}` })
-                  : new RolloutError({ code: 'CANCELLED', message: 'rollout cancelled' }),
-              );
+            const onAbort = () => reject(RolloutError.isInstance(signal.reason) && signal.reason.code === 'TIMEOUT' ? timeout() : new RolloutError({ code: 'CANCELLED', message: 'rollout cancelled' }));
             if (signal.aborted) return onAbort();
             signal.addEventListener('abort', onAbort, { once: true });
             work(signal).then(resolve, reject).finally(() => signal.removeEventListener('abort', onAbort));
           });
         } finally {
+          clearTimeout(deadline);
           const elapsed = performance.now() - started;
           job.active = false;
           job.usedMs += elapsed;
           job.timing[name].activeMs = elapsed;
-          stop();
+          this.metrics.stageLatency.observe({ stage: name }, elapsed / 1000);
         }
       },
       { signal: job.abort.signal },
@@ -399,7 +427,10 @@ export class RolloutService {
     const session = this.#sessions.get(job.id);
     const config = this.#configs[env.name] ?? {};
     const logger = this.logger.child({ rollout: job.id, env: env.name });
-    const ctx = (signal: AbortSignal): EnvironmentContext => ({ session, config, logger, signal });
+    // made first thing in INIT: the one session's tools and the environment's resources
+    let tools!: SessionTools;
+    let resources: unknown;
+    const ctx = (signal: AbortSignal): EnvironmentContext => ({ session, config, logger, signal, tools, resources });
     const row = { ...task.row } as Record<string, unknown> & { responses_create_params: { input: unknown } };
     let stage: StageName = 'init';
     let turns: TurnRecord[] = [];
@@ -408,14 +439,11 @@ export class RolloutService {
     let outcome: Outcome;
     try {
       await this.#stage('init', job, async (signal) => {
-        if (env.sandbox) {
-          const { image, network, resources } = env.sandbox;
-          const base = env.sandbox.spec
-            ? env.sandbox.spec(row, config)
-            : { ...(image ? { image } : {}), ...(network ? { network } : {}), ...(resources ? { resources } : {}) };
-          const spec = withTaskLimits(base, task.limits.sandbox);
-          await sessionTools(session, { provider: this.#sandboxes(), spec }).sandbox();
-        }
+        resources = await this.#setupOf(env);
+        const sandboxRow = env.sandbox?.spec ? { ...row, ...(env.row.parse(row) as object) } : undefined;
+        const spec = withTaskLimits(sandboxSpecOf(env.sandbox, sandboxRow, config), task.limits.sandbox);
+        tools = createSessionTools(session, { provider: this.#sandboxes(env.sandbox?.provider?.(config, resources)), spec });
+        if (env.sandbox) await tools.sandbox();
         const seedRow = env.seedRow ? env.seedRow.parse(row) : row;
         if (env.seedSession) await env.seedSession({ ...row, ...(seedRow as object) }, ctx(signal));
       });
@@ -425,7 +453,7 @@ export class RolloutService {
         runAgentLoop({
           env,
           row: row as never,
-          ctx: { session, config, logger },
+          ctx: { session, config, logger, tools, resources },
           callModel: async (request, s) => {
             const stop = this.metrics.llmLatency.startTimer();
             try {
@@ -438,7 +466,7 @@ export class RolloutService {
           toolTimeoutMs: task.limits.tool_timeout_s * 1000,
           signal,
           onToolCall: (call) => this.metrics.toolLatency.observe({ tool: call.name, status: call.status }, call.durationMs / 1000),
-          checkLimits: () => sessionTools(session).limitExceeded(),
+          checkLimits: () => tools.limitExceeded(),
         }),
       );
       turns = loop.turns;
@@ -597,6 +625,14 @@ export class RolloutService {
     await Promise.all(pending.map((job) => job.done));
     await this.#sessions.close();
     await journal?.close();
-    await Promise.all(this.options.environments.map((env) => env.close?.()));
+    await Promise.all(
+      this.options.environments.map(async (env) => {
+        if (!env.setup) return env.close?.(undefined);
+        const started = this.#setups.get(env.name);
+        if (started === undefined) return;
+        const ran = await started.then((value) => ({ value }), () => undefined);
+        if (ran) await env.close?.(ran.value);
+      }),
+    );
   }
 }

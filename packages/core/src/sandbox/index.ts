@@ -6,6 +6,7 @@ export { buildPrlimitArgs, limitWrapper, ulimitScript } from './limits.ts';
 export { removeStaleSandboxDirs } from './staging.ts';
 export { CommandSandbox, type HostCommand } from './command-sandbox.ts';
 export * from './apptainer/index.ts';
+export * from './image/index.ts';
 export { cgroupSupport } from './cgroup.ts';
 export { createLocalProvider } from './local.ts';
 export type { LocalProviderOptions } from './local.ts';

@@ -6,9 +6,13 @@ import type { IPty } from 'node-pty';
  */
 export interface SandboxSpec {
   /**
-   * bwrap: a root directory (host `/` read-only when omitted). apptainer: a `.sif`, a directory, a
-   * `docker://` reference or a bare name (becomes `docker://<name>`).
-   * @example 'docker://python:3.12-slim'
+   * bwrap: an image reference (`oci:<dir>[:tag]`, `docker-archive:<file.tar>`,
+   * `oci-archive:<file.tar>`, `sif:<file>`, `squashfs:<file>`; see `ImageReference`), unpacked
+   * once into the image cache and run read-only under a writable layer of the sandbox's own, with
+   * the image's Env, WorkingDir and User; or a plain root directory, bound read-only (host `/`
+   * read-only when omitted). apptainer: a `.sif`, a directory, a `docker://` reference or a bare
+   * name (becomes `docker://<name>`).
+   * @example 'oci:/images/sweb.eval.x86_64.django__django-11099:latest'
    */
   image?: string;
   /** Whether the sandbox may reach the network. @default false */

@@ -1,7 +1,8 @@
 import type { Logger } from 'pino';
 import type { z } from 'zod';
 import type { NeMoGymResponse } from '../protocol/responses.ts';
-import type { SandboxResources, SandboxSpec } from '../sandbox/types.ts';
+import type { SandboxProvider, SandboxResources, SandboxSpec } from '../sandbox/types.ts';
+import type { SessionTools } from '../tools/session-tools.ts';
 import type { ToolDefinition } from './tool.ts';
 
 /** NeMo Gym's closed set of resources-server domains (CONTRACT.md §4.1). */
@@ -38,8 +39,11 @@ export interface Session {
   onClose(close: () => Promise<void> | void): void;
 }
 
-/** What every hook of an environment receives besides its own arguments. */
-export interface EnvironmentContext<Config = Record<string, unknown>> {
+/**
+ * What every hook of an environment receives besides its own arguments. Both faces build it the
+ * same way, so a hook never needs to know which face runs it.
+ */
+export interface EnvironmentContext<Config = Record<string, unknown>, Resources = any> {
   /** The rollout's session. */
   session: Session;
   /**
@@ -52,6 +56,18 @@ export interface EnvironmentContext<Config = Record<string, unknown>> {
   logger: Logger;
   /** Aborted when the caller gives up (client gone, rollout cancelled or timed out). */
   signal: AbortSignal;
+  /**
+   * The session's sandbox and tool backends, closed with the session. The sandbox is the one
+   * `sandbox` describes, for this session's row: the rollout service creates it in INIT, the NeMo
+   * Gym face on first use.
+   * @example const bash = await ctx.tools.bash(); await bash.run('ls')
+   */
+  tools: SessionTools;
+  /**
+   * What the environment's `setup` returned for this server (undefined without `setup`).
+   * @example ctx.resources.grader.grade(expected, text)
+   */
+  resources: Resources;
 }
 
 /** What `verify` returns: a reward and the environment's extras, with NeMo Gym's key names. */
@@ -93,6 +109,7 @@ export interface EnvironmentDefinition<
   Row extends z.ZodType = z.ZodType,
   Config extends z.ZodType = z.ZodType,
   SeedRow extends z.ZodType = z.ZodType,
+  Resources = undefined,
 > {
   /**
    * The environment's name: the package is `@rollserve/env-<name>` and `rollserve serve <name>`
@@ -153,7 +170,15 @@ export interface EnvironmentDefinition<
    * What the rollout service's INIT stage must create before `seedSession`.
    * @example { image: '/images/python.sif', network: false }
    */
-  sandbox?: SandboxRequirement;
+  sandbox?: SandboxRequirement<z.output<Row>, z.output<Config>, Resources>;
+
+  /**
+   * Creates what the environment holds for the whole server (worker pools, sandbox providers),
+   * from its parsed config. Each face calls it once, on first use, and hands the result to every
+   * hook as `ctx.resources`; `close` frees it when the face stops.
+   * @example setup: (config) => ({ grader: createGrader({ timeoutSeconds: config.timeout }) })
+   */
+  setup?(config: z.output<Config>): Promise<Resources> | Resources;
 
   /**
    * Starts a rollout: builds the per-rollout state from the row. Its return value is the
@@ -162,7 +187,7 @@ export interface EnvironmentDefinition<
    */
   seedSession?(
     row: z.output<SeedRow> & Record<string, unknown>,
-    ctx: EnvironmentContext<z.output<Config>>,
+    ctx: EnvironmentContext<z.output<Config>, Resources>,
   ): Promise<Record<string, unknown> | void> | Record<string, unknown> | void;
 
   /**
@@ -174,7 +199,7 @@ export interface EnvironmentDefinition<
   verify(
     row: z.output<Row> & Record<string, unknown>,
     response: NeMoGymResponse,
-    ctx: EnvironmentContext<z.output<Config>>,
+    ctx: EnvironmentContext<z.output<Config>, Resources>,
   ): Promise<VerifyResult> | VerifyResult;
 
   /**
@@ -193,11 +218,11 @@ export interface EnvironmentDefinition<
   keyMetrics?(agentMetrics: Record<string, unknown>): Record<string, unknown>;
 
   /**
-   * Frees what the environment holds for the whole process (worker pools, caches); called once
-   * when the resources server or the rollout service stops.
-   * @example close: () => graderPool.destroy()
+   * Frees what `setup` returned; called once when the resources server or the rollout service
+   * stops (only if `setup` ran; always when there is no `setup`, with undefined).
+   * @example close: (resources) => resources.grader.close()
    */
-  close?(): Promise<void> | void;
+  close?(resources: Resources): Promise<void> | void;
 
   /**
    * Whether `/verify` may be replayed without the session (`gym eval reverify`).
@@ -213,8 +238,11 @@ export interface EnvironmentDefinition<
   floatFields?: readonly string[];
 }
 
-/** What an environment needs from the sandbox layer; the rollout service's INIT creates it. */
-export interface SandboxRequirement {
+/**
+ * The session's sandbox (`ctx.tools.sandbox()`): the rollout service's INIT creates it, the NeMo
+ * Gym face on first use, both from this.
+ */
+export interface SandboxRequirement<Row = Record<string, unknown>, Config = Record<string, unknown>, Resources = unknown> {
   /**
    * A root directory, an Apptainer `.sif` or a `docker://` reference. Omitted: the host's root,
    * read-only.
@@ -229,11 +257,20 @@ export interface SandboxRequirement {
    */
   resources?: SandboxResources;
   /**
-   * The sandbox for one row, when it depends on the row (a per-instance SWE image); it replaces
-   * image, network and resources above.
-   * @example spec: (row) => ({ image: `docker://swebench/sweb.eval.x86_64.${row.instance_id}`, workdir: '/testbed' })
+   * The sandbox for one row, when it depends on the row (a per-instance SWE image, its
+   * environment variables); it replaces image, network and resources above. Gets the row and the
+   * config parsed by the environment's schemas. On the NeMo Gym face the row is the
+   * `/seed_session` body; a session never seeded gets image, network and resources above.
+   * @example spec: (row, config) => ({ image: `docker://swebench/sweb.eval.x86_64.${row.instance_id}`, workdir: '/testbed', env: config.env })
    */
-  spec?(row: Record<string, unknown>, config: Record<string, unknown>): SandboxSpec;
+  spec?(row: Row & Record<string, unknown>, config: Config): SandboxSpec;
+  /**
+   * Which provider creates the session's sandbox, when the environment names one (from its
+   * config). Omitted or undefined: the face's (the rollout service's `sandboxProvider`, the
+   * default provider on the NeMo Gym face).
+   * @example provider: (config, resources) => resources.provider
+   */
+  provider?(config: Config, resources: Resources): SandboxProvider | undefined;
   /**
    * Whether `verify` still needs the agent's session resources (its sandbox, kernels). Omitted:
    * the rollout service frees them before EVAL. SWE keeps them to take the diff, then starts a
@@ -243,12 +280,28 @@ export interface SandboxRequirement {
   keepForVerify?: boolean;
 }
 
+/**
+ * The sandbox a session gets from an environment's `sandbox`: `spec(row, config)` when there is a
+ * row and a `spec`, else image, network and resources.
+ */
+export function sandboxSpecOf<Row, Config>(
+  requirement: SandboxRequirement<Row, Config, any> | undefined,
+  row: (Row & Record<string, unknown>) | undefined,
+  config: Config,
+): SandboxSpec {
+  if (requirement === undefined) return {};
+  if (requirement.spec && row !== undefined) return requirement.spec(row, config);
+  const { image, network, resources } = requirement;
+  return { ...(image ? { image } : {}), ...(network ? { network } : {}), ...(resources ? { resources } : {}) };
+}
+
 /** An environment as `defineEnvironment` returns it: the definition, with defaults filled in. */
 export type Environment<
   Row extends z.ZodType = z.ZodType,
   Config extends z.ZodType = z.ZodType,
   SeedRow extends z.ZodType = z.ZodType,
-> = EnvironmentDefinition<Row, Config, SeedRow> & {
+  Resources = any,
+> = EnvironmentDefinition<Row, Config, SeedRow, Resources> & {
     readonly reverifyMode: ReverifyMode;
     readonly tools: Record<string, ToolDefinition<any, z.output<Config>>>;
   };
@@ -264,7 +317,8 @@ export function defineEnvironment<
   Row extends z.ZodType,
   Config extends z.ZodType = z.ZodType,
   SeedRow extends z.ZodType = z.ZodType,
->(definition: EnvironmentDefinition<Row, Config, SeedRow>): Environment<Row, Config, SeedRow> {
+  Resources = undefined,
+>(definition: EnvironmentDefinition<Row, Config, SeedRow, Resources>): Environment<Row, Config, SeedRow, Resources> {
   if (!/^[a-z][a-z0-9_-]*$/.test(definition.name)) {
     throw new TypeError(`environment name ${JSON.stringify(definition.name)} must match [a-z][a-z0-9_-]*`);
   }

@@ -30,7 +30,7 @@ export interface ToolDefinition<Params extends z.ZodType = z.ZodType, Config = R
   /**
    * Runs the call. Whatever it returns is sent as JSON (a string is sent as it is); the model sees
    * that text. A throw becomes an error output for the model, never a crashed server.
-   * @example async ({ code }, ctx) => ctx.session.state.kernel.run(code)
+   * @example async ({ code }, ctx) => (await ctx.tools.python()).run(code)
    */
   handler(args: z.output<Params>, ctx: EnvironmentContext<Config>): unknown;
 

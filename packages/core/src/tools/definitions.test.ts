@@ -4,30 +4,35 @@ import { join } from 'node:path';
 import pino from 'pino';
 import { afterEach, describe, expect, it } from 'vitest';
 import { bwrapAvailable, createBwrapProvider } from '../sandbox/bwrap/index.ts';
+import type { SandboxProvider } from '../sandbox/types.ts';
 import type { EnvironmentContext, Session } from '../spec/environment.ts';
 import { toolOutputText } from '../spec/invoke-tool.ts';
 import { toolDeclaration } from '../spec/tool.ts';
 import { bashTool, createBashTool, createEditorTool, createPythonTool, editorTool, pythonTool } from './definitions.ts';
-import { sessionTools } from './session-tools.ts';
+import { createSessionTools, type SessionTools } from './session-tools.ts';
 
-/** A session as the faces hand it out: state and onClose hooks, closed explicitly. */
-function fakeSession(): Session & { close(): Promise<void> } {
+type TestSession = Session & { tools: SessionTools; close(): Promise<void> };
+
+/** A session as the faces hand it out: state, onClose hooks and its tools, closed explicitly. */
+function fakeSession(provider?: SandboxProvider): TestSession {
   const hooks: Array<() => Promise<void> | void> = [];
-  return {
-    id: crypto.randomUUID(),
-    state: {},
-    onClose: (fn) => hooks.push(fn),
+  const session: Session = { id: crypto.randomUUID(), state: {}, onClose: (fn) => hooks.push(fn) };
+  const tools = createSessionTools(session, provider ? { provider } : {});
+  return Object.assign(session, {
+    tools,
     async close() {
       for (const hook of hooks.splice(0).reverse()) await hook();
     },
-  };
+  });
 }
 
-const ctxOf = (session: Session): EnvironmentContext => ({
+const ctxOf = (session: TestSession): EnvironmentContext => ({
   session,
   config: {},
   logger: pino({ level: 'silent' }),
   signal: new AbortController().signal,
+  tools: session.tools,
+  resources: undefined,
 });
 
 describe('tool declarations', () => {
@@ -49,13 +54,12 @@ if (skip) console.warn(`[tool definition tests] skipped: ${skip}`);
 
 describe.skipIf(skip !== undefined)('ready-made tools on a session', () => {
   const provider = createBwrapProvider();
-  const runtime = { provider };
-  const bash = createBashTool({ runtime });
-  const python = createPythonTool({ runtime, defaultTimeoutMs: 500 });
-  const editor = createEditorTool({ runtime });
-  const sessions: Array<ReturnType<typeof fakeSession>> = [];
+  const bash = createBashTool();
+  const python = createPythonTool({ defaultTimeoutMs: 500 });
+  const editor = createEditorTool();
+  const sessions: TestSession[] = [];
   const open = () => {
-    const session = fakeSession();
+    const session = fakeSession(provider);
     sessions.push(session);
     return session;
   };
@@ -94,14 +98,14 @@ describe.skipIf(skip !== undefined)('ready-made tools on a session', () => {
     const b = open();
     await bash.handler({ command: 'echo secret > /workspace/mine' }, ctxOf(a));
     expect(await bash.handler({ command: 'ls /workspace' }, ctxOf(b))).toMatchObject({ output: '' });
-    const sandbox = await sessionTools(a).sandbox();
+    const sandbox = await a.tools.sandbox();
     const dir = join(tmpdir(), `rollserve-${sandbox.id}`);
     expect(existsSync(dir)).toBe(true);
     await a.close();
     expect(await sandbox.status()).toBe('stopped');
     expect(existsSync(dir)).toBe(false);
-    // a new call on a closed session's state starts afresh rather than reusing closed resources
-    expect(await bash.handler({ command: 'ls /workspace' }, ctxOf(a))).toMatchObject({ output: '' });
+    // a call on a closed session's tools fails plainly rather than reusing closed resources
+    await expect(bash.handler({ command: 'ls /workspace' }, ctxOf(a))).rejects.toThrow('session tools are closed');
   });
 
   it('creates each resource once when calls race', async () => {
@@ -109,7 +113,6 @@ describe.skipIf(skip !== undefined)('ready-made tools on a session', () => {
     const ctx = ctxOf(session);
     const outputs = await Promise.all(Array.from({ length: 5 }, (_, i) => bash.handler({ command: `echo ${i}` }, ctx)));
     expect(outputs.map((o) => (o as { output: string }).output)).toEqual(['0\n', '1\n', '2\n', '3\n', '4\n']);
-    const tools = sessionTools(session);
-    expect(await tools.sandbox()).toBe(await tools.sandbox());
+    expect(await session.tools.sandbox()).toBe(await session.tools.sandbox());
   });
 });

@@ -1,21 +1,13 @@
 import { z } from 'zod';
-import type { EnvironmentContext } from '../spec/environment.ts';
 import { defineTool, type ToolDefinition } from '../spec/tool.ts';
 import { EDITOR_COMMANDS } from './editor.ts';
-import { sessionTools, type SessionToolsOptions } from './session-tools.ts';
 
-export interface ToolFactoryOptions<Config = any> {
-  /** How the session's sandbox and backends are made; a function sees the call's context. */
-  runtime?: SessionToolsOptions | ((ctx: EnvironmentContext<Config>) => SessionToolsOptions);
+/** The tools run on the session's `ctx.tools` (its sandbox, as the environment's `sandbox` describes it). */
+export interface ToolFactoryOptions {
   /** Time limit of one call when the model gives none. @default 120_000 (python 60_000) */
   defaultTimeoutMs?: number;
   /** Ceiling on the time limit the model may ask for. @default 600_000 */
   maxTimeoutMs?: number;
-}
-
-function toolsFor<Config>(ctx: EnvironmentContext<Config>, options: ToolFactoryOptions<Config>) {
-  const runtime = typeof options.runtime === 'function' ? options.runtime(ctx) : options.runtime;
-  return sessionTools(ctx.session, runtime);
 }
 
 /** Room for sandbox start-up and the interrupt on top of the command's own limit. */
@@ -28,7 +20,7 @@ const bashParameters = z.object({
 
 /** The `bash` tool: a persistent shell in the session's sandbox. */
 export function createBashTool<Config = any>(
-  options: ToolFactoryOptions<Config> = {},
+  options: ToolFactoryOptions = {},
 ): ToolDefinition<typeof bashParameters, Config> {
   const defaultTimeoutMs = options.defaultTimeoutMs ?? 120_000;
   const maxTimeoutMs = options.maxTimeoutMs ?? 600_000;
@@ -46,7 +38,7 @@ export function createBashTool<Config = any>(
     code: (args: { command: string }) => args.command,
     async handler({ command, timeout }, ctx): Promise<BashToolResult> {
       const timeoutMs = Math.min(timeout === undefined ? defaultTimeoutMs : timeout * 1000, maxTimeoutMs);
-      const bash = await toolsFor(ctx, options).bash();
+      const bash = await ctx.tools.bash();
       const result = await bash.run(command, { timeoutMs });
       return { output: result.output, exitCode: result.exitCode, timedOut: result.timedOut };
     },
@@ -67,7 +59,7 @@ const pythonParameters = z.object({
 
 /** The `execute_python` tool: a persistent Python kernel in the session's sandbox. */
 export function createPythonTool<Config = any>(
-  options: ToolFactoryOptions<Config> = {},
+  options: ToolFactoryOptions = {},
 ): ToolDefinition<typeof pythonParameters, Config> {
   const timeoutMs = options.defaultTimeoutMs ?? 60_000;
   return defineTool({
@@ -84,7 +76,7 @@ export function createPythonTool<Config = any>(
     }),
     code: (args: { code: string }) => args.code,
     async handler({ code }, ctx) {
-      const kernel = await toolsFor(ctx, options).python();
+      const kernel = await ctx.tools.python();
       const result = await kernel.run(code, { timeoutMs });
       return {
         status: result.status,
@@ -116,7 +108,7 @@ const editorParameters = z.object({
 
 /** The `str_replace_editor` tool (SWE-agent / OpenHands semantics) on the session's sandbox. */
 export function createEditorTool<Config = any>(
-  options: ToolFactoryOptions<Config> = {},
+  options: ToolFactoryOptions = {},
 ): ToolDefinition<typeof editorParameters, Config> {
   return defineTool({
     description:
@@ -133,7 +125,7 @@ export function createEditorTool<Config = any>(
     parameters: editorParameters,
     timeoutMs: options.defaultTimeoutMs ?? 60_000,
     async handler(args, ctx) {
-      const editor = await toolsFor(ctx, options).editor();
+      const editor = await ctx.tools.editor();
       return (await editor.run(args)).output;
     },
   });

@@ -8,15 +8,21 @@ import { PythonKernel, type PythonKernelOptions } from './python.ts';
 export interface SessionToolsOptions {
   /** The provider that creates the session's sandbox. @default createSandboxProvider() */
   provider?: SandboxProvider;
-  /** The sandbox to create. */
-  spec?: SandboxSpec;
+  /** The sandbox to create; a function is called when the sandbox is created. @default {} */
+  spec?: SandboxSpec | (() => SandboxSpec);
   bash?: BashSessionOptions;
   python?: PythonKernelOptions;
 }
 
+/** How `python()` starts the kernel when the call starts it. */
+export interface SessionPythonOptions extends PythonKernelOptions {
+  /** Code run once in a fresh kernel before it is handed out (imports, helpers). */
+  prelude?: string;
+}
+
 /**
- * A session's sandbox and tool backends, created on first use and closed with the session
- * (`session.onClose`). Each resource is created once even when calls race.
+ * A session's sandbox and tool backends (`ctx.tools`), each created on first use, once even when
+ * calls race, and closed with the session. Both faces make it with `createSessionTools`.
  */
 export class SessionTools {
   private sandboxPromise: Promise<Sandbox> | undefined;
@@ -24,23 +30,17 @@ export class SessionTools {
   private pythonPromise: Promise<PythonKernel> | undefined;
   private editorInstance: Editor | undefined;
   private closed = false;
-  private ownsSandbox = true;
   private created: Sandbox | undefined;
 
   constructor(private readonly options: SessionToolsOptions = {}) {}
 
-  /** Uses a sandbox created elsewhere (the rollout service's INIT stage); it is not closed here. */
-  attachSandbox(sandbox: Sandbox, options: { owned?: boolean } = {}): void {
-    if (this.sandboxPromise !== undefined) throw new Error('the session already has a sandbox');
-    this.ownsSandbox = options.owned ?? false;
-    this.sandboxPromise = Promise.resolve(sandbox);
-    this.created = sandbox;
-  }
-
+  /** The session's sandbox. */
   sandbox(): Promise<Sandbox> {
     this.assertOpen();
     if (this.sandboxPromise === undefined) {
-      this.sandboxPromise = (this.options.provider ?? createSandboxProvider()).create(this.options.spec ?? {});
+      const { spec } = this.options;
+      this.sandboxPromise = Promise.resolve()
+        .then(() => (this.options.provider ?? createSandboxProvider()).create((typeof spec === 'function' ? spec() : spec) ?? {}));
       this.sandboxPromise.then((sandbox) => (this.created = sandbox), () => {});
     }
     return this.sandboxPromise;
@@ -51,18 +51,43 @@ export class SessionTools {
     return this.created?.checkLimits();
   }
 
+  /** A persistent shell in the sandbox. */
   bash(): Promise<BashSession> {
     this.assertOpen();
     this.bashPromise ??= this.sandbox().then((sandbox) => BashSession.start(sandbox, this.options.bash));
     return this.bashPromise;
   }
 
-  python(): Promise<PythonKernel> {
+  /**
+   * A persistent Python kernel in the sandbox. `options` apply when this call starts it (over the
+   * session's); a running kernel is returned as it is.
+   */
+  python(options: SessionPythonOptions = {}): Promise<PythonKernel> {
     this.assertOpen();
-    this.pythonPromise ??= this.sandbox().then((sandbox) => PythonKernel.start(sandbox, this.options.python));
+    if (this.pythonPromise === undefined) {
+      const { prelude, ...kernelOptions } = options;
+      const started = this.sandbox().then(async (sandbox) => {
+        const kernel = await PythonKernel.start(sandbox, { ...this.options.python, ...kernelOptions });
+        if (prelude !== undefined) await kernel.run(prelude, { timeoutMs: 60_000 });
+        return kernel;
+      });
+      this.pythonPromise = started;
+      // a kernel that failed to start is not kept: the next call tries again
+      started.catch(() => {
+        if (this.pythonPromise === started) this.pythonPromise = undefined;
+      });
+    }
     return this.pythonPromise;
   }
 
+  /** Stops the Python kernel; the next `python()` starts a fresh one (math_with_code's end_session). */
+  async resetPython(): Promise<void> {
+    const kernel = this.pythonPromise;
+    this.pythonPromise = undefined;
+    await kernel?.then((k) => k.close(), () => undefined);
+  }
+
+  /** The file editor (view, create, str_replace, insert, undo_edit) on the sandbox. */
   async editor(): Promise<Editor> {
     this.assertOpen();
     const sandbox = await this.sandbox();
@@ -74,6 +99,7 @@ export class SessionTools {
     if (this.closed) throw new Error('session tools are closed');
   }
 
+  /** Closes the backends and the sandbox; the session does it when it ends. */
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
@@ -86,29 +112,16 @@ export class SessionTools {
       }
     };
     await Promise.all([settle(this.bashPromise), settle(this.pythonPromise)]);
-    if (this.ownsSandbox) await settle(this.sandboxPromise);
+    await settle(this.sandboxPromise);
   }
 }
 
-// keyed by the session's state object: the same bag whichever Session wrapper a face hands out
-const bySession = new WeakMap<object, SessionTools>();
-
 /**
- * The session's tools, created on first use with `options` and closed when the session closes.
- *
- * @example
- * handler: async ({ command }, ctx) => (await sessionTools(ctx.session).bash()).run(command)
+ * The session's tools, closed when the session closes (`session.onClose`). The one way both faces
+ * make `ctx.tools`: nothing is created until it is used.
  */
-export function sessionTools(session: Session, options?: SessionToolsOptions): SessionTools {
-  let tools = bySession.get(session.state);
-  if (tools === undefined) {
-    tools = new SessionTools(options);
-    bySession.set(session.state, tools);
-    const created = tools;
-    session.onClose(async () => {
-      bySession.delete(session.state);
-      await created.close();
-    });
-  }
+export function createSessionTools(session: Session, options: SessionToolsOptions = {}): SessionTools {
+  const tools = new SessionTools(options);
+  session.onClose(() => tools.close());
   return tools;
 }

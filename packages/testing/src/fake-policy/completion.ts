@@ -45,13 +45,15 @@ function integer(value: unknown): number | undefined {
   return typeof value === 'number' && Number.isInteger(value) ? value : undefined;
 }
 
-export function readRequestOptions(body: ChatCompletionBody, supportsReturnTokenIds: boolean): RequestOptions {
+export function readRequestOptions(body: Record<string, unknown>, supportsReturnTokenIds: boolean): RequestOptions {
   const streamOptions = (body.stream_options ?? {}) as { include_usage?: unknown };
+  // The completions API's `logprobs` is a count of alternatives; the chat API's a flag with `top_logprobs`.
+  const completionLogprobs = integer(body.logprobs);
   return {
     n: integer(body.n) ?? 1,
     maxTokens: integer(body.max_completion_tokens) ?? integer(body.max_tokens),
-    logprobs: body.logprobs === true,
-    topLogprobs: integer(body.top_logprobs) ?? 0,
+    logprobs: body.logprobs === true || completionLogprobs !== undefined,
+    topLogprobs: completionLogprobs ?? integer(body.top_logprobs) ?? 0,
     tokensAsIds: body.return_tokens_as_token_ids === true,
     returnTokenIds: supportsReturnTokenIds && body.return_token_ids === true,
     stream: body.stream === true,
@@ -77,13 +79,13 @@ function tokensOf(text: string, logprobs: readonly number[] | undefined): Token[
   });
 }
 
-export function generateChoice(reply: FakeReplyObject, index: number, callIndex: number, maxTokens: number | undefined): GeneratedChoice {
+export function generateChoice(reply: FakeReplyObject, index: number, callIndex: number, maxTokens: number | undefined, drifting = false): GeneratedChoice {
   const toolCalls = (reply.toolCalls ?? []).map((call, i) => ({
     id: call.id ?? `chatcmpl-tool-${callIndex}-${index}-${i}`,
     name: call.name,
     arguments: typeof call.arguments === 'string' ? call.arguments : JSON.stringify(call.arguments),
   }));
-  const all = tokensOf(renderCompletion({ content: reply.content ?? null, reasoning: reply.reasoning ?? null, toolCalls }), reply.logprobs);
+  const all = tokensOf(renderCompletion({ content: reply.content ?? null, reasoning: reply.reasoning ?? null, toolCalls }, { drifting }), reply.logprobs);
   const truncated = maxTokens !== undefined && all.length > maxTokens;
   if (!truncated) {
     return {
@@ -114,8 +116,8 @@ export function generateChoice(reply: FakeReplyObject, index: number, callIndex:
 }
 
 /** The choices for a request: `reply.choices` one per choice, or the reply repeated `n` times. */
-export function generateChoices(reply: FakeReplyObject, n: number, callIndex: number, maxTokens: number | undefined): GeneratedChoice[] {
-  return Array.from({ length: n }, (_, i) => generateChoice(reply.choices?.[i] ?? reply, i, callIndex, maxTokens));
+export function generateChoices(reply: FakeReplyObject, n: number, callIndex: number, maxTokens: number | undefined, drifting = false): GeneratedChoice[] {
+  return Array.from({ length: n }, (_, i) => generateChoice(reply.choices?.[i] ?? reply, i, callIndex, maxTokens, drifting));
 }
 
 export function promptTokenIds(body: ChatCompletionBody): number[] {
@@ -238,4 +240,49 @@ export function completionChunks(meta: CompletionMeta, promptIds: readonly numbe
   if (options.includeUsage) events.push(`data: ${JSON.stringify({ ...head, choices: [], usage: usage(promptIds, choices) })}\n\n`);
   events.push('data: [DONE]\n\n');
   return events;
+}
+
+/**
+ * The `text_completion` body of `POST /v1/completions`, shaped as vLLM returns it: the generated
+ * text (tool calls unparsed, `<|role|>`/`<|end|>` tokens skipped), `token_ids` and `prompt_token_ids` on the choice with
+ * `return_token_ids`, and the completions API's logprobs (`tokens`, `token_logprobs`, …).
+ */
+export function textCompletionJson(meta: CompletionMeta, promptIds: readonly number[], choices: readonly GeneratedChoice[], options: RequestOptions) {
+  return {
+    id: meta.id,
+    object: 'text_completion',
+    created: meta.created,
+    model: meta.model,
+    choices: choices.map((choice) => {
+      // vLLM detokenises with skip_special_tokens: role and end tokens (`<|end|>`) leave no text.
+      const textOf = (t: Token) => (/^<\|[a-z_]+\|>$/.test(t.piece) ? '' : t.piece);
+      let offset = 0;
+      const textOffset = choice.tokens.map((t) => {
+        const at = offset;
+        offset += textOf(t).length;
+        return at;
+      });
+      return {
+        index: choice.index,
+        text: choice.tokens.map(textOf).join(''),
+        logprobs: options.logprobs
+          ? {
+              text_offset: textOffset,
+              token_logprobs: choice.tokens.map((t) => t.logprob),
+              tokens: choice.tokens.map((t) => (options.tokensAsIds ? `token_id:${t.id}` : t.piece)),
+              top_logprobs: choice.tokens.map((t) => ({ [options.tokensAsIds ? `token_id:${t.id}` : t.piece]: t.logprob })),
+            }
+          : null,
+        // Completions carry no tool parser: a finished reply stops, whatever it wrote.
+        finish_reason: choice.truncated ? 'length' : choice.finishReason === 'length' ? 'length' : 'stop',
+        stop_reason: null,
+        prompt_logprobs: null,
+        ...(options.returnTokenIds ? { token_ids: choice.tokens.map((t) => t.id), prompt_token_ids: [...promptIds] } : {}),
+      };
+    }),
+    service_tier: null,
+    system_fingerprint: null,
+    usage: usage(promptIds, choices),
+    kv_transfer_params: null,
+  };
 }

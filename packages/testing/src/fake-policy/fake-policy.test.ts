@@ -367,3 +367,91 @@ describe('embeddings', () => {
     expect((await embed(policy, { model: 'fake-policy', input: 'x' })).status).toBe(200);
   });
 });
+
+async function postTo(policy: FakePolicy, path: string, body: unknown) {
+  const response = await request(`${policy.url.replace(/\/v1$/, '')}${path}`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(body),
+    dispatcher: client(),
+  });
+  const text = await response.body.text();
+  return { status: response.statusCode, json: JSON.parse(text) as any };
+}
+
+describe('fake policy: token-in (vLLM /tokenize and /v1/completions with token ids)', () => {
+  const tools = [{ type: 'function', function: { name: 'add', parameters: { type: 'object' } } }];
+
+  it('tokenizes a chat with the template, with or without the generation prompt, and a text', async () => {
+    const policy = await start({ maxModelLen: 4096 });
+    const withPrompt = await postTo(policy, '/tokenize', { model: 'fake-policy', messages, tools, add_generation_prompt: true });
+    const ids = toyTokenizer.encode(renderPrompt(messages, tools));
+    expect(withPrompt).toEqual({ status: 200, json: { count: ids.length, max_model_len: 4096, tokens: ids, token_strs: null } });
+    const without = await postTo(policy, '/tokenize', { messages, add_generation_prompt: false });
+    expect(without.json.tokens).toEqual(toyTokenizer.encode(renderPrompt(messages, undefined, { addGenerationPrompt: false })));
+    const text = await postTo(policy, '/tokenize', { prompt: 'a b', return_token_strs: true });
+    expect(text.json).toMatchObject({ tokens: toyTokenizer.encode('a b'), token_strs: ['a', ' ', 'b'] });
+    expect((await postTo(policy, '/tokenize', { nothing: true })).status).toBe(400);
+    expect((await postTo(policy, '/tokenize', { model: 'other', messages })).status).toBe(404);
+    expect(policy.tokenizeRequests).toHaveLength(5);
+  });
+
+  it('generates from a token-id prompt: the script sees the messages, the answer is vLLM\'s text_completion', async () => {
+    const seen: unknown[] = [];
+    const policy = await start({
+      script: (request, ctx) => {
+        seen.push([request.messages, request.tools, ctx.turn]);
+        return { reasoning: 'hm', toolCalls: [{ name: 'add', arguments: { count: 2 } }] };
+      },
+    });
+    const prompt = (await postTo(policy, '/tokenize', { messages, tools })).json.tokens as number[];
+    const { status, json } = await postTo(policy, '/v1/completions', { model: 'fake-policy', prompt, logprobs: 1, return_token_ids: true, return_tokens_as_token_ids: true });
+    expect(status).toBe(200);
+    expect(seen).toEqual([[messages, tools, 0]]);
+    const text = renderCompletion({ reasoning: 'hm', toolCalls: [{ name: 'add', arguments: '{"count":2}' }] });
+    const ids = toyTokenizer.encode(text);
+    expect(json.object).toBe('text_completion');
+    const [choice] = json.choices;
+    expect(choice).toMatchObject({ index: 0, text, finish_reason: 'stop', token_ids: ids, prompt_token_ids: prompt });
+    expect(choice.logprobs.tokens).toEqual(ids.map((id) => `token_id:${id}`));
+    expect(choice.logprobs.token_logprobs).toEqual(ids.map(toyLogprob));
+    expect(json.usage).toMatchObject({ prompt_tokens: prompt.length, completion_tokens: ids.length });
+    // The generation's ids can be sent back: the script then sees the assistant turn and the tool output.
+    const next = [...prompt, ...ids, ...toyTokenizer.encode('<|end|>')];
+    const tail = (await postTo(policy, '/tokenize', { prompt: '<|tool|>3<|end|><|assistant|>' })).json.tokens as number[];
+    expect((await postTo(policy, '/v1/completions', { prompt: [...next, ...tail] })).status).toBe(200);
+    expect(seen[1]).toEqual([
+      [
+        ...messages,
+        { role: 'assistant', reasoning_content: 'hm', content: null, tool_calls: [{ id: 'call_0', type: 'function', function: { name: 'add', arguments: '{"count":2}' } }] },
+        { role: 'tool', content: '3' },
+      ],
+      tools,
+      1,
+    ]);
+    expect(policy.calls.map((c) => c.endpoint)).toEqual(['completions', 'completions']);
+    expect(policy.requests).toHaveLength(0);
+  });
+
+  it('refuses token ids it never gave out, batched prompts and streams with 400', async () => {
+    const policy = await start();
+    expect((await postTo(policy, '/v1/completions', { prompt: [1, 2, 3] })).json.error.message).toMatch(/token id 1 is not one this server gave out/);
+    expect((await postTo(policy, '/v1/completions', { prompt: [[1], [2]] })).status).toBe(400);
+    expect((await postTo(policy, '/v1/completions', { prompt: 'hi', stream: true })).status).toBe(400);
+    expect((await postTo(policy, '/v1/completions', { prompt: 'hi' })).status).toBe(200);
+  });
+
+  it('drifts when told to: tool calls generated with spaces, returned and re-rendered compactly', async () => {
+    const policy = await start({ drifting: true, script: [{ toolCalls: [{ name: 'add', arguments: { count: 2 } }] }] });
+    const { json } = await post(policy, { messages, return_token_ids: true });
+    const [choice] = json.choices;
+    const generated = '<tool_call>{"name": "add", "arguments": {"count": 2}}</tool_call>';
+    expect(choice.token_ids).toEqual(toyTokenizer.encode(generated));
+    expect(choice.message.tool_calls[0].function.arguments).toBe('{"count":2}');
+    // sent back, the template renders the call compactly: the prompt no longer extends prompt + generation
+    const rerendered = toyTokenizer.encode(renderPrompt([...messages, { role: 'assistant', content: null, tool_calls: choice.message.tool_calls }]));
+    const extended = [...json.prompt_token_ids, ...choice.token_ids];
+    expect(rerendered.slice(0, extended.length)).not.toEqual(extended);
+    expect(renderToolCall('add', '{"count":2}')).toBe('<tool_call>{"name":"add","arguments":{"count":2}}</tool_call>');
+  });
+});

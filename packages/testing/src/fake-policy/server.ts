@@ -3,8 +3,19 @@ import type { IncomingMessage } from 'node:http';
 import { RESPONSE_ALREADY_SENT } from '@hono/node-server/utils/response';
 import { serveFetch, type RunningServer } from '@rollserve/core';
 import { Hono, type Context } from 'hono';
-import { completionChunks, completionJson, generateChoices, normalizeReply, promptTokenIds, readRequestOptions } from './completion.ts';
-import { toyTokenizer } from './tokenizer.ts';
+import {
+  completionChunks,
+  completionJson,
+  generateChoices,
+  normalizeReply,
+  promptTokenIds,
+  readRequestOptions,
+  textCompletionJson,
+  type CompletionMeta,
+  type GeneratedChoice,
+  type RequestOptions,
+} from './completion.ts';
+import { parsePrompt, renderPrompt, toyTokenizer } from './tokenizer.ts';
 import type { ChatCompletionBody, FakeFaults, FakePolicy, FakePolicyCall, FakePolicyOptions, FakeReply } from './types.ts';
 
 type Env = { Bindings: { incoming: IncomingMessage } };
@@ -56,6 +67,7 @@ export async function startFakePolicy(options: FakePolicyOptions = {}): Promise<
     model = 'fake-policy',
     apiKey,
     supportsReturnTokenIds = true,
+    drifting = false,
     maxModelLen = 32_768,
     host = '127.0.0.1',
     port = 0,
@@ -66,6 +78,8 @@ export async function startFakePolicy(options: FakePolicyOptions = {}): Promise<
   let faults: FakeFaults = initialFaults;
   let embeddingFaults: FakeFaults = initialEmbeddingFaults;
   const embeddingRequests: Array<Record<string, unknown>> = [];
+  const tokenizeRequests: Array<Record<string, unknown>> = [];
+  const completionRequests: Array<Record<string, unknown>> = [];
   const requests: ChatCompletionBody[] = [];
   const calls: FakePolicyCall[] = [];
   const conversationCalls = new Map<string, number>();
@@ -126,7 +140,7 @@ export async function startFakePolicy(options: FakePolicyOptions = {}): Promise<
     apiKey !== undefined && c.req.path.startsWith('/v1') && c.req.header('authorization') !== `Bearer ${apiKey}`;
   app.use('*', async (c, next) => {
     // Chat completions record the request first, then apply the same checks.
-    if (c.req.path === '/v1/chat/completions') return next();
+    if (c.req.path === '/v1/chat/completions' || c.req.path === '/v1/completions') return next();
     const injected = await applyFaults(c, faults);
     if (injected) return injected;
     if (unauthorized(c)) return c.json({ error: 'Unauthorized' }, 401);
@@ -163,25 +177,28 @@ export async function startFakePolicy(options: FakePolicyOptions = {}): Promise<
       usage: { prompt_tokens: tokens, total_tokens: tokens },
     });
   });
-  app.post('/v1/chat/completions', async (c) => {
-    let body: ChatCompletionBody;
-    try {
-      body = (await c.req.json()) as ChatCompletionBody;
-    } catch {
-      return errorResponse(400, 'fake policy: the body is not valid JSON');
-    }
+  /**
+   * Answers a generation request, chat or completions: records it, applies faults, advances the
+   * conversation's script, checks it, and generates the scripted reply.
+   */
+  const generate = async (
+    c: Context<Env>,
+    endpoint: FakePolicyCall['endpoint'],
+    body: ChatCompletionBody,
+    promptIds: number[] | string,
+    respond: (meta: CompletionMeta, promptIds: number[], choices: GeneratedChoice[], request: RequestOptions) => Response | Promise<Response>,
+  ): Promise<Response> => {
     const headers = Object.fromEntries(c.req.raw.headers.entries());
-    const valid = typeof body === 'object' && body !== null && Array.isArray(body.messages) && body.messages.length > 0;
-    const messages = valid ? body.messages : [];
-    const conversation = headers[conversationHeader.toLowerCase()] ?? firstUserMessage(messages);
+    const conversation = headers[conversationHeader.toLowerCase()] ?? firstUserMessage(body.messages);
     const call: FakePolicyCall = {
+      endpoint,
       body,
       headers,
       conversation,
       callIndex: calls.length,
       conversationCallIndex: conversationCalls.get(conversation) ?? 0,
     };
-    requests.push(body);
+    if (endpoint === 'chat') requests.push(body);
     calls.push(call);
     const injectedGlobally = await applyFaults(c, faults);
     if (injectedGlobally) return injectedGlobally;
@@ -190,12 +207,11 @@ export async function startFakePolicy(options: FakePolicyOptions = {}): Promise<
     const conversationCallIndex = conversationCalls.get(conversation) ?? 0;
     call.conversationCallIndex = conversationCallIndex;
     conversationCalls.set(conversation, conversationCallIndex + 1);
-    if (!valid) return errorResponse(400, 'fake policy: `messages` must be a non-empty array');
+    if (typeof promptIds === 'string') return errorResponse(400, promptIds);
     if (typeof body.model === 'string' && body.model !== model) {
       return errorResponse(404, `The model \`${body.model}\` does not exist.`);
     }
     const request = readRequestOptions(body, supportsReturnTokenIds);
-    const promptIds = promptTokenIds(body);
     if (promptIds.length + (request.maxTokens ?? 0) > maxModelLen) {
       return errorResponse(
         400,
@@ -207,20 +223,104 @@ export async function startFakePolicy(options: FakePolicyOptions = {}): Promise<
     const reply = normalizeReply(raw);
     const injected = await applyFaults(c, reply);
     if (injected) return injected;
+    const meta = { id: `${endpoint === 'chat' ? 'chatcmpl' : 'cmpl'}-fake-${call.callIndex}`, created: Math.floor(Date.now() / 1000), model };
+    return respond(meta, promptIds, generateChoices(reply, request.n, call.callIndex, request.maxTokens, drifting), request);
+  };
 
-    const meta = { id: `chatcmpl-fake-${call.callIndex}`, created: Math.floor(Date.now() / 1000), model };
-    const choices = generateChoices(reply, request.n, call.callIndex, request.maxTokens);
-    if (!request.stream) return c.json(completionJson(meta, promptIds, choices, request));
-    const events = completionChunks(meta, promptIds, choices, request);
-    const encoder = new TextEncoder();
-    const stream = new ReadableStream<Uint8Array>({
-      start(controller) {
-        for (const event of events) controller.enqueue(encoder.encode(event));
-        controller.close();
-      },
+  app.post('/v1/chat/completions', async (c) => {
+    let body: ChatCompletionBody;
+    try {
+      body = (await c.req.json()) as ChatCompletionBody;
+    } catch {
+      return errorResponse(400, 'fake policy: the body is not valid JSON');
+    }
+    const valid = typeof body === 'object' && body !== null && Array.isArray(body.messages) && body.messages.length > 0;
+    if (!valid) body = { ...(typeof body === 'object' && body !== null ? body : {}), messages: [] };
+    const promptIds = valid ? promptTokenIds(body) : 'fake policy: `messages` must be a non-empty array';
+    return generate(c, 'chat', body, promptIds, (meta, ids, choices, request) => {
+      if (!request.stream) return c.json(completionJson(meta, ids, choices, request));
+      const events = completionChunks(meta, ids, choices, request);
+      const encoder = new TextEncoder();
+      const stream = new ReadableStream<Uint8Array>({
+        start(controller) {
+          for (const event of events) controller.enqueue(encoder.encode(event));
+          controller.close();
+        },
+      });
+      return new Response(stream, {
+        headers: { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', 'transfer-encoding': 'chunked' },
+      });
     });
-    return new Response(stream, {
-      headers: { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', 'transfer-encoding': 'chunked' },
+  });
+
+  // The ids this server gave out (tokenize, generations), so a token-id prompt can be read back.
+  const vocabulary = new Map<number, string>();
+  const encodeAndRemember = (text: string): number[] =>
+    toyTokenizer.pieces(text).map((piece) => {
+      const id = toyTokenizer.tokenId(piece);
+      vocabulary.set(id, piece);
+      return id;
+    });
+
+  // vLLM's tokenizer route (at the server root, beside /v1): a chat with the template, or a text.
+  app.post('/tokenize', async (c) => {
+    let body: Record<string, unknown>;
+    try {
+      body = (await c.req.json()) as Record<string, unknown>;
+    } catch {
+      return errorResponse(400, 'fake policy: the body is not valid JSON');
+    }
+    if (typeof body !== 'object' || body === null) return errorResponse(400, 'fake policy: the body must be an object');
+    tokenizeRequests.push(body);
+    if (typeof body.model === 'string' && body.model !== model) return errorResponse(404, `The model \`${body.model}\` does not exist.`);
+    let text: string;
+    if (Array.isArray(body.messages)) {
+      const tools = Array.isArray(body.tools) ? body.tools : undefined;
+      text = renderPrompt(body.messages, tools, { addGenerationPrompt: body.add_generation_prompt !== false });
+    } else if (typeof body.prompt === 'string') {
+      text = body.prompt;
+    } else {
+      return errorResponse(400, 'fake policy: /tokenize takes `messages` (an array) or `prompt` (a string)');
+    }
+    const tokens = encodeAndRemember(text);
+    return c.json({
+      count: tokens.length,
+      max_model_len: maxModelLen,
+      tokens,
+      token_strs: body.return_token_strs === true ? toyTokenizer.pieces(text) : null,
+    });
+  });
+
+  // Completions from a token-id prompt (or a text): the prompt is read back through the toy
+  // template so the script sees the same messages as in a chat completion.
+  app.post('/v1/completions', async (c) => {
+    let raw: Record<string, unknown>;
+    try {
+      raw = (await c.req.json()) as Record<string, unknown>;
+    } catch {
+      return errorResponse(400, 'fake policy: the body is not valid JSON');
+    }
+    if (typeof raw !== 'object' || raw === null) raw = {};
+    completionRequests.push(raw);
+    let promptIds: number[] | string;
+    let text = '';
+    if (typeof raw.prompt === 'string') {
+      text = raw.prompt;
+      promptIds = encodeAndRemember(text);
+    } else if (Array.isArray(raw.prompt) && raw.prompt.length > 0 && raw.prompt.every((id) => Number.isInteger(id))) {
+      const ids = raw.prompt as number[];
+      const unknown = ids.find((id) => !vocabulary.has(id));
+      promptIds = unknown === undefined ? ids : `fake policy: token id ${unknown} is not one this server gave out (tokenize or generate first)`;
+      if (unknown === undefined) text = ids.map((id) => vocabulary.get(id)!).join('');
+    } else {
+      promptIds = 'fake policy: `prompt` must be a string or a non-empty array of token ids (one prompt)';
+    }
+    if (raw.stream === true) promptIds = 'fake policy: streamed completions are not supported';
+    const { messages, tools } = parsePrompt(text);
+    const body: ChatCompletionBody = { ...raw, messages, ...(tools ? { tools } : {}) };
+    return generate(c, 'completions', body, promptIds, (meta, ids, choices, request) => {
+      for (const choice of choices) for (const token of choice.tokens) vocabulary.set(token.id, token.piece);
+      return c.json(textCompletionJson(meta, ids, choices, request));
     });
   });
   app.notFound((c) => c.json({ detail: 'Not Found' }, 404));
@@ -245,6 +345,8 @@ export async function startFakePolicy(options: FakePolicyOptions = {}): Promise<
     requests,
     calls,
     embeddingRequests,
+    tokenizeRequests,
+    completionRequests,
     get modelListCalls() {
       return modelListCalls;
     },

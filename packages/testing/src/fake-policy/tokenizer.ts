@@ -71,12 +71,36 @@ function contentText(content: unknown): string {
 }
 
 /**
+ * How a drifting model writes a tool call: Python's `json.dumps` spacing (`{"name": "f", "arguments":
+ * {"x": 1}}`), as Hermes-trained models do, while the template re-renders it compactly. A chat
+ * client that re-renders earlier turns then sees other tokens than the model generated.
+ */
+export function renderSpacedToolCall(name: string, args: string): string {
+  let value: unknown;
+  try {
+    value = JSON.parse(args);
+  } catch {
+    return `<tool_call>{"name": ${JSON.stringify(name)}, "arguments": ${args}}</tool_call>`;
+  }
+  return `<tool_call>${spacedJson({ name, arguments: value })}</tool_call>`;
+}
+
+function spacedJson(value: unknown): string {
+  if (Array.isArray(value)) return `[${value.map(spacedJson).join(', ')}]`;
+  if (typeof value === 'object' && value !== null) {
+    return `{${Object.entries(value).map(([k, v]) => `${JSON.stringify(k)}: ${spacedJson(v)}`).join(', ')}}`;
+  }
+  return JSON.stringify(value);
+}
+
+/**
  * The toy chat template: `<|tools|>` + the tools as JSON + `<|end|>` when tools are offered, then per
  * message `<|role|>` + its text + its tool calls + `<|end|>`, then the generation prompt
- * `<|assistant|>`. Earlier turns' reasoning is dropped, as Qwen3's template does, so a turn's prompt
- * starts with the previous prompt plus the previous generation whenever that turn had no reasoning.
+ * `<|assistant|>` (unless `addGenerationPrompt` is false). Earlier turns' reasoning is dropped, as
+ * Qwen3's template does, so a turn's prompt starts with the previous prompt plus the previous
+ * generation whenever that turn had no reasoning (and the policy does not drift).
  */
-export function renderPrompt(messages: readonly unknown[], tools?: readonly unknown[]): string {
+export function renderPrompt(messages: readonly unknown[], tools?: readonly unknown[], { addGenerationPrompt = true }: { addGenerationPrompt?: boolean } = {}): string {
   let text = tools && tools.length > 0 ? `<|tools|>${JSON.stringify(tools)}<|end|>` : '';
   for (const raw of messages) {
     const message = (raw ?? {}) as { role?: unknown; content?: unknown; tool_calls?: unknown };
@@ -89,17 +113,80 @@ export function renderPrompt(messages: readonly unknown[], tools?: readonly unkn
     }
     text += '<|end|>';
   }
-  return `${text}<|assistant|>`;
+  return addGenerationPrompt ? `${text}<|assistant|>` : text;
 }
 
-/** What the model "generated" for a reply: reasoning in `<think>`, the content, then tool calls. */
-export function renderCompletion(reply: {
-  content?: string | null;
-  reasoning?: string | null;
-  toolCalls?: ReadonlyArray<{ name: string; arguments: string }>;
-}): string {
+/**
+ * What the model "generated" for a reply: reasoning in `<think>`, the content, then tool calls
+ * (written with spaces by a `drifting` policy, see `renderSpacedToolCall`).
+ */
+export function renderCompletion(
+  reply: {
+    content?: string | null;
+    reasoning?: string | null;
+    toolCalls?: ReadonlyArray<{ name: string; arguments: string }>;
+  },
+  { drifting = false }: { drifting?: boolean } = {},
+): string {
   let text = reply.reasoning != null ? `<think>${reply.reasoning}</think>` : '';
   text += reply.content ?? '';
-  for (const call of reply.toolCalls ?? []) text += renderToolCall(call.name, call.arguments);
+  for (const call of reply.toolCalls ?? []) text += (drifting ? renderSpacedToolCall : renderToolCall)(call.name, call.arguments);
   return text;
+}
+
+const ROLE_OR_END = /<\|([a-z_]+)\|>/g;
+
+/**
+ * The toy template read back: the messages and tools a rendered prompt came from (tool calls and
+ * `<think>` reasoning of assistant turns parsed, in either spacing). A trailing generation prompt
+ * is dropped. The fake policy uses it to give token-id prompts to its script as messages.
+ */
+export function parsePrompt(text: string): { messages: Array<Record<string, unknown>>; tools?: unknown[] } {
+  const messages: Array<Record<string, unknown>> = [];
+  let tools: unknown[] | undefined;
+  let open: { role: string; start: number } | null = null;
+  for (const match of text.matchAll(ROLE_OR_END)) {
+    const tag = match[1]!;
+    if (tag !== 'end') {
+      open = { role: tag, start: match.index + match[0].length };
+      continue;
+    }
+    if (open === null) continue;
+    const body = text.slice(open.start, match.index);
+    if (open.role === 'tools') {
+      try {
+        tools = JSON.parse(body) as unknown[];
+      } catch {
+        tools = undefined;
+      }
+    } else {
+      messages.push(open.role === 'assistant' ? assistantMessage(body) : { role: open.role, content: body });
+    }
+    open = null;
+  }
+  return tools === undefined ? { messages } : { messages, tools };
+}
+
+function assistantMessage(body: string): Record<string, unknown> {
+  let rest = body;
+  const thinkEnd = body.indexOf('</think>');
+  const message: Record<string, unknown> = { role: 'assistant' };
+  if (thinkEnd >= 0) {
+    message.reasoning_content = body.slice(0, thinkEnd).replace(/^<think>/, '');
+    rest = body.slice(thinkEnd + '</think>'.length);
+  }
+  const start = rest.indexOf('<tool_call>');
+  const calls: Array<Record<string, unknown>> = [];
+  for (const [, json] of rest.matchAll(/<tool_call>(.*?)<\/tool_call>/gs)) {
+    try {
+      const call = JSON.parse(json!) as { name?: unknown; arguments?: unknown };
+      const args = typeof call.arguments === 'string' ? call.arguments : JSON.stringify(call.arguments ?? {});
+      calls.push({ id: `call_${calls.length}`, type: 'function', function: { name: String(call.name), arguments: args } });
+    } catch {
+      // A malformed call stays text.
+    }
+  }
+  message.content = start >= 0 && calls.length > 0 ? rest.slice(0, start) || null : rest;
+  if (calls.length > 0) message.tool_calls = calls;
+  return message;
 }

@@ -72,6 +72,14 @@ export interface FakePolicyOptions extends FakeFaults {
   apiKey?: string;
   /** False acts as vLLM before 0.10.2: `return_token_ids` is ignored. @default true */
   supportsReturnTokenIds?: boolean;
+  /**
+   * Generate tool calls with Python's JSON spacing (`{"name": "f", "arguments": {"x": 1}}`) while
+   * the chat template and the chat API's `tool_calls` use the compact form: a chat client that
+   * sends the conversation back gets earlier turns re-tokenised differently from what was
+   * generated (re-tokenisation drift). Token-id prompts (`/v1/completions`) are unaffected.
+   * @default false
+   */
+  drifting?: boolean;
   /** Prompts longer than this get 400 as from vLLM. @default 32768 */
   maxModelLen?: number;
   /**
@@ -87,8 +95,10 @@ export interface FakePolicyOptions extends FakeFaults {
   port?: number;
 }
 
-/** One chat completion request the fake policy received. */
+/** One chat completion or completion request the fake policy received. */
 export interface FakePolicyCall {
+  /** `/v1/chat/completions` or `/v1/completions` (whose token-id prompt `body.messages` gives back as messages). */
+  endpoint: 'chat' | 'completions';
   body: ChatCompletionBody;
   headers: Record<string, string>;
   conversation: string;
@@ -110,6 +120,10 @@ export interface FakePolicy {
   readonly running: boolean;
   /** `POST /v1/embeddings` request bodies received, in order. */
   readonly embeddingRequests: Array<Record<string, unknown>>;
+  /** `POST /tokenize` request bodies received, in order. */
+  readonly tokenizeRequests: Array<Record<string, unknown>>;
+  /** `POST /v1/completions` request bodies received, in order, as sent (token-id prompts). */
+  readonly completionRequests: Array<Record<string, unknown>>;
   /** Replaces the global faults (those given at start included). */
   setFaults(faults: FakeFaults): void;
   /** Replaces the faults of `POST /v1/embeddings`. */

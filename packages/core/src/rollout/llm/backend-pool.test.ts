@@ -1,3 +1,5 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
 import { afterEach, describe, expect, it } from 'vitest';
 import { startFakePolicy, type FakePolicy, type FakePolicyOptions } from '../../../../testing/src/fake-policy/index.ts';
 import { RolloutError } from '../../errors.ts';
@@ -6,8 +8,28 @@ import type { LlmChatMessage } from './types.ts';
 
 const policies: FakePolicy[] = [];
 const pools: LlmBackendPool[] = [];
+const holes: ChildProcess[] = [];
+
+const SYN_HOLE = `
+import socket, sys, time
+s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(0)
+port = s.getsockname()[1]
+queued = []
+for _ in range(3):
+    c = socket.socket(); c.setblocking(False)
+    try: c.connect(('127.0.0.1', port))
+    except BlockingIOError: pass
+    queued.append(c)
+time.sleep(0.2)
+print(port, flush=True)
+sys.stdin.read()
+`;
 
 afterEach(async () => {
+  for (const hole of holes.splice(0)) {
+    hole.stdin!.end(); // it exits when its stdin closes
+    if (hole.exitCode === null) await once(hole, 'exit');
+  }
   await Promise.all(pools.splice(0).map((p) => p.close()));
   await Promise.all(policies.splice(0).map((p) => p.close()));
 });
@@ -192,9 +214,10 @@ describe('LlmBackendPool', () => {
     expect(dropping.modelListCalls).toBeGreaterThanOrEqual(2);
   });
 
-  it('waits for a backend when none is healthy, and continues when one comes back', async () => {
+  it('waits for a backend that answered before when none is healthy, and continues when it comes back', async () => {
     const a = await fake();
     const backends = pool({ backends: [{ id: 'a', baseUrl: a.url }] });
+    await backends.chat('r0', { messages: [{ role: 'user', content: 'hi' }] });
     await a.kill();
     const pending = backends.chat('r1', { messages: [{ role: 'user', content: 'hi' }] });
     await until(() => backends.get('a')!.healthy === false);
@@ -203,6 +226,48 @@ describe('LlmBackendPool', () => {
     const result = await pending;
     expect(result.backendId).toBe('a');
     expect(backends.get('a')!.healthy).toBe(true);
+  });
+
+  it('fails at once, naming the URL and the cause, when a backend that never answered refuses connections', async () => {
+    const closed = await fake();
+    const url = closed.url;
+    await closed.close(); // nothing listens on its port now
+    const backends = pool({ backends: [{ id: 'dead', baseUrl: url }], backoffInitialMs: 60_000 });
+    const error = await failure(backends.chat('r1', { messages: [{ role: 'user', content: 'hi' }] }));
+    expect(error).toMatchObject({ code: 'LLM_BACKEND', kind: 'unavailable', retryable: true });
+    expect(error.message).toBe(`policy backend ${url} unreachable: connect ECONNREFUSED 127.0.0.1:${closed.port}`);
+    expect(backends.get('dead')).toMatchObject({ healthy: false, requests: 1, unreachable: `connect ECONNREFUSED 127.0.0.1:${closed.port}` });
+    // the next rollout is told the same without another try
+    const next = await failure(backends.chat('r2', { messages: [{ role: 'user', content: 'hi' }] }));
+    expect(next.message).toBe(error.message);
+    expect(backends.get('dead')!.requests).toBe(1);
+    // with a live backend beside it, calls go there instead
+    const live = await fake();
+    backends.add({ id: 'live', baseUrl: live.url });
+    expect((await backends.chat('r3', { messages: [{ role: 'user', content: 'hi' }] })).backendId).toBe('live');
+  });
+
+  it('fails at once when a host that never answered does not complete the TCP handshake', async () => {
+    // A socket that listens but never accepts, its queue full: further handshakes get no answer.
+    const hole = spawn('python3', ['-c', SYN_HOLE], { stdio: ['pipe', 'pipe', 'inherit'] });
+    holes.push(hole);
+    const [line] = (await once(hole.stdout!, 'data')) as [Buffer];
+    const url = `http://127.0.0.1:${Number(line.toString())}/v1`;
+    const backends = pool({ backends: [{ id: 'hole', baseUrl: url }], connectTimeoutMs: 300 });
+    const error = await failure(backends.chat('r1', { messages: [{ role: 'user', content: 'hi' }] }));
+    expect(error).toMatchObject({ code: 'LLM_BACKEND', kind: 'unavailable' });
+    expect(error.message).toBe(`policy backend ${url} unreachable: connect timeout: no TCP handshake within 300 ms`);
+  });
+
+  it('puts a backend that was unreachable back once its probe answers', async () => {
+    const policy = await fake();
+    await policy.kill();
+    const backends = pool({ backends: [{ id: 'late', baseUrl: policy.url }] });
+    expect((await failure(backends.chat('r1', { messages: [{ role: 'user', content: 'hi' }] }))).message).toContain('unreachable: connect ECONNREFUSED');
+    await policy.restart();
+    await until(() => backends.get('late')!.healthy);
+    expect(backends.get('late')).toMatchObject({ unreachable: null });
+    expect((await backends.chat('r2', { messages: [{ role: 'user', content: 'hi' }] })).backendId).toBe('late');
   });
 
   it('bounds the wait for a healthy backend by waitForBackendMs and by the signal', async () => {

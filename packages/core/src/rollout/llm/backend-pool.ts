@@ -1,9 +1,8 @@
-import type { Agent } from 'undici';
-import { request } from 'undici';
+import { Agent, request } from 'undici';
 import { RolloutError } from '../../errors.ts';
-import { callerAbortError, chatCompletion, createLlmAgent } from './chat-completion.ts';
+import { callerAbortError, chatCompletion } from './chat-completion.ts';
 import { LlmBackendError, type LlmFailureKind } from './llm-error.ts';
-import type { ChatRequest, ChatResult, LlmBackendConfig } from './types.ts';
+import type { ChatCompletionOptions, ChatRequest, ChatResult, LlmBackendConfig } from './types.ts';
 
 export interface LlmBackendPoolOptions {
   backends?: readonly LlmBackendConfig[];
@@ -19,6 +18,8 @@ export interface LlmBackendPoolOptions {
   probeTimeoutMs?: number;
   /** How long a call waits for a healthy backend when there is none. @default 120_000 */
   waitForBackendMs?: number;
+  /** Time limit of opening a connection (a host that never answers the TCP handshake). @default 5_000 */
+  connectTimeoutMs?: number;
   /** The header naming the rollout on every request (null: none). @default 'x-rollout-id' */
   rolloutHeader?: string | null;
   /** Called after every request (for metrics). */
@@ -47,6 +48,8 @@ export interface LlmBackendStats {
   connectFailures: number;
   latencyMs: { last: number | null; mean: number | null };
   lastError: string | null;
+  /** Why the backend cannot be reached, while it has never answered and its last attempt failed to connect. */
+  unreachable: string | null;
   /** When an unhealthy backend is probed next. */
   nextProbeInMs: number | null;
 }
@@ -71,6 +74,10 @@ interface Entry {
   latencyCount: number;
   lastLatencyMs: number | null;
   lastError: string | null;
+  /** It answered once (any HTTP response): a later connection failure is a restart worth waiting for. */
+  answered: boolean;
+  /** Set while it has never answered and the last attempt to connect failed: the cause. */
+  unreachable: string | null;
   backoffMs: number;
   probeTimer: NodeJS.Timeout | null;
   probeAt: number | null;
@@ -82,11 +89,38 @@ interface Waiter {
   fail(error: RolloutError): void;
 }
 
+/** Failures to open a connection at all, as opposed to one dropped mid-request. */
+const UNREACHABLE_CODES = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'EHOSTDOWN', 'ENETUNREACH', 'ENETDOWN', 'ETIMEDOUT', 'UND_ERR_CONNECT_TIMEOUT']);
+
+/** `connect ECONNREFUSED 127.0.0.1:9` and the like, when `error` (or what it wraps) failed to connect. */
+function unreachableCause(error: unknown, depth = 0): string | undefined {
+  if (typeof error !== 'object' || error === null || depth > 4) return undefined;
+  const { code, message, errors, cause } = error as { code?: unknown; message?: unknown; errors?: unknown; cause?: unknown };
+  if (code === 'UND_ERR_CONNECT_TIMEOUT') {
+    const limit = typeof message === 'string' ? /timeout: (\d+) ?ms/.exec(message)?.[1] : undefined;
+    return `connect timeout: no TCP handshake${limit ? ` within ${limit} ms` : ''}`;
+  }
+  if (typeof code === 'string' && UNREACHABLE_CODES.has(code)) {
+    return typeof message === 'string' && message.includes(code) ? message : `connect ${code}${typeof message === 'string' && message ? ` (${message})` : ''}`;
+  }
+  // Happy eyeballs (several addresses) fails with an AggregateError of the attempts.
+  for (const inner of Array.isArray(errors) ? errors : []) {
+    const found = unreachableCause(inner, depth + 1);
+    if (found) return found;
+  }
+  return unreachableCause(cause, depth + 1);
+}
+
 /**
  * The policy's inference servers. A rollout sticks to one backend for all its turns (so vLLM's
  * prefix cache keeps its conversation), chosen by fewest rollouts in flight, ties in turn. A request
  * that gets no response takes its backend out of rotation and is sent again to another; the
  * backend is probed after an exponential back-off and put back when it answers.
+ *
+ * A backend that has never answered and fails to connect (refused, no such host, no route, no
+ * handshake within `connectTimeoutMs`) is a wrong or dead URL, not a restart: with no other
+ * healthy backend, calls fail at once with an LlmBackendError naming the URL and the cause instead
+ * of waiting `waitForBackendMs` for it. Once it has answered, a failure to connect is waited out.
  */
 export class LlmBackendPool {
   readonly #entries = new Map<string, Entry>();
@@ -105,6 +139,7 @@ export class LlmBackendPool {
       backoffMaxMs: 30_000,
       probeTimeoutMs: 5_000,
       waitForBackendMs: 120_000,
+      connectTimeoutMs: 5_000,
       rolloutHeader: 'x-rollout-id',
       ...options,
     };
@@ -126,7 +161,9 @@ export class LlmBackendPool {
     }
     const entry: Entry = {
       config,
-      agent: createLlmAgent(config.maxConcurrency),
+      // keep-alive, no header/body limits (a long generation waits for its whole answer; time
+      // limits are the caller's), and a short connect limit so that a dead host shows at once
+      agent: new Agent({ connections: config.maxConcurrency ?? null, headersTimeout: 0, bodyTimeout: 0, connect: { timeout: this.#options.connectTimeoutMs } }),
       healthy: true,
       removed: false,
       rollouts: 0,
@@ -138,6 +175,8 @@ export class LlmBackendPool {
       latencyCount: 0,
       lastLatencyMs: null,
       lastError: null,
+      answered: false,
+      unreachable: null,
       backoffMs: this.#options.backoffInitialMs,
       probeTimer: null,
       probeAt: null,
@@ -193,7 +232,16 @@ export class LlmBackendPool {
   }
 
   /** One model call for a rollout, on its sticky backend; resent elsewhere when it gets no response. */
-  async chat(rolloutId: string, chat: ChatRequest, { signal, timeoutMs }: LlmChatOptions = {}): Promise<ChatResult> {
+  async chat(rolloutId: string, chat: ChatRequest, options: LlmChatOptions = {}): Promise<ChatResult> {
+    return this.send(rolloutId, (backend, o) => chatCompletion(backend, chat, o), options);
+  }
+
+  /** Any request of a rollout (a tokenization, a token-id completion) with `chat`'s stickiness, resends and accounting. */
+  async send<R extends { latencyMs: number }>(
+    rolloutId: string,
+    call: (backend: LlmBackendConfig, options: ChatCompletionOptions) => Promise<R>,
+    { signal, timeoutMs }: LlmChatOptions = {},
+  ): Promise<R> {
     const deadline = performance.now() + this.#options.waitForBackendMs;
     const headers = this.#options.rolloutHeader ? { [this.#options.rolloutHeader]: rolloutId } : undefined;
     for (let attempt = 1; ; attempt++) {
@@ -203,7 +251,7 @@ export class LlmBackendPool {
       const started = performance.now();
       let outcome: LlmRequestEvent['outcome'] = 'ok';
       try {
-        const result = await chatCompletion(entry.config, chat, {
+        const result = await call(entry.config, {
           signal,
           timeoutMs: timeoutMs ?? this.#options.requestTimeoutMs,
           headers,
@@ -212,6 +260,8 @@ export class LlmBackendPool {
         entry.latencySum += result.latencyMs;
         entry.latencyCount += 1;
         entry.lastLatencyMs = result.latencyMs;
+        entry.answered = true;
+        entry.unreachable = null;
         // An answer is as good as a probe.
         if (!entry.healthy && !entry.removed) this.#markHealthy(entry);
         return result;
@@ -221,9 +271,14 @@ export class LlmBackendPool {
         if (!failure) throw error;
         entry.failures += 1;
         entry.lastError = failure.message;
+        if (failure.kind === 'http' || failure.kind === 'protocol') entry.answered = true;
         if (failure.kind === 'connect' && !signal?.aborted && !this.#closed) {
           entry.connectFailures += 1;
+          const cause = entry.answered ? undefined : unreachableCause(failure.cause);
+          if (cause !== undefined) entry.unreachable = cause;
           if (!entry.removed) this.#markUnhealthy(entry);
+          // A URL that never answered fails now unless another backend may take the call.
+          if (cause !== undefined && this.#allUnreachable()) throw this.#unreachableError(failure);
           if (attempt < this.#options.maxAttempts) continue;
         }
         throw error;
@@ -264,8 +319,28 @@ export class LlmBackendPool {
         this.#sticky.set(rolloutId, next);
         return next;
       }
+      // Every backend is a URL that never answered and could not be reached: say so now.
+      if (this.#allUnreachable()) throw this.#unreachableError();
       await this.#waitForChange(signal, deadline);
     }
+  }
+
+  #allUnreachable(): boolean {
+    if (this.#entries.size === 0) return false;
+    for (const entry of this.#entries.values()) if (entry.unreachable === null) return false;
+    return true;
+  }
+
+  /** `policy backend http://127.0.0.1:9/v1 unreachable: connect ECONNREFUSED 127.0.0.1:9`, one clause per backend. */
+  #unreachableError(cause?: unknown): LlmBackendError {
+    const entries = [...this.#entries.values()];
+    return new LlmBackendError({
+      kind: 'unavailable',
+      message: entries.map((entry, i) => `${i === 0 ? 'policy backend ' : ''}${entry.config.baseUrl} unreachable: ${entry.unreachable}`).join('; '),
+      backendId: entries.length === 1 ? entries[0]!.config.id : null,
+      retryable: true,
+      cause,
+    });
   }
 
   /** The healthy backend with fewest rollouts; ties go round robin. */
@@ -347,10 +422,13 @@ export class LlmBackendPool {
         dispatcher: entry.agent,
       });
       await response.body.dump();
+      entry.answered = true;
+      entry.unreachable = null;
       ok = response.statusCode >= 200 && response.statusCode < 300;
       if (!ok) entry.lastError = `probe: HTTP ${response.statusCode}`;
     } catch (error) {
       entry.lastError = `probe: ${error instanceof Error ? error.message : String(error)}`;
+      if (!entry.answered) entry.unreachable = unreachableCause(error) ?? entry.unreachable;
     } finally {
       clearTimeout(timer);
       entry.probe = null;
@@ -397,6 +475,7 @@ export class LlmBackendPool {
         mean: entry.latencyCount === 0 ? null : entry.latencySum / entry.latencyCount,
       },
       lastError: entry.lastError,
+      unreachable: entry.unreachable,
       nextProbeInMs: entry.probeAt === null ? null : Math.max(0, entry.probeAt - performance.now()),
     };
   }

@@ -99,3 +99,44 @@ export interface ChatResult extends Omit<ChatChoice, 'index'> {
   /** The response body as parsed. */
   raw: unknown;
 }
+
+/** `POST /tokenize` (vLLM) of a conversation, rendered with the backend's chat template. */
+export interface TokenizeChatRequest {
+  messages: readonly LlmChatMessage[];
+  /** @default the backend's model */
+  model?: string;
+  tools?: readonly LlmTool[];
+  /** End with the template's generation prompt (`<|im_start|>assistant\n`). */
+  addGenerationPrompt: boolean;
+}
+
+/** `POST /v1/completions` with a token-id prompt (vLLM): generation from exactly these ids. */
+export interface TokenCompletionRequest {
+  promptTokenIds: readonly number[];
+  /** @default the backend's model */
+  model?: string;
+  sampling?: LlmSamplingParams;
+}
+
+export interface TokenCompletionResult {
+  /** The generated text (special tokens skipped, as vLLM detokenises it). */
+  text: string;
+  /** 'stop' or 'length' as the server said; null if it said nothing. */
+  finishReason: string | null;
+  /** From `choice.token_ids` (vLLM >= 0.10.2) or from `token_id:N` logprob tokens. */
+  generationTokenIds: number[] | null;
+  generationLogprobs: number[] | null;
+  usage: { promptTokens: number; completionTokens: number; totalTokens: number };
+  model: string | null;
+  backendId: string;
+  latencyMs: number;
+  raw: unknown;
+}
+
+/**
+ * Runs one request on the rollout's backend (the pool's `send`, bound to a rollout and its
+ * signal): the token-in conversation makes several calls per turn, all to the same backend.
+ */
+export type BackendCall = <R extends { latencyMs: number }>(
+  call: (backend: LlmBackendConfig, options: ChatCompletionOptions) => Promise<R>,
+) => Promise<R>;

@@ -19,6 +19,16 @@ const input = {
 };
 
 describe('buildBwrapArgs', () => {
+  it('binds an image under its overlay layer as a writable root, without capabilities, as the image user', () => {
+    const args = buildBwrapArgs({ ...input, entries: [], workdir: '/testbed', writableRoot: '/tmp/rollserve-rs-1/layer/root', ids: { uid: 1234, gid: 2345 } });
+    expect(args.slice(10, 18)).toEqual(['--uid', '1234', '--gid', '2345', '--cap-drop', 'ALL', '--bind', '/tmp/rollserve-rs-1/layer/root']);
+    expect(args.slice(18, 19)).toEqual(['/']);
+    // the workdir is the image's own directory (its files stay), and the root is not remounted read-only
+    expect(args.join(' ')).toContain('--dir /testbed --size');
+    expect(args).not.toContain('--remount-ro');
+    expect(args.join(' ')).not.toContain('--tmpfs /testbed');
+  });
+
   it('builds the exact isolated command line', () => {
     expect(buildBwrapArgs(input)).toEqual([
       '--unshare-user', '--unshare-pid', '--unshare-ipc', '--unshare-uts', '--unshare-cgroup-try', '--unshare-net',

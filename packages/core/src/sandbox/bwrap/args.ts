@@ -58,6 +58,13 @@ export interface BwrapArgsInput {
   env?: Record<string, string>;
   /** The command bwrap runs (the init). */
   command: string[];
+  /**
+   * A writable root (an image under the sandbox's own overlay layer) bound as `/` instead of the
+   * read-only `entries`; the workdir is then a directory of it rather than a tmpfs.
+   */
+  writableRoot?: string;
+  /** uid and gid inside the sandbox (an image's `User`). @default the caller's */
+  ids?: { uid: number; gid: number };
 }
 
 /** The bwrap argv (without the binary) for a sandbox. Pure: unit-tested as is. */
@@ -74,6 +81,9 @@ export function buildBwrapArgs(input: BwrapArgsInput): string[] {
     '--hostname',
     'sandbox',
   ];
+  if (input.ids !== undefined) args.push('--uid', String(input.ids.uid), '--gid', String(input.ids.gid));
+  // bwrap starts as root of the overlay's namespace there: it would hand the sandbox its capabilities
+  if (input.writableRoot !== undefined) args.push('--cap-drop', 'ALL', '--bind', input.writableRoot, '/');
   for (const entry of input.entries) {
     const dest = `/${entry.name}`;
     if (entry.kind === 'symlink') args.push('--symlink', entry.target!, dest);
@@ -95,12 +105,13 @@ export function buildBwrapArgs(input: BwrapArgsInput): string[] {
   args.push(
     '--perms', '1777', '--size', String(Math.max(1, Math.floor(r.tmpMib / 4)) * mib), '--tmpfs', '/dev/shm',
     '--perms', '1777', '--size', String(r.tmpMib * mib), '--tmpfs', '/tmp',
-    '--size', String(r.workspaceMib * mib), '--tmpfs', input.workdir,
+    ...(input.writableRoot === undefined ? ['--size', String(r.workspaceMib * mib), '--tmpfs', input.workdir] : ['--dir', input.workdir]),
     '--size', String(r.outputMib * mib), '--tmpfs', SOCKET_MOUNT,
     '--ro-bind', input.inputHost, INPUT_MOUNT,
   );
   for (const bind of input.binds ?? []) args.push(bind.readOnly ? '--ro-bind' : '--bind', bind.host, bind.sandbox);
-  args.push('--remount-ro', '/', '--chdir', input.workdir, '--clearenv');
+  if (input.writableRoot === undefined) args.push('--remount-ro', '/');
+  args.push('--chdir', input.workdir, '--clearenv');
   for (const [key, value] of Object.entries(input.env ?? BASE_ENV)) args.push('--setenv', key, value);
   args.push('--info-fd', '3', '--', ...input.command);
   return args;

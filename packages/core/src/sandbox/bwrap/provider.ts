@@ -6,6 +6,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { RolloutError } from '../../errors.ts';
 import { createSandboxCgroup } from '../cgroup.ts';
+import { isImageReference, overlayPrefix, overlayRoot, resolveImage, type ResolvedImage } from '../image/index.ts';
 import { BASE_ENV, DEFAULT_RESOURCES, DEFAULT_WORKDIR, type SandboxProvider, type SandboxSpec } from '../types.ts';
 import { agentScript } from './agent.ts';
 import { buildBwrapArgs, DEFAULT_HOST_ROOT_DIRS, DEVICES, scanRoot, type RootEntry } from './args.ts';
@@ -25,6 +26,11 @@ export interface BwrapProviderOptions {
    * bind mounts are made as that uid). @default os.tmpdir()
    */
   tmpDir?: string;
+  /**
+   * The image cache (see `resolveImage`); it and its parents must be searchable by the sandbox uid.
+   * @default $ROLLSERVE_IMAGE_CACHE, else `<os.tmpdir()>/rollserve-images`
+   */
+  imageCacheDir?: string;
   /** Top-level host directories bound read-only when the spec has no image. */
   hostRootDirs?: string[];
   /**
@@ -42,6 +48,9 @@ export interface BwrapProviderOptions {
   warm?: number;
 }
 
+
+/** The ids a sandbox on an image whose user is root runs as (see `start`). */
+const IMAGE_ROOT_IDS = { uid: 65534, gid: 65534 };
 
 /** Whether bwrap is usable here (a binary on PATH and user namespaces allowed). */
 export function bwrapAvailable(bwrapPath = 'bwrap'): boolean {
@@ -72,15 +81,29 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
   let filling = 0;
   let providerClosed = false;
 
-  async function start(spec: SandboxSpec): Promise<BwrapSandbox> {
+  async function start(requested: SandboxSpec): Promise<BwrapSandbox> {
+    let image: ResolvedImage | undefined;
+    let spec = requested;
+    if (spec.image !== undefined && isImageReference(spec.image)) {
+      image = await resolveImage(spec.image, {
+        ...(options.imageCacheDir === undefined ? {} : { cacheDir: options.imageCacheDir }),
+        ...(user === undefined ? {} : { owner: user }),
+      });
+      // the image's Env under the spec's, so that exec and entering processes (PTY, kernel) have it
+      spec = { ...spec, env: { ...image.config.env, ...spec.env } };
+    }
     const id = `rs-${randomBytes(6).toString('hex')}`;
     const base = join(options.tmpDir ?? tmpdir(), `rollserve-${id}`);
     const inputHost = join(base, 'in');
-    const workdir = spec.workdir ?? DEFAULT_WORKDIR;
+    const workdir = spec.workdir ?? image?.config.workdir ?? DEFAULT_WORKDIR;
+    const layerDir = join(base, 'layer');
+    // an image: bwrap starts inside the namespace that holds the sandbox's overlay (image/overlay.ts)
+    const overlay = image === undefined ? undefined : overlayPrefix(image.rootfs, layerDir, { ...DEFAULT_RESOURCES, ...spec.resources }.workspaceMib * 1024 * 1024);
     // synchronous on purpose: tiny syscalls beat thread-pool round trips
     mkdirSync(base, { mode: 0o700 });
     try {
       mkdirSync(inputHost, { mode: 0o755 });
+      if (image !== undefined) mkdirSync(layerDir, { mode: 0o700 });
       // bwrap makes its mounts as the sandbox uid: it must be able to reach the input directory
       if (user !== undefined) chownSync(base, user.uid, user.gid);
     } catch (error) {
@@ -95,7 +118,8 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
     });
     const root = spec.image ?? '/';
     let entries: RootEntry[];
-    if (spec.image === undefined) entries = hostEntries ??= scanRoot('/', options.hostRootDirs ?? DEFAULT_HOST_ROOT_DIRS);
+    if (image !== undefined) entries = [];
+    else if (spec.image === undefined) entries = hostEntries ??= scanRoot('/', options.hostRootDirs ?? DEFAULT_HOST_ROOT_DIRS);
     else entries = scanRoot(spec.image);
     const args = buildBwrapArgs({
       root,
@@ -108,10 +132,17 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
       devices: DEVICES.filter((device) => existsSync(`/dev/${device}`)),
       env: BASE_ENV,
       command: ['/bin/sh', '-c', agentScript(spec.resources)],
+      ...(image === undefined ? {} : { writableRoot: overlayRoot(layerDir) }),
+      // Never root inside: a process entering the sandbox (nsenter) gets every capability of its
+      // user namespace back when it execs as root there, and could undo the sandbox's mounts.
+      // The image's files belong to whichever uid the sandbox has, so an image's root runs as
+      // nobody (65534, in nearly every image's passwd) with the same access to them.
+      ...(image === undefined ? {} : { ids: image.config.user ?? IMAGE_ROOT_IDS }),
     });
+    const argv = [...(overlay ?? []), bwrapPath, ...args];
     // as root, Node itself drops to the sandbox uid (libuv also clears the supplementary groups):
     // one exec less than `setpriv` on the hot path
-    const init = spawn(bwrapPath, args, {
+    const init = spawn(argv[0]!, argv.slice(1), {
       env: { ...BASE_ENV },
       cwd: '/',
       stdio: ['pipe', 'pipe', 'pipe', 'pipe'],

@@ -1,0 +1,243 @@
+import { text } from 'node:stream/consumers';
+import type { HttpBindings } from '@hono/node-server';
+import { createRoute, OpenAPIHono, z } from '@hono/zod-openapi';
+import type { MiddlewareHandler } from 'hono';
+import { RolloutError } from '../../errors.ts';
+import type { SubmittedTask } from '../service.ts';
+import { trainingView } from '../training-view.ts';
+import { RolloutState, RolloutTask, SubmitBatch, SubmitRequest } from '../types.ts';
+import type { ApiContext } from './context.ts';
+import { parse } from './parse.ts';
+import { errorResponses, toWireView, WireView } from './wire.ts';
+
+const NO_BACKEND = 'add one with POST /v1/llm-backends or --llm';
+
+/**
+ * Rollouts submitted without a `policy.base_url` while the service has no LLM backend: they wait
+ * for one (then fail), so the 202 and `/v1/status` say so while it holds.
+ */
+export class BackendWarnings {
+  readonly #waiting = new Set<string>();
+
+  constructor(private readonly ctx: ApiContext) {}
+
+  #none(): boolean {
+    return this.ctx.options.backends !== undefined && this.ctx.options.backends.list().length === 0;
+  }
+
+  /** Notes a submission; answers the warnings of its 202. */
+  submitted(tasks: readonly RolloutTask[], submitted: readonly SubmittedTask[]): string[] {
+    if (!this.#none()) return [];
+    const needy = submitted.filter((s, i) => !tasks[i]!.policy.base_url && s.rolloutIds.some((id) => !this.ctx.service.get(id)?.result));
+    for (const s of needy) for (const id of s.rolloutIds) this.#waiting.add(id);
+    if (needy.length === 0) return [];
+    const names = needy.map((s) => s.taskId);
+    const shown = names.length > 5 ? `${names.slice(0, 5).join(', ')} and ${names.length - 5} more` : names.join(', ');
+    return [`no policy backend for task${names.length === 1 ? '' : 's'} ${shown}: the task names no policy.base_url and the service has no LLM backend; ${NO_BACKEND}`];
+  }
+
+  /** The warnings of `/v1/status`. */
+  current(): string[] {
+    for (const id of this.#waiting) {
+      const view = this.ctx.service.get(id);
+      if (!view || view.result) this.#waiting.delete(id);
+    }
+    if (this.#waiting.size === 0 || !this.#none()) return [];
+    return [`no policy backend for ${this.#waiting.size} unfinished rollout${this.#waiting.size === 1 ? '' : 's'} that name no policy.base_url: ${NO_BACKEND}`];
+  }
+}
+
+const Submitted = z
+  .strictObject({
+    tasks: z.array(
+      z.strictObject({
+        task_id: z.string(),
+        /** n per task: `<task_id>` for n = 1, else `<task_id>:<sample index>`. */
+        rollout_ids: z.array(z.string()),
+        /** True when the task id was known: nothing new was started. */
+        existing: z.boolean(),
+      }),
+    ),
+    /** What will keep these rollouts from running, e.g. no policy backend. */
+    warnings: z.array(z.string()),
+  })
+  .openapi('Submitted');
+
+// types.ts's schemas were made before @hono/zod-openapi extended zod: named with zod's own `.meta({ id })`.
+const SubmitBody = z.union([SubmitBatch.meta({ id: 'SubmitBatch' }), RolloutTask.meta({ id: 'RolloutTask' })]).openapi('SubmitRequest');
+
+/**
+ * Served by Node, the JSON validator reads the body straight from Node's request: `c.req.json()`
+ * would first build a web Request (a ReadableStream over the body, an AbortController) to read it
+ * from, which cost more than the rest of a submit's HTTP handling. Read on first use only.
+ */
+const bodyFromNode: MiddlewareHandler = async (c, next) => {
+  const incoming = (c.env as Partial<HttpBindings> | undefined)?.incoming;
+  if (incoming) {
+    let body: Promise<string> | undefined;
+    Object.defineProperty(c.req.bodyCache, 'text', { enumerable: true, configurable: true, get: () => (body ??= text(incoming)) });
+  }
+  await next();
+};
+
+const submitRoute = createRoute({
+  method: 'post',
+  path: '/v1/rollouts',
+  middleware: [bodyFromNode] as const,
+  summary: 'Submit one task or a batch; answers once it is journaled with the rollout ids (n per task). A known task id returns what it has.',
+  request: { body: { required: true, content: { 'application/json': { schema: SubmitBody } } } },
+  responses: {
+    202: { description: 'Accepted', content: { 'application/json': { schema: Submitted } } },
+    ...errorResponses(400, 401, 404, 409, 422, 503),
+  },
+});
+
+const ListQuery = z.object({
+  cursor: z.string().optional(),
+  limit: z.coerce.number().int().positive().max(1_000).optional().openapi({ type: 'integer', minimum: 1, maximum: 1_000, default: 100 }),
+  state: RolloutState.optional(),
+  task_id: z.string().optional(),
+});
+
+const listRoute = createRoute({
+  method: 'get',
+  path: '/v1/rollouts',
+  summary: 'List rollouts in submission order, a page at a time',
+  request: { query: ListQuery },
+  responses: {
+    200: {
+      description: 'A page',
+      content: { 'application/json': { schema: z.strictObject({ items: z.array(WireView), next_cursor: z.string().nullable() }).openapi('RolloutPage') } },
+    },
+    ...errorResponses(400, 401, 422),
+  },
+});
+
+const IdParam = z.object({ id: z.string().min(1).openapi({ param: { name: 'id', in: 'path' }, description: 'A rollout id, or a task id for its group' }) });
+
+const TaskRollouts = z
+  .strictObject({ task_id: z.string(), rollouts: z.array(WireView) })
+  .openapi('TaskRollouts', { description: "A task's rollouts (GET or DELETE with a task id)" });
+
+/** ?view=training: already snake_case (training-view.ts); declared loosely, as its own module documents it. */
+const TrainingView = z
+  .looseObject({
+    id: z.string(),
+    task_id: z.string(),
+    sample_index: z.number().int(),
+    reward: z.number(),
+    advantage: z.number().nullable(),
+    filter: z.boolean(),
+    prompt_ids: z.array(z.number().int()).nullable(),
+    response_ids: z.array(z.number().int()).nullable(),
+    response_mask: z.array(z.number().int()).nullable(),
+    response_logprobs: z.array(z.number()).nullable(),
+    response_turn: z.array(z.number().int()).nullable(),
+    sequence_error: z.string().nullable(),
+    turns: z.array(z.record(z.string(), z.unknown())),
+    credit: z.record(z.string(), z.unknown()).nullable(),
+  })
+  .openapi('TrainingView');
+
+const getRoute = createRoute({
+  method: 'get',
+  path: '/v1/rollouts/{id}',
+  summary: 'One rollout, or for a task id its group; `view=training` gives what a loss needs (finished rollouts only; null for unfinished members of a group)',
+  request: { params: IdParam, query: z.object({ view: z.string().optional().openapi({ enum: ['training'], description: 'training: the training view (already snake_case)' }) }) },
+  responses: {
+    200: {
+      description: 'The rollout (RolloutView), its task (TaskRollouts), or with `view=training` their training views',
+      content: {
+        'application/json': {
+          schema: z.union([WireView, TaskRollouts, TrainingView, z.strictObject({ task_id: z.string(), rollouts: z.array(TrainingView.nullable()) }).openapi('TaskTrainingViews')]),
+        },
+      },
+    },
+    ...errorResponses(400, 401, 404, 409, 422),
+  },
+});
+
+const deleteRoute = createRoute({
+  method: 'delete',
+  path: '/v1/rollouts/{id}',
+  summary: 'Cancel a rollout (or every rollout of a task): it leaves its queue or stage and its sandbox is freed; answers once it has ended (`wait=false`: at once)',
+  request: { params: IdParam, query: z.object({ wait: z.enum(['true', 'false']).optional().openapi({ default: 'true' }) }) },
+  responses: {
+    200: { description: 'The cancelled rollout, or its task', content: { 'application/json': { schema: z.union([WireView, TaskRollouts]) } } },
+    ...errorResponses(401, 404, 422),
+  },
+});
+
+/** POST/GET/DELETE /v1/rollouts[/:id]. */
+export function rolloutsApi({ service }: ApiContext, warnings: BackendWarnings): OpenAPIHono {
+  const app = new OpenAPIHono();
+
+  // The 202 comes once the batch is journaled (a restart runs it), before any of its work starts.
+  app.openapi(
+    submitRoute,
+    async (c) => {
+      const request = c.req.valid('json');
+      const tasks = 'tasks' in request ? request.tasks : [request];
+      const submitted = await service.submit(tasks);
+      return c.json(
+        { tasks: submitted.map((t) => ({ task_id: t.taskId, rollout_ids: t.rolloutIds, existing: t.existing })), warnings: warnings.submitted(tasks, submitted) },
+        202,
+      );
+    },
+    // one schema or the other by shape, so that an error names the field, not "no union member"
+    (result): undefined => {
+      if (result.success) return;
+      const raw = (result as { data?: unknown }).data; // zod-validator passes the value it checked
+      parse(typeof raw === 'object' && raw !== null && 'tasks' in raw ? SubmitBatch : RolloutTask, raw);
+      parse(SubmitRequest, raw); // not reached: one of them failed
+    },
+  );
+
+  app.openapi(listRoute, (c) => {
+    const query = c.req.valid('query');
+    const page = service.list({
+      ...(query.cursor ? { cursor: query.cursor } : {}),
+      ...(query.limit ? { limit: query.limit } : {}),
+      ...(query.state ? { state: query.state } : {}),
+      ...(query.task_id ? { taskId: query.task_id } : {}),
+    });
+    return c.json({ items: page.items.map(toWireView), next_cursor: page.nextCursor }, 200);
+  });
+
+  app.openapi(getRoute, (c) => {
+    const { id } = c.req.valid('param');
+    const viewName = c.req.valid('query').view;
+    if (viewName !== undefined && viewName !== 'training') throw new RolloutError({ code: 'BAD_REQUEST', message: `view is "training" or omitted, not "${viewName}"` });
+    const training = viewName === 'training';
+    const view = service.get(id);
+    if (view) {
+      if (!training) return c.json(toWireView(view), 200);
+      if (!view.result) throw new RolloutError({ code: 'CONFLICT', message: `rollout "${id}" has not finished (state ${view.state})`, retryable: true });
+      return c.json(trainingView(view.result), 200);
+    }
+    const members = service.taskRollouts(id);
+    if (!members) throw new RolloutError({ code: 'NOT_FOUND', message: `no rollout or task "${id}"` });
+    if (!training) return c.json({ task_id: id, rollouts: members.map((m) => toWireView(service.get(m)!)) }, 200);
+    return c.json(
+      {
+        task_id: id,
+        rollouts: members.map((m) => {
+          const result = service.get(m)?.result;
+          return result ? trainingView(result) : null;
+        }),
+      },
+      200,
+    );
+  });
+
+  app.openapi(deleteRoute, async (c) => {
+    const { id } = c.req.valid('param');
+    const ids = service.taskRollouts(id) ?? [id];
+    const views = ids.map((m) => service.cancel(m));
+    if (c.req.valid('query').wait !== 'false') await Promise.all(ids.map((m) => service.wait(m)));
+    if (ids.length === 1) return c.json(toWireView(service.get(ids[0]!)!), 200);
+    return c.json({ task_id: id, rollouts: views.map((v) => toWireView(service.get(v.id)!)) }, 200);
+  });
+
+  return app;
+}

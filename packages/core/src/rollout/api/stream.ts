@@ -1,0 +1,239 @@
+import { once } from 'node:events';
+import type { ServerResponse } from 'node:http';
+import type { HttpBindings } from '@hono/node-server';
+import { RESPONSE_ALREADY_SENT } from '@hono/node-server/utils/response';
+import { createRoute, OpenAPIHono, z } from '@hono/zod-openapi';
+import type { Context } from 'hono';
+import { stream, streamSSE } from 'hono/streaming';
+import { RolloutError } from '../../errors.ts';
+import type { RolloutService } from '../service.ts';
+import type { RolloutResult } from '../types.ts';
+import type { ApiContext } from './context.ts';
+import { errorResponses, toWireGroup, toWireResult, WireGroup, WireResult } from './wire.ts';
+
+const Format = z
+  .string()
+  .optional()
+  .openapi({ enum: ['ndjson', 'sse'], description: 'NDJSON by default, SSE with `sse` or `Accept: text/event-stream`' });
+
+const streamRoute = createRoute({
+  method: 'get',
+  path: '/v1/rollouts/stream',
+  summary:
+    'Results as they complete: NDJSON (default) or SSE (`format=sse` or Accept: text/event-stream). With `ids`, the stream includes those already finished and ends when all are.',
+  request: { query: z.object({ ids: z.string().optional().openapi({ description: 'Comma-separated rollout or task ids' }), format: Format }) },
+  responses: {
+    200: {
+      description: 'One RolloutResult per line (NDJSON) or per `result` event (SSE; an `end` event closes it)',
+      content: { 'application/x-ndjson': { schema: WireResult }, 'text/event-stream': { schema: z.string() } },
+    },
+    ...errorResponses(400, 401, 404, 422),
+  },
+});
+
+const groupsRoute = createRoute({
+  method: 'get',
+  path: '/v1/rollouts/groups/stream',
+  summary:
+    'Whole groups as they complete: each task once all its samples have finished, advantages and credit filled. NDJSON (default) or SSE; ends when every task named was sent.',
+  request: { query: z.object({ ids: z.string().min(1).openapi({ description: 'Comma-separated task ids' }), format: Format }) },
+  responses: {
+    200: {
+      description: 'One RolloutGroup per line (NDJSON) or per `group` event (SSE; an `end` event closes it)',
+      content: { 'application/x-ndjson': { schema: WireGroup }, 'text/event-stream': { schema: z.string() } },
+    },
+    ...errorResponses(400, 401, 404, 422),
+  },
+});
+
+function formatOf(c: Context, query: string | undefined): 'ndjson' | 'sse' {
+  const format = query ?? (c.req.header('accept')?.includes('text/event-stream') ? 'sse' : 'ndjson');
+  if (format !== 'sse' && format !== 'ndjson') throw new RolloutError({ code: 'BAD_REQUEST', message: 'format is sse or ndjson' });
+  return format;
+}
+
+/** Waits for `wake` or the abort, whichever comes first. */
+type Waiter = { wait(): Promise<void>; wake(): void };
+function waiter(): Waiter {
+  let resolve: (() => void) | undefined;
+  return {
+    wait: () => new Promise<void>((r) => (resolve = r)).then(() => void (resolve = undefined)),
+    wake: () => resolve?.(),
+  };
+}
+
+/** Node's own response when @hono/node-server serves the app (absent under `app.request`). */
+function nodeResponse(c: Context): ServerResponse | undefined {
+  return (c.env as Partial<HttpBindings> | undefined)?.outgoing;
+}
+
+/**
+ * Aborted when the client goes away. Served by Node, from the response's own 'close':
+ * `c.req.raw.signal` would build a web Request (a ReadableStream of the body, an AbortController).
+ */
+function clientGone(c: Context): AbortSignal {
+  const outgoing = nodeResponse(c);
+  if (!outgoing) return c.req.raw.signal;
+  const controller = new AbortController();
+  outgoing.once('close', () => controller.abort());
+  return controller.signal;
+}
+
+/**
+ * NDJSON written straight to Node's response: a line per result, the last one ending the response
+ * in the same write as its headers when nothing was sent yet (a rollout's stream opened after it
+ * finished is one write). Through hono's `stream()` each line went through a TransformStream and
+ * @hono/node-server's reader, which waits a timer for a second chunk before sending the headers.
+ */
+async function ndjsonToNode(outgoing: ServerResponse, pump: (write: (line: string, last: boolean) => Promise<void>) => Promise<void>, aborted: AbortSignal): Promise<void> {
+  outgoing.writeHead(200, { 'content-type': 'application/x-ndjson' });
+  try {
+    await pump(async (line, last) => {
+      if (outgoing.destroyed) return;
+      if (last) outgoing.end(line);
+      else if (!outgoing.write(line)) await once(outgoing, 'drain', { signal: aborted }).catch(() => undefined);
+    });
+    if (!outgoing.destroyed && !outgoing.writableEnded) outgoing.end();
+  } catch (error) {
+    outgoing.destroy(error as Error);
+  }
+}
+
+/** Results of `wanted` (all results when empty) as they complete; ends once all of `wanted` were written. */
+async function pumpResults(service: RolloutService, wanted: Set<string>, write: (result: RolloutResult, last: boolean) => Promise<void>, aborted: AbortSignal): Promise<void> {
+  const queue: RolloutResult[] = [];
+  const signal = waiter();
+  const unsubscribe = service.onResult((result) => {
+    if (wanted.size === 0 || wanted.has(result.id)) {
+      queue.push(result);
+      signal.wake();
+    }
+  });
+  // One abort listener for the stream's life, not one per wait.
+  aborted.addEventListener('abort', signal.wake, { once: true });
+  try {
+    for (const id of wanted) {
+      const done = service.get(id)?.result;
+      if (done) queue.push(done);
+    }
+    const remaining = new Set(wanted);
+    while (!aborted.aborted) {
+      const next = queue.shift();
+      if (!next) {
+        await signal.wait();
+        continue;
+      }
+      if (!remaining.delete(next.id) && wanted.size > 0) continue;
+      const last = wanted.size > 0 && remaining.size === 0;
+      await write(next, last);
+      if (last) return;
+    }
+  } finally {
+    aborted.removeEventListener('abort', signal.wake);
+    unsubscribe();
+  }
+}
+
+/** Each task of `tasks` once all its samples have finished. */
+async function pumpGroups(
+  service: RolloutService,
+  tasks: Map<string, string[]>,
+  write: (group: { taskId: string; results: RolloutResult[] }, last: boolean) => Promise<void>,
+  aborted: AbortSignal,
+): Promise<void> {
+  const byRollout = new Map<string, string>();
+  for (const [taskId, members] of tasks) for (const member of members) byRollout.set(member, taskId);
+  const ready: string[] = [];
+  const signal = waiter();
+  const whole = (taskId: string) => tasks.get(taskId)!.every((id) => service.get(id)?.result);
+  const unsubscribe = service.onResult((result) => {
+    const taskId = byRollout.get(result.id);
+    if (taskId !== undefined && tasks.has(taskId) && whole(taskId)) {
+      ready.push(taskId);
+      signal.wake();
+    }
+  });
+  aborted.addEventListener('abort', signal.wake, { once: true });
+  try {
+    for (const taskId of tasks.keys()) if (whole(taskId)) ready.push(taskId);
+    while (!aborted.aborted && tasks.size > 0) {
+      const taskId = ready.shift();
+      if (taskId === undefined) {
+        await signal.wait();
+        continue;
+      }
+      const members = tasks.get(taskId);
+      if (members === undefined) continue; // sent already
+      tasks.delete(taskId);
+      await write({ taskId, results: members.map((id) => service.get(id)!.result!) }, tasks.size === 0);
+    }
+  } finally {
+    aborted.removeEventListener('abort', signal.wake);
+    unsubscribe();
+  }
+}
+
+/** GET /v1/rollouts/stream and /v1/rollouts/groups/stream (NDJSON or SSE). */
+export function streamApi({ service }: ApiContext): OpenAPIHono {
+  const app = new OpenAPIHono();
+
+  // `ids` (rollout or task ids) narrows the stream and ends it once all of them are finished,
+  // results already finished included.
+  app.openapi(streamRoute, (c) => {
+    const query = c.req.valid('query');
+    const format = formatOf(c, query.format);
+    const wanted = new Set<string>();
+    for (const id of (query.ids ?? '').split(',').filter(Boolean)) {
+      const members = service.taskRollouts(id) ?? (service.get(id) ? [id] : undefined);
+      if (!members) throw new RolloutError({ code: 'NOT_FOUND', message: `no rollout or task "${id}"` });
+      members.forEach((m) => wanted.add(m));
+    }
+    const aborted = clientGone(c);
+    const outgoing = nodeResponse(c);
+    if (format === 'ndjson' && outgoing) {
+      void ndjsonToNode(outgoing, (write) => pumpResults(service, wanted, (result, last) => write(`${JSON.stringify(toWireResult(result))}\n`, last), aborted), aborted);
+      return RESPONSE_ALREADY_SENT;
+    }
+    if (format === 'sse') {
+      return streamSSE(c, async (sse) => {
+        await pumpResults(service, wanted, (result) => sse.writeSSE({ event: 'result', id: result.id, data: JSON.stringify(toWireResult(result)) }), aborted);
+        await sse.writeSSE({ event: 'end', data: '{}' });
+      });
+    }
+    c.header('content-type', 'application/x-ndjson');
+    return stream(c, async (s) => {
+      await pumpResults(service, wanted, (result) => s.write(`${JSON.stringify(toWireResult(result))}\n`).then(() => undefined), aborted);
+    });
+  });
+
+  // Whole groups, with the group's advantages and credit filled in (what a GRPO/GTPO trainer consumes).
+  app.openapi(groupsRoute, (c) => {
+    const query = c.req.valid('query');
+    const format = formatOf(c, query.format);
+    const tasks = new Map<string, string[]>();
+    for (const id of query.ids.split(',').filter(Boolean)) {
+      const members = service.taskRollouts(id);
+      if (!members) throw new RolloutError({ code: 'NOT_FOUND', message: `no task "${id}"` });
+      tasks.set(id, members);
+    }
+    if (tasks.size === 0) throw new RolloutError({ code: 'UNPROCESSABLE', message: 'ids: the task ids whose groups to stream' });
+    const aborted = clientGone(c);
+    const outgoing = nodeResponse(c);
+    if (format === 'ndjson' && outgoing) {
+      void ndjsonToNode(outgoing, (write) => pumpGroups(service, tasks, (group, last) => write(`${JSON.stringify(toWireGroup(group))}\n`, last), aborted), aborted);
+      return RESPONSE_ALREADY_SENT;
+    }
+    if (format === 'sse') {
+      return streamSSE(c, async (sse) => {
+        await pumpGroups(service, tasks, (group) => sse.writeSSE({ event: 'group', id: group.taskId, data: JSON.stringify(toWireGroup(group)) }), aborted);
+        await sse.writeSSE({ event: 'end', data: '{}' });
+      });
+    }
+    c.header('content-type', 'application/x-ndjson');
+    return stream(c, async (s) => {
+      await pumpGroups(service, tasks, (group) => s.write(`${JSON.stringify(toWireGroup(group))}\n`).then(() => undefined), aborted);
+    });
+  });
+
+  return app;
+}

@@ -1,0 +1,70 @@
+/**
+ * A container image a sandbox runs on, named by reference:
+ *
+ * - `oci:<dir>[:<tag>]`: an OCI image layout directory (tag from `index.json`'s
+ *   `org.opencontainers.image.ref.name`; the only manifest when omitted).
+ * - `docker-archive:<file.tar>`: a `docker save` tarball; `oci-archive:<file.tar>`: an OCI layout
+ *   as a tarball (both copied into an OCI layout with skopeo first).
+ * - `sif:<file>`: an Apptainer/Singularity SIF (its primary squashfs partition).
+ * - `squashfs:<file>`: a plain squashfs root filesystem.
+ * - A bare path is recognised by its form: a directory with `oci-layout` is `oci:`, `*.sif` is
+ *   `sif:`, `*.sqfs`/`*.squashfs`/`*.img` is `squashfs:`, `*.tar` is `docker-archive:`.
+ * - Registry references (`docker://…`) are refused: there is no network to pull from.
+ *
+ * @example 'oci:/images/sweb.eval.x86_64.django__django-11099:latest'
+ */
+export type ImageReference = string;
+
+export type ImageKind = 'oci' | 'docker-archive' | 'oci-archive' | 'sif' | 'squashfs';
+
+/** A reference taken apart. */
+export interface ParsedImageReference {
+  kind: ImageKind;
+  /** Absolute host path of the layout directory or the file. */
+  path: string;
+  /** OCI tag (`oci:` only). */
+  tag?: string;
+}
+
+/** What of the image's config a sandbox honours (OCI `config.Env`, `WorkingDir`, `User`). */
+export interface ImageConfig {
+  /** `config.Env` as a map. @example { PATH: '/opt/miniconda3/bin:/usr/bin:/bin' } */
+  env: Record<string, string>;
+  /** `config.WorkingDir`, when set. @example '/testbed' */
+  workdir?: string;
+  /**
+   * `config.User` resolved against the image's `/etc/passwd` and `/etc/group`, when it can be
+   * (numeric, or a name found there). Undefined means root.
+   */
+  user?: { uid: number; gid: number };
+}
+
+/** An image unpacked in the cache, ready to be a sandbox's root. */
+export interface ResolvedImage {
+  /** The reference as given. */
+  reference: ImageReference;
+  /** The cache key: `sha256:<hex>` of the OCI manifest, or of the SIF/squashfs/archive file. */
+  digest: string;
+  /** The unpacked root filesystem (read-only by convention; shared by every sandbox on it). */
+  rootfs: string;
+  config: ImageConfig;
+  /** True when this call unpacked the image (false when the cache already held it). */
+  unpacked: boolean;
+}
+
+export interface ResolveImageOptions {
+  /**
+   * The image cache: one directory per image under it. It and its parents must be searchable by
+   * the sandbox uid. @default $ROLLSERVE_IMAGE_CACHE, else `<os.tmpdir()>/rollserve-images`
+   */
+  cacheDir?: string;
+  /**
+   * Owner of the unpacked files (the sandbox uid when the service runs as root, so that a
+   * sandbox's writable layer can copy them up); one cache entry per owner. Ignored when not
+   * running as root: the files then belong to the service's user.
+   * @default { uid: 65534, gid: 65534 } (the bwrap provider's default sandbox user)
+   */
+  owner?: { uid: number; gid: number };
+  /** How long to wait for another process unpacking the same image. @default 600_000 */
+  lockTimeoutMs?: number;
+}

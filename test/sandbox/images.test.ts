@@ -1,0 +1,252 @@
+import { execFileSync, spawnSync } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { chmodSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import {
+  bwrapAvailable,
+  createBwrapProvider,
+  overlayPrefix,
+  overlayRoot,
+  parseImageReference,
+  resolveImage,
+  RolloutError,
+  type Sandbox,
+  type SandboxProvider,
+  type SandboxSpec,
+} from '../../packages/core/src/index.ts';
+import { describeSandboxBehaviour } from '@rollserve/testing';
+import { makeOciLayout, makeRootfs, makeSif, makeSquashfs } from './image-fixtures.ts';
+
+// Images built here from files the test writes (image-fixtures.ts), run under bwrap with the
+// image's root read-only under a writable overlay layer per sandbox.
+const tools = ['umoci', 'skopeo', 'unsquashfs', 'mksquashfs', 'unshare'].filter((tool) => {
+  try {
+    execFileSync('sh', ['-c', `command -v ${tool}`], { stdio: 'ignore' });
+    return false;
+  } catch {
+    return true;
+  }
+});
+const skip = !bwrapAvailable() ? 'bwrap is not installed' : tools.length > 0 ? `missing ${tools.join(', ')}` : undefined;
+
+describe.skipIf(skip !== undefined)('images on bwrap', () => {
+  let dir: string;
+  let provider: SandboxProvider;
+  let cacheDir: string;
+  let sandboxDir: string;
+  const open: Sandbox[] = [];
+  const oci = (): string => `oci:${dir}/layout:v1`;
+
+  beforeAll(() => {
+    dir = mkdtempSync(join(tmpdir(), 'rs-images-test-'));
+    // the sandbox uid (65534 under a root service) mounts the image root: the path must be searchable
+    chmodSync(dir, 0o755);
+    cacheDir = join(dir, 'cache');
+    sandboxDir = join(dir, 'sandboxes');
+    execFileSync('mkdir', ['-m', '755', sandboxDir]);
+    const rootfs = join(dir, 'rootfs');
+    makeRootfs(rootfs, { 'data/marker': 'from the image\n', 'testbed/setup.txt': 'repo\n' });
+    makeOciLayout(rootfs, join(dir, 'layout'), { tag: 'v1', env: ['PATH=/bin', 'IMAGE_VAR=from-config'], workdir: '/testbed' });
+    makeOciLayout(rootfs, join(dir, 'user-layout'), { tag: 'v1', user: 'worker', workdir: '/home/worker' });
+    makeSquashfs(rootfs, join(dir, 'root.sqfs'));
+    makeSif(join(dir, 'root.sqfs'), join(dir, 'root.sif'));
+    writeFileSync(join(dir, 'corrupt.sqfs'), 'not a squashfs at all\n'.repeat(100));
+    provider = createBwrapProvider({ imageCacheDir: cacheDir, tmpDir: sandboxDir });
+  }, 120_000);
+
+  afterEach(async () => {
+    await Promise.all(open.splice(0).map((sandbox) => sandbox.close()));
+  });
+
+  afterAll(async () => {
+    await provider?.close?.();
+    const left = readdirSync(sandboxDir);
+    rmSync(dir, { recursive: true, force: true });
+    // every sandbox's directory went with it
+    expect(left).toEqual([]);
+  });
+
+  async function create(image: string, spec: Record<string, unknown> = {}): Promise<Sandbox> {
+    const sandbox = await provider.create({ image, ...spec });
+    open.push(sandbox);
+    return sandbox;
+  }
+
+  it('runs an OCI layout: the image files, not the host, with the config env and workdir', async () => {
+    const sandbox = await create(oci());
+    const result = await sandbox.exec('cat /data/marker; pwd; echo "$IMAGE_VAR $PATH"; test -e /etc/debian_version && echo host-visible; ls /testbed');
+    expect(result.stderr).toBe('');
+    expect(result.stdout).toBe('from the image\n/testbed\nfrom-config /bin\nsetup.txt\n');
+    expect(sandbox.workdir).toBe('/testbed');
+    // the spec's env wins over the image's
+    const override = await create(oci(), { env: { IMAGE_VAR: 'from-spec' } });
+    expect((await override.exec('echo $IMAGE_VAR')).stdout).toBe('from-spec\n');
+  });
+
+  it('runs an image\'s root as an unprivileged uid with no capabilities, in exec and in entering processes', async () => {
+    const sandbox = await create(oci());
+    const caps = 'id -u; while read -r key value; do case $key in CapEff:) echo "$value";; esac; done < /proc/self/status';
+    expect((await sandbox.exec(caps)).stdout).toBe('65534\n0000000000000000\n');
+    const child = sandbox.spawn(['/bin/sh', '-c', caps]);
+    let out = '';
+    child.stdout.on('data', (chunk: Buffer) => (out += chunk.toString()));
+    expect(await child.exited).toBe(0);
+    expect(out).toBe('65534\n0000000000000000\n');
+    // and the image's files are its own: the root stays writable
+    expect((await sandbox.exec('echo changed > /data/marker && cat /data/marker')).stdout).toBe('changed\n');
+  });
+
+  it('maps the config user and keeps the image root writable for it', async () => {
+    const sandbox = await create(`oci:${dir}/user-layout:v1`);
+    const result = await sandbox.exec('id -u; id -g; pwd; echo changed > /data/marker && cat /data/marker');
+    expect(result.stdout).toBe('1234\n2345\n/home/worker\nchanged\n');
+  });
+
+  it('gives each sandbox its own writable layer: writes reach neither another sandbox nor the cache', async () => {
+    const [a, b] = await Promise.all([create(oci()), create(oci())]);
+    expect((await a.exec('echo written-by-a > /data/marker && echo new > /etc/new-file && rm /testbed/setup.txt && cat /data/marker')).stdout).toBe('written-by-a\n');
+    expect((await b.exec('cat /data/marker; ls /etc; ls /testbed')).stdout).toBe('from the image\ngroup\npasswd\nsetup.txt\n');
+    const image = await resolveImage(oci(), { cacheDir });
+    expect(readFileSync(join(image.rootfs, 'data/marker'), 'utf8')).toBe('from the image\n');
+    expect(readdirSync(join(image.rootfs, 'testbed'))).toEqual(['setup.txt']);
+    // upload and download go through the same layer
+    await a.upload('/opt/tool/conf', 'x=1\n');
+    expect((await a.download('/opt/tool/conf')).toString()).toBe('x=1\n');
+    expect((await b.exec('test -e /opt/tool/conf || echo absent')).stdout).toBe('absent\n');
+  });
+
+  it('runs a squashfs and a SIF image', async () => {
+    for (const image of [`squashfs:${dir}/root.sqfs`, join(dir, 'root.sif')]) {
+      const sandbox = await create(image);
+      const result = await sandbox.exec('cat /data/marker; test -e /etc/debian_version || echo no-host-files; echo x > /data/marker && cat /data/marker');
+      expect(result.stdout).toBe('from the image\nno-host-files\nx\n');
+    }
+    const sif = await resolveImage(join(dir, 'root.sif'), { cacheDir });
+    const squashfs = await resolveImage(`squashfs:${dir}/root.sqfs`, { cacheDir });
+    expect(readFileSync(join(sif.rootfs, 'data/marker'), 'utf8')).toBe('from the image\n');
+    expect(sif.digest).not.toBe(squashfs.digest);
+  });
+
+  it('reads docker-archive and oci-archive tarballs', async () => {
+    execFileSync('skopeo', ['--insecure-policy', 'copy', '--quiet', `oci:${dir}/layout:v1`, `docker-archive:${dir}/saved.tar:test/image:v1`]);
+    execFileSync('tar', ['-C', join(dir, 'layout'), '-cf', join(dir, 'layout.tar'), '.']);
+    for (const image of [`docker-archive:${dir}/saved.tar`, `oci-archive:${dir}/layout.tar`]) {
+      const sandbox = await create(image);
+      expect((await sandbox.exec('cat /data/marker; echo $IMAGE_VAR; pwd')).stdout).toBe('from the image\nfrom-config\n/testbed\n');
+    }
+  });
+
+  it('unpacks once for concurrent first uses and not again on a second resolve', async () => {
+    const cache = join(dir, 'cache-once');
+    const image = `squashfs:${dir}/root.sqfs`;
+    const first = await Promise.all([1, 2, 3].map(() => resolveImage(image, { cacheDir: cache })));
+    expect(first.filter((r) => r.unpacked)).toHaveLength(1);
+    expect(new Set(first.map((r) => r.rootfs)).size).toBe(1);
+    const entries = readdirSync(cache).filter((name) => !name.startsWith('.'));
+    expect(entries).toHaveLength(1);
+    const unpackedAt = statSync(join(cache, entries[0]!)).mtimeMs;
+    // the same image by another name: found by its digest, not unpacked again
+    const again = await resolveImage(join(dir, 'root.sqfs'), { cacheDir: cache });
+    expect(again.unpacked).toBe(false);
+    expect(again.rootfs).toBe(first[0]!.rootfs);
+    expect(statSync(join(cache, entries[0]!)).mtimeMs).toBe(unpackedAt);
+    // nothing half-done left behind
+    expect(readdirSync(cache).filter((name) => name.startsWith('.tmp-') || name.endsWith('.lock'))).toEqual([]);
+
+    // and sandboxes started together on a fresh cache share one unpack
+    const fresh = createBwrapProvider({ imageCacheDir: join(dir, 'cache-race'), tmpDir: sandboxDir });
+    const sandboxes = await Promise.all([1, 2, 3].map(() => fresh.create({ image: oci() })));
+    open.push(...sandboxes);
+    for (const sandbox of sandboxes) expect((await sandbox.exec('cat /data/marker')).stdout).toBe('from the image\n');
+    expect(readdirSync(join(dir, 'cache-race')).filter((name) => !name.startsWith('.'))).toHaveLength(1);
+  });
+
+  it('never uses what an unpack that died left, and takes over its lock', async () => {
+    const cache = join(dir, 'cache-crash');
+    const file = join(dir, 'root.sqfs');
+    const hex = createHash('sha256').update(readFileSync(file)).digest('hex');
+    const entry = `sha256-${hex}${process.getuid?.() === 0 ? '-u65534' : ''}`;
+    const dead = spawnSync('true').pid!;
+    mkdirSync(join(cache, `.tmp-${entry}-0123456789ab`, 'rootfs/data'), { recursive: true });
+    writeFileSync(join(cache, `.tmp-${entry}-0123456789ab`, 'rootfs/data/marker'), 'half\n');
+    mkdirSync(join(cache, entry, 'rootfs'), { recursive: true }); // no image.json: incomplete
+    writeFileSync(join(cache, `${entry}.lock`), String(dead));
+    const image = await resolveImage(`squashfs:${file}`, { cacheDir: cache, lockTimeoutMs: 60_000 });
+    expect(image.unpacked).toBe(true);
+    expect(readFileSync(join(image.rootfs, 'data/marker'), 'utf8')).toBe('from the image\n');
+    expect(readdirSync(cache).sort()).toEqual(['.sources', entry]);
+  });
+
+  it('refuses a missing, corrupt or unreadable image with a clear 4xx', async () => {
+    const cases: Array<[string, number, RegExp]> = [
+      [`oci:${dir}/no-such-layout:v1`, 422, /no OCI image layout/],
+      [`oci:${dir}/layout:no-such-tag`, 422, /no tag "no-such-tag".*tags: v1/],
+      [`squashfs:${dir}/missing.sqfs`, 422, /no image file/],
+      [`squashfs:${dir}/corrupt.sqfs`, 422, /cannot unpack the squashfs/],
+      [`sif:${dir}/corrupt.sqfs`, 422, /not a usable SIF: no SIF magic/],
+      [`docker-archive:${dir}/corrupt.sqfs`, 422, /cannot read the image/],
+      ['docker://python:3.12', 400, /registry references need a network/],
+      [`${dir}/no-such-root`, 422, /nothing at/],
+      [`${dir}/root.sqfs.txt`, 422, /nothing at/],
+    ];
+    for (const [image, status, message] of cases) {
+      const error = await provider.create({ image }).then(
+        () => undefined,
+        (e: unknown) => e,
+      );
+      expect(RolloutError.isInstance(error), image).toBe(true);
+      expect((error as RolloutError).status, image).toBe(status);
+      expect((error as RolloutError).message).toMatch(message);
+    }
+    expect(readdirSync(sandboxDir)).toEqual([]);
+    expect(readdirSync(cacheDir).filter((name) => name.startsWith('.tmp-') || name.endsWith('.lock'))).toEqual([]);
+  });
+
+  it('mounts the overlay layer with either setup (perl calling mount(2), or sh with util-linux mount)', () => {
+    for (const mounter of ['perl', 'mount'] as const) {
+      const layer = mkdtempSync(join(dir, `layer-${mounter}-`));
+      const root = overlayRoot(layer);
+      const argv = [
+        ...overlayPrefix(join(dir, 'rootfs'), layer, 1 << 20, mounter),
+        '/bin/sh',
+        '-c',
+        `cat ${root}/data/marker; echo changed > ${root}/data/marker; cat ${root}/data/marker; head -c 2000000 /dev/zero > ${root}/big || echo layer-full`,
+      ];
+      const out = execFileSync(argv[0]!, argv.slice(1), { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] });
+      expect(out, mounter).toBe('from the image\nchanged\nlayer-full\n');
+      expect(readFileSync(join(dir, 'rootfs/data/marker'), 'utf8')).toBe('from the image\n');
+      expect(readdirSync(layer)).toEqual([]);
+    }
+  });
+
+  it('parses references', () => {
+    expect(parseImageReference('oci:/images/x:v1')).toEqual({ kind: 'oci', path: '/images/x', tag: 'v1' });
+    expect(parseImageReference('oci:/images/x')).toEqual({ kind: 'oci', path: '/images/x' });
+    expect(parseImageReference('/images/a.sif')).toEqual({ kind: 'sif', path: '/images/a.sif' });
+    expect(parseImageReference('/images/a.sqfs')).toEqual({ kind: 'squashfs', path: '/images/a.sqfs' });
+    expect(parseImageReference('/images/a.tar')).toEqual({ kind: 'docker-archive', path: '/images/a.tar' });
+  });
+});
+
+// The behaviour every provider shows (packages/testing's suite), on an image: exec, env, stdin,
+// files, time limits, limits, staging, PTY and pipes over the overlay root.
+const behaviourSpec: SandboxSpec = {};
+let behaviourProvider: SandboxProvider | undefined;
+if (skip === undefined) {
+  const root = mkdtempSync(join(tmpdir(), 'rs-images-behaviour-'));
+  chmodSync(root, 0o755);
+  makeRootfs(join(root, 'rootfs'));
+  makeOciLayout(join(root, 'rootfs'), join(root, 'layout'), { env: ['PATH=/bin'] });
+  behaviourSpec.image = `oci:${root}/layout`;
+  afterAll(async () => {
+    await behaviourProvider?.close?.();
+    rmSync(root, { recursive: true, force: true });
+  });
+  behaviourProvider = createBwrapProvider({ imageCacheDir: join(root, 'cache') });
+}
+describeSandboxBehaviour('bwrap on an OCI image', () => behaviourProvider!, {
+  ...(skip === undefined ? {} : { skip }),
+  spec: behaviourSpec,
+});

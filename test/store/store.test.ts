@@ -1,0 +1,419 @@
+import { appendFile, mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import {
+  importJournal,
+  Journal,
+  openStore,
+  RolloutError,
+  RolloutTask,
+  type OpenStoreOptions,
+  type RolloutResult,
+  type RolloutStore,
+  type RolloutTaskInput,
+} from '@rollserve/core';
+import { startTestPostgres, type TestPostgres } from '@rollserve/testing';
+import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+
+// One behaviour suite, run against the embedded store (a SQLite file) and a real PostgreSQL.
+
+const task = (id: string, n = 1, extra: Partial<RolloutTaskInput> = {}): RolloutTask =>
+  RolloutTask.parse({ id, env: 'math', row: { responses_create_params: { input: `question ${id}` } }, policy: { model: 'm' }, n, ...extra });
+
+const result = (id: string, taskId: string, sampleIndex = 0, extra: Partial<RolloutResult> = {}): RolloutResult => ({
+  id,
+  taskId,
+  sampleIndex,
+  env: 'math',
+  state: 'done',
+  reward: 1,
+  rewardComponents: null,
+  verifyExtras: { extracted_answer: '42' },
+  criticalError: null,
+  filter: false,
+  error: null,
+  advantage: null,
+  credit: null,
+  timing: { init: { queuedMs: 0, activeMs: 1 }, run: { queuedMs: 0, activeMs: 2 }, eval: { queuedMs: 0, activeMs: 3 }, totalMs: 6 },
+  response: null,
+  messages: [{ role: 'user', content: `question ${taskId}` }, { role: 'assistant', content: '42' }],
+  turns: [],
+  finishedAt: '2026-01-01T00:00:00.000Z',
+  ...extra,
+});
+
+/** Every id reachable through paging. */
+async function allRolloutIds(store: RolloutStore, query: Parameters<RolloutStore['listRollouts']>[0] = {}): Promise<string[]> {
+  const ids: string[] = [];
+  let cursor: string | null = null;
+  do {
+    const page = await store.listRollouts({ ...query, cursor, limit: 3 });
+    ids.push(...page.items.map((r) => r.id));
+    cursor = page.cursor;
+  } while (cursor !== null);
+  return ids;
+}
+
+interface Engine {
+  name: 'sqlite' | 'postgres';
+  start(): Promise<void>;
+  /** A URL for a new, empty store. */
+  newUrl(): Promise<string>;
+  stop(): Promise<void>;
+}
+
+let sqliteDir = '';
+let postgres: TestPostgres | undefined;
+let files = 0;
+
+const engines: Engine[] = [
+  {
+    name: 'sqlite',
+    start: async () => {
+      sqliteDir = await mkdtemp(join(tmpdir(), 'rollserve-store-test-'));
+    },
+    newUrl: async () => `sqlite://${join(sqliteDir, `store-${files++}.db`)}`,
+    stop: () => rm(sqliteDir, { recursive: true, force: true }),
+  },
+  {
+    name: 'postgres',
+    start: async () => {
+      postgres = await startTestPostgres();
+    },
+    newUrl: () => postgres!.createDatabase(),
+    stop: async () => {
+      await postgres?.close();
+      postgres = undefined;
+    },
+  },
+];
+
+describe.each(engines)('$name store', (engine) => {
+  let clock = 0;
+  const opened: RolloutStore[] = [];
+  let url = '';
+  let store: RolloutStore;
+  const open = async (at = url, options: OpenStoreOptions = {}) => {
+    const s = await openStore(at, { now: () => clock, ...options });
+    opened.push(s);
+    return s;
+  };
+
+  beforeAll(() => engine.start(), 120_000);
+  afterAll(() => engine.stop(), 120_000);
+  beforeEach(async () => {
+    clock = 1_000_000;
+    url = await engine.newUrl();
+    store = await open();
+  });
+  afterEach(async () => {
+    await Promise.all(opened.splice(0).map((s) => s.close()));
+  });
+
+  it('applies its migrations once', async () => {
+    expect(store.kind).toBe(engine.name);
+    expect(await store.schemaVersion()).toBe(1);
+    const again = await open();
+    expect(await again.schemaVersion()).toBe(1);
+  });
+
+  it('puts tasks idempotently by id, a batch whole or not at all', async () => {
+    const first = await store.putTasks([task('a', 2), task('b')]);
+    expect(first).toEqual([
+      { taskId: 'a', rolloutIds: ['a:0', 'a:1'], existing: false },
+      { taskId: 'b', rolloutIds: ['b'], existing: false },
+    ]);
+    const second = await store.putTasks([task('a', 2), task('c'), task('c')]);
+    expect(second).toEqual([
+      { taskId: 'a', rolloutIds: ['a:0', 'a:1'], existing: true },
+      { taskId: 'c', rolloutIds: ['c'], existing: false },
+      { taskId: 'c', rolloutIds: ['c'], existing: false },
+    ]);
+    expect((await store.getTask('a'))?.task).toEqual(task('a', 2));
+    expect(await store.counts()).toEqual({ queued: 4, leased: 0, done: 0, failed: 0, cancelled: 0 });
+
+    // a known id with another body fails the whole batch: 'd' is not added either
+    const conflict = await store.putTasks([task('d'), task('a', 3)]).catch((error: unknown) => error);
+    expect(RolloutError.isInstance(conflict) && conflict.code).toBe('CONFLICT');
+    // a task whose rollout id is another task's sample
+    const clash = await store.putTasks([task('a:1')]).catch((error: unknown) => error);
+    expect(RolloutError.isInstance(clash) && clash.code).toBe('CONFLICT');
+    expect(await store.getTask('d')).toBeUndefined();
+    expect(await store.getTask('a:1')).toBeUndefined();
+    expect(await store.counts()).toEqual({ queued: 4, leased: 0, done: 0, failed: 0, cancelled: 0 });
+  });
+
+  it('gives concurrent claimers disjoint sets, each claim at attempt 1', async () => {
+    await store.putTasks(Array.from({ length: 20 }, (_, i) => task(`t${i}`, 2)));
+    // several clients (connections, pools) claiming at once
+    const clients = [store, ...(await Promise.all(Array.from({ length: 4 }, () => open())))];
+    const claimed = await Promise.all(
+      clients.map(async (client, w) => {
+        const mine: Array<{ id: string; attempt: number; taskId: string }> = [];
+        for (;;) {
+          const batch = await client.claim({ workerId: `w${w}`, limit: 3, leaseMs: 60_000 });
+          if (batch.length === 0) return mine;
+          mine.push(...batch.map(({ id, attempt, taskId, task }) => ({ id, attempt, taskId: task.id === taskId ? taskId : 'mismatch' })));
+        }
+      }),
+    );
+    const ids = claimed.flat().map((c) => c.id);
+    expect(ids).toHaveLength(40);
+    expect(new Set(ids).size).toBe(40);
+    expect(claimed.flat().every((c) => c.attempt === 1 && c.taskId !== 'mismatch')).toBe(true);
+    expect(await store.counts()).toMatchObject({ queued: 0, leased: 40 });
+    const owner = await store.getRollout(claimed[1]![0]!.id);
+    expect(owner).toMatchObject({ state: 'leased', workerId: 'w1', attempt: 1, leaseExpiresAt: clock + 60_000 });
+  });
+
+  it('re-issues a rollout whose lease expired with a higher attempt; the old holder has lost it', async () => {
+    await store.putTasks([task('a'), task('b')]);
+    const [a] = await store.claim({ workerId: 'n1', limit: 1, leaseMs: 1_000 });
+    expect(a).toMatchObject({ id: 'a', attempt: 1 });
+    clock += 800;
+    expect(await store.renewLeases('n1', [{ rolloutId: 'a', attempt: 1 }], 1_000)).toEqual({ renewed: ['a'], lost: [] });
+    clock += 900; // renewed until +1800: still held
+    expect(await store.claim({ workerId: 'n2', limit: 5, leaseMs: 1_000 })).toMatchObject([{ id: 'b', attempt: 1 }]);
+    clock += 1_000; // now past it
+    const reissued = await store.claim({ workerId: 'n2', limit: 5, leaseMs: 1_000 });
+    expect(reissued.map((r) => [r.id, r.attempt])).toEqual([['a', 2]]);
+    expect(await store.renewLeases('n1', [{ rolloutId: 'a', attempt: 1 }], 1_000)).toEqual({ renewed: [], lost: ['a'] });
+
+    // the sweep re-queues expired leases without a claim
+    clock += 5_000;
+    expect((await store.expireLeases()).sort()).toEqual(['a', 'b']);
+    expect(await store.getRollout('a')).toMatchObject({ state: 'queued', attempt: 2, workerId: null, leaseExpiresAt: null });
+    expect((await store.claim({ workerId: 'n3', limit: 1, leaseMs: 1_000 }))[0]).toMatchObject({ id: 'a', attempt: 3 });
+  });
+
+  it('rejects a stale commit (old attempt) and accepts the current one', async () => {
+    await store.putTasks([task('a')]);
+    await store.claim({ workerId: 'lost', limit: 1, leaseMs: 1_000 });
+    clock += 2_000;
+    const [current] = await store.claim({ workerId: 'n2', limit: 1, leaseMs: 1_000 });
+    expect(current?.attempt).toBe(2);
+
+    const late = await store.commit({ rolloutId: 'a', attempt: 1, result: result('a', 'a', 0, { reward: 0 }), workerId: 'lost' });
+    expect(late).toEqual({ status: 'stale', currentAttempt: 2, state: 'leased' });
+    expect(await store.getResult('a')).toBeUndefined();
+
+    const accepted = await store.commit({ rolloutId: 'a', attempt: 2, result: result('a', 'a'), workerId: 'n2' });
+    expect(accepted).toEqual({ status: 'committed' });
+    expect(await store.getResult('a')).toEqual(result('a', 'a'));
+    expect(await store.getRollout('a')).toMatchObject({ state: 'done', attempt: 2, workerId: 'n2', leaseExpiresAt: null });
+
+    // after it is done: the old attempt is still stale, and nothing claims it again
+    expect(await store.commit({ rolloutId: 'a', attempt: 1, result: result('a', 'a', 0, { reward: 0 }) })).toMatchObject({ status: 'stale', state: 'done' });
+    expect(await store.getResult('a')).toEqual(result('a', 'a'));
+    clock += 10_000;
+    expect(await store.claim({ workerId: 'n3', limit: 1, leaseMs: 1_000 })).toEqual([]);
+    expect(await store.commit({ rolloutId: 'nope', attempt: 1, result: result('nope', 'nope') })).toEqual({ status: 'not_found' });
+  });
+
+  it('stores one result for a double commit of the same attempt', async () => {
+    await store.putTasks([task('a')]);
+    const [claimed] = await store.claim({ workerId: 'n1', limit: 1, leaseMs: 10_000 });
+    const other = engine.name === 'postgres' ? await open() : store;
+    const outcomes = await Promise.all([
+      store.commit({ rolloutId: 'a', attempt: claimed!.attempt, result: result('a', 'a') }),
+      other.commit({ rolloutId: 'a', attempt: claimed!.attempt, result: result('a', 'a', 0, { reward: 0.5 }) }),
+    ]);
+    expect(outcomes.map((o) => o.status).sort()).toEqual(['committed', 'duplicate']);
+    const stored = await store.listResults();
+    expect(stored.items).toHaveLength(1);
+    expect(await store.counts()).toMatchObject({ done: 1, leased: 0, queued: 0 });
+  });
+
+  it('commits a cancelled result for a rollout never claimed (attempt 0), and rejects unfinished results', async () => {
+    await store.putTasks([task('a'), task('b')]);
+    expect(await store.commit({ rolloutId: 'a', attempt: 0, result: result('a', 'a', 0, { state: 'cancelled' }) })).toEqual({ status: 'committed' });
+    expect(await store.counts()).toMatchObject({ cancelled: 1, queued: 1 });
+    const error = await store.commit({ rolloutId: 'b', attempt: 0, result: result('b', 'b', 0, { state: 'run' }) }).catch((e: unknown) => e);
+    expect(RolloutError.isInstance(error) && error.code).toBe('BAD_REQUEST');
+    expect(await store.getRollout('b')).toMatchObject({ state: 'queued' });
+  });
+
+  it('rewrites the group in the same transaction as its last commit (amend)', async () => {
+    await store.putTasks([task('g', 2), task('x')]);
+    const claimed = await store.claim({ workerId: 'n1', limit: 3, leaseMs: 10_000 });
+    const attempt = (id: string) => claimed.find((c) => c.id === id)!.attempt;
+    await store.commit({ rolloutId: 'g:0', attempt: attempt('g:0'), result: result('g:0', 'g', 0) });
+    await store.commit({ rolloutId: 'x', attempt: attempt('x'), result: result('x', 'x') });
+    const outcome = await store.commit({
+      rolloutId: 'g:1',
+      attempt: attempt('g:1'),
+      result: result('g:1', 'g', 1, { advantage: -1 }),
+      // 'x' is another task's: left alone
+      amend: [result('g:0', 'g', 0, { advantage: 1 }), result('x', 'x', 0, { advantage: 7 })],
+    });
+    expect(outcome).toEqual({ status: 'committed' });
+    expect((await store.getResult('g:0'))?.advantage).toBe(1);
+    expect((await store.getResult('g:1'))?.advantage).toBe(-1);
+    expect((await store.getResult('x'))?.advantage).toBeNull();
+    // a stale commit's amendments are not applied either
+    expect(await store.commit({ rolloutId: 'g:1', attempt: 99, result: result('g:1', 'g', 1), amend: [result('g:0', 'g', 0, { advantage: 5 })] })).toMatchObject({ status: 'stale' });
+    expect((await store.getResult('g:0'))?.advantage).toBe(1);
+  });
+
+  it("re-issues a lost node's rollouts; its late commits are then stale", async () => {
+    await store.putTasks(Array.from({ length: 5 }, (_, i) => task(`t${i}`)));
+    const lost = await store.claim({ workerId: 'n1', limit: 3, leaseMs: 60_000 });
+    const kept = await store.claim({ workerId: 'n2', limit: 2, leaseMs: 60_000 });
+    expect((await store.releaseWorker('n1')).sort()).toEqual(lost.map((r) => r.id).sort());
+    expect(await store.counts()).toMatchObject({ queued: 3, leased: 2 });
+    const again = await store.claim({ workerId: 'n3', limit: 10, leaseMs: 60_000 });
+    expect(again.map((r) => [r.id, r.attempt])).toEqual(lost.map((r) => [r.id, 2]));
+    for (const r of lost) {
+      expect(await store.commit({ rolloutId: r.id, attempt: r.attempt, result: result(r.id, r.taskId), workerId: 'n1' })).toMatchObject({ status: 'stale', currentAttempt: 2 });
+    }
+    expect(await store.renewLeases('n2', kept.map((r) => ({ rolloutId: r.id, attempt: r.attempt })), 60_000)).toEqual({ renewed: kept.map((r) => r.id), lost: [] });
+    expect(await store.releaseWorker('nobody')).toEqual([]);
+  });
+
+  it('lists rollouts and results with a cursor and filters', async () => {
+    await store.putTasks([task('a', 3), task('b', 2), task('c')]);
+    expect(await allRolloutIds(store)).toEqual(['a:0', 'a:1', 'a:2', 'b:0', 'b:1', 'c']);
+    expect(await allRolloutIds(store, { taskId: 'b' })).toEqual(['b:0', 'b:1']);
+    const claimed = await store.claim({ workerId: 'n1', limit: 4, leaseMs: 60_000 });
+    expect(claimed.map((c) => c.id)).toEqual(['a:0', 'a:1', 'a:2', 'b:0']);
+    await store.commit({ rolloutId: 'a:2', attempt: 1, result: result('a:2', 'a', 2, { state: 'failed' }) });
+    await store.commit({ rolloutId: 'a:0', attempt: 1, result: result('a:0', 'a', 0) });
+    await store.commit({ rolloutId: 'b:0', attempt: 1, result: result('b:0', 'b', 0) });
+    expect(await allRolloutIds(store, { state: 'queued' })).toEqual(['b:1', 'c']);
+    expect(await allRolloutIds(store, { state: ['done', 'failed'] })).toEqual(['a:0', 'a:2', 'b:0']);
+    const page = await store.listResults({ limit: 2 });
+    expect(page.items.map((r) => r.id)).toEqual(['a:2', 'a:0']); // in commit order
+    expect((await store.listResults({ cursor: page.cursor })).items.map((r) => r.id)).toEqual(['b:0']);
+    expect((await store.listResults({ state: 'done', taskId: 'a' })).items.map((r) => r.id)).toEqual(['a:0']);
+    expect(await store.counts()).toEqual({ queued: 2, leased: 1, done: 2, failed: 1, cancelled: 0 });
+    const bad = await store.listRollouts({ cursor: 'x; DROP TABLE rollouts' }).catch((e: unknown) => e);
+    expect(RolloutError.isInstance(bad) && bad.code).toBe('BAD_REQUEST');
+  });
+
+  it('forgets old results by age and by count (retention), with their rollouts and emptied tasks', async () => {
+    const retained = await open(url, { retention: { keepLast: 4 } });
+    await store.putTasks([task('a', 2), ...Array.from({ length: 5 }, (_, i) => task(`t${i}`))]);
+    const claimed = await store.claim({ workerId: 'n1', limit: 10, leaseMs: 3_600_000 });
+    for (const c of claimed) {
+      await store.commit({ rolloutId: c.id, attempt: c.attempt, result: result(c.id, c.taskId, c.sampleIndex) });
+      clock += 1_000;
+    }
+    // committed at +0 (a:0), +1s (a:1), +2s (t0) … +6s (t4); now is +7s
+    expect(await store.prune({ maxAgeMs: 5_500 })).toEqual({ results: 2, tasks: 1 }); // a:0 and a:1, then task a
+    expect(await store.getResult('a:0')).toBeUndefined();
+    expect(await store.getRollout('a:1')).toBeUndefined();
+    expect(await store.getTask('a')).toBeUndefined();
+    expect(await retained.prune()).toEqual({ results: 1, tasks: 1 }); // keepLast 4: t0 goes
+    expect((await store.listResults()).items.map((r) => r.id)).toEqual(['t1', 't2', 't3', 't4']);
+    expect(await store.prune({ keepLast: 4 })).toEqual({ results: 0, tasks: 0 });
+    expect(await store.prune({})).toEqual({ results: 0, tasks: 0 });
+    // a forgotten task id may run again
+    expect(await store.putTasks([task('a', 2)])).toEqual([{ taskId: 'a', rolloutIds: ['a:0', 'a:1'], existing: false }]);
+  });
+
+  it('imports a JSONL journal once: last result of a rollout wins, a cut line is skipped', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'rollserve-journal-import-'));
+    try {
+      const path = join(dir, 'journal.jsonl');
+      const { journal } = await Journal.open(path);
+      const at = new Date().toISOString();
+      await journal.append([
+        { type: 'task', taskId: 'j', task: task('j', 2), rolloutIds: ['j:0', 'j:1'], at },
+        { type: 'task', taskId: 'k', task: task('k', 2), rolloutIds: ['k:0', 'k:1'], at },
+        { type: 'task', taskId: 'm', task: task('m'), rolloutIds: ['m'], at },
+      ]);
+      await journal.append({ type: 'result', result: result('j:0', 'j', 0) });
+      await journal.append({ type: 'result', result: result('j:1', 'j', 1, { state: 'failed', reward: 0 }) });
+      await journal.append({ type: 'result', result: result('k:0', 'k', 0) });
+      // the group's credit rewrites j:0 once j is whole
+      await journal.append({ type: 'result', result: result('j:0', 'j', 0, { advantage: 1 }) });
+      await journal.close();
+      await appendFile(path, '{"type":"result","result":{"id":"m","taskI'); // a write cut short by a crash
+
+      // the store already knows 'm' (say, submitted again since)
+      await store.putTasks([task('m')]);
+      const first = await importJournal(store, path);
+      expect(first).toEqual({ imported: true, tasks: 2, results: 3, skippedLines: 1 });
+      expect(await store.getResult('j:0')).toEqual(result('j:0', 'j', 0, { advantage: 1 }));
+      expect((await store.getResult('j:1'))?.state).toBe('failed');
+      expect(await store.getRollout('k:1')).toMatchObject({ state: 'queued', attempt: 0 });
+      expect(await store.counts()).toEqual({ queued: 2, leased: 0, done: 2, failed: 1, cancelled: 0 });
+
+      const second = await importJournal(store, path);
+      expect(second).toEqual({ imported: false, tasks: 0, results: 0, skippedLines: 0 });
+      expect(await store.counts()).toEqual({ queued: 2, leased: 0, done: 2, failed: 1, cancelled: 0 });
+      expect((await store.listResults()).items).toHaveLength(3);
+      // the imported work runs on: the unfinished rollouts are claimable
+      expect((await store.claim({ workerId: 'n1', limit: 5, leaseMs: 1_000 })).map((c) => c.id)).toEqual(['m', 'k:1']); // 'm' was put first
+      const missing = await importJournal(store, join(dir, 'nope.jsonl')).catch((e: unknown) => e);
+      expect(RolloutError.isInstance(missing) && missing.code).toBe('NOT_FOUND');
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('rejects bad arguments with BAD_REQUEST', async () => {
+    for (const call of [
+      () => store.claim({ workerId: 'n', limit: 0, leaseMs: 1_000 }),
+      () => store.claim({ workerId: 'n', limit: 1, leaseMs: -1 }),
+      () => store.listResults({ limit: 1e9 }),
+      () => openStore('mysql://localhost/db'),
+      () => openStore('sqlite://'),
+    ]) {
+      const error = await call().catch((e: unknown) => e);
+      expect(RolloutError.isInstance(error) && error.code).toBe('BAD_REQUEST');
+    }
+  });
+
+  if (engine.name === 'sqlite') {
+    it('keeps everything when the file is reopened', async () => {
+      await store.putTasks([task('a', 2), task('b')]);
+      const [first] = await store.claim({ workerId: 'n1', limit: 1, leaseMs: 60_000 });
+      await store.commit({ rolloutId: first!.id, attempt: first!.attempt, result: result(first!.id, 'a', 0) });
+      await store.claim({ workerId: 'n2', limit: 1, leaseMs: 60_000 });
+      await store.close();
+      const reopened = await open();
+      expect(await reopened.counts()).toEqual({ queued: 1, leased: 1, done: 1, failed: 0, cancelled: 0 });
+      expect(await reopened.getResult('a:0')).toEqual(result('a:0', 'a', 0));
+      expect(await reopened.getRollout('a:1')).toMatchObject({ state: 'leased', workerId: 'n2', attempt: 1 });
+      expect(await reopened.putTasks([task('a', 2)])).toEqual([{ taskId: 'a', rolloutIds: ['a:0', 'a:1'], existing: true }]);
+      expect(await reopened.commit({ rolloutId: 'a:1', attempt: 1, result: result('a:1', 'a', 1) })).toEqual({ status: 'committed' });
+    });
+
+    it('opens an in-memory store', async () => {
+      const memory = await open('sqlite::memory:');
+      await memory.putTasks([task('a')]);
+      expect(await memory.counts()).toMatchObject({ queued: 1 });
+    });
+  }
+
+  if (engine.name === 'postgres') {
+    it('reconnects after the database restarts mid-run, losing nothing', async () => {
+      await store.putTasks(Array.from({ length: 6 }, (_, i) => task(`t${i}`)));
+      const claimed = await store.claim({ workerId: 'n1', limit: 4, leaseMs: 60_000 });
+      await store.commit({ rolloutId: claimed[0]!.id, attempt: 1, result: result(claimed[0]!.id, claimed[0]!.taskId) });
+      // every pooled connection is now dropped by the server
+      await postgres!.restart();
+      expect(await store.counts()).toEqual({ queued: 2, leased: 3, done: 1, failed: 0, cancelled: 0 });
+      expect(await store.getResult(claimed[0]!.id)).toEqual(result(claimed[0]!.id, claimed[0]!.taskId));
+      for (const c of claimed.slice(1)) {
+        expect(await store.commit({ rolloutId: c.id, attempt: c.attempt, result: result(c.id, c.taskId) })).toEqual({ status: 'committed' });
+      }
+      expect((await store.claim({ workerId: 'n2', limit: 10, leaseMs: 60_000 })).map((c) => c.id)).toEqual(['t4', 't5']);
+      expect(await store.putTasks([task('t6')])).toMatchObject([{ existing: false }]);
+      expect(await store.counts()).toEqual({ queued: 1, leased: 2, done: 4, failed: 0, cancelled: 0 });
+    });
+
+    it('retries through a restart that happens while operations are in flight', async () => {
+      await store.putTasks(Array.from({ length: 30 }, (_, i) => task(`t${i}`)));
+      const claimed = await store.claim({ workerId: 'n1', limit: 30, leaseMs: 60_000 });
+      const restart = postgres!.restart();
+      const outcomes = await Promise.all(claimed.map((c) => store.commit({ rolloutId: c.id, attempt: c.attempt, result: result(c.id, c.taskId) })));
+      await restart;
+      // a commit whose first try went through before the connection dropped answers 'duplicate' on retry
+      expect(outcomes.every((o) => o.status === 'committed' || o.status === 'duplicate')).toBe(true);
+      expect(await store.counts()).toEqual({ queued: 0, leased: 0, done: 30, failed: 0, cancelled: 0 });
+      expect((await store.listResults({ limit: 100 })).items).toHaveLength(30);
+    });
+  }
+});
