@@ -2,7 +2,7 @@
 # Installs everything rollserve needs on a Debian/Ubuntu machine that has Node 20.19+:
 # system packages (bubblewrap for the sandboxes, python3 with IPython and pytest for the Python
 # tool and the SWE environment, git, patch and tmux; skopeo, umoci and squashfs-tools for container
-# images),
+# images; postgresql for the store's tests),
 # pnpm, the workspace's dependencies, and the build. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +32,8 @@ command -v patch >/dev/null 2>&1 || missing+=(patch)
 command -v skopeo >/dev/null 2>&1 || missing+=(skopeo)
 command -v umoci >/dev/null 2>&1 || missing+=(umoci)
 command -v unsquashfs >/dev/null 2>&1 || missing+=(squashfs-tools)
+# The store's PostgreSQL engine is tested against a throwaway cluster the tests start (initdb, pg_ctl).
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
 # Sandboxes run the system's python3 (not a pyenv or venv one): the SWE environment's tests need
 # pytest there.
 /usr/bin/python3 -c 'import pytest' >/dev/null 2>&1 || missing+=(python3-pytest)

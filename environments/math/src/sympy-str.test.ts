@@ -116,6 +116,14 @@ describe('sympy str() of parsed answers', () => {
     expect(print(node!)).toBe(expected);
   });
 
+  it('prints deeply nested sums and products (each subtree once)', () => {
+    let latex = 'x';
+    for (let i = 0; i < 40; i++) latex = `(${latex}+${i})(x+${i + 1})`;
+    const printed = print(parseAnswer(normalizeLatex(latex))!);
+    expect(printed.startsWith('(x + 40)*((x + 39)*((x + 38)*')).toBe(true);
+    expect(printed).toContain('*((x + 0)*(x + 1) + 1)');
+  });
+
   it.each(UNPARSED)('%s does not parse', (latex) => {
     expect(parseAnswer(normalizeLatex(latex))).toBeUndefined();
   });

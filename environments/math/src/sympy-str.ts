@@ -908,8 +908,19 @@ function decomposePower(factor: SNode): [SNode, number] {
 
 const isNumberOrNumberSymbol = (n: SNode): boolean => isSympyNumber(n) || (n.k === 'const' && n.text === undefined && (n.name === 'pi' || n.name === 'E'));
 
+const orderedTermsCache = new WeakMap<SNode[], SNode[]>();
+
 /** sympy's `Expr.as_ordered_terms()` of an Add's terms. */
 function orderedTerms(args: SNode[]): SNode[] {
+  let ordered = orderedTermsCache.get(args);
+  if (!ordered) {
+    ordered = computeOrderedTerms(args);
+    orderedTermsCache.set(args, ordered);
+  }
+  return ordered;
+}
+
+function computeOrderedTerms(args: SNode[]): SNode[] {
   // Add(Number, Mul(Number, x)) with the first positive and the second negative: 1 - 2*x.
   const byNumber = (a: SNode, b: SNode): number => Number(!isNumberOrNumberSymbol(a)) - Number(!isNumberOrNumberSymbol(b));
   const addArgs = [...args].sort(byNumber);
@@ -1094,11 +1105,21 @@ const isInfinite = (n: SNode): boolean =>
 export function print(n: SNode): string {
   printLevel++;
   try {
-    return printNode(n);
+    // Inside an expression a node always prints the same: printed once (ordering terms prints
+    // their factors again, which would be exponential in the depth).
+    if (printLevel === 1) return printNode(n);
+    let s = nestedPrints.get(n);
+    if (s === undefined) {
+      s = printNode(n);
+      nestedPrints.set(n, s);
+    }
+    return s;
   } finally {
     printLevel--;
   }
 }
+
+const nestedPrints = new WeakMap<SNode, string>();
 
 /** latex2sympy names an indexed symbol a_3, but a_{37} when the index is longer than one character. */
 const symbolName = (name: string): string => name.replace(/^([^_]+)_([^_{}]{2,})$/, '$1_{$2}');

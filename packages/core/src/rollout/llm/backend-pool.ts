@@ -1,6 +1,6 @@
 import { Agent, request } from 'undici';
 import { RolloutError } from '../../errors.ts';
-import { callerAbortError, chatCompletion } from './chat-completion.ts';
+import { callerAbortError, chatCompletion, createLlmAgent } from './chat-completion.ts';
 import { LlmBackendError, type LlmFailureKind } from './llm-error.ts';
 import type { ChatCompletionOptions, ChatRequest, ChatResult, LlmBackendConfig } from './types.ts';
 
@@ -161,9 +161,8 @@ export class LlmBackendPool {
     }
     const entry: Entry = {
       config,
-      // keep-alive, no header/body limits (a long generation waits for its whole answer; time
-      // limits are the caller's), and a short connect limit so that a dead host shows at once
-      agent: new Agent({ connections: config.maxConcurrency ?? null, headersTimeout: 0, bodyTimeout: 0, connect: { timeout: this.#options.connectTimeoutMs } }),
+      // a short connect limit, so that a dead host shows at once
+      agent: createLlmAgent(config.maxConcurrency, this.#options.connectTimeoutMs),
       healthy: true,
       removed: false,
       rollouts: 0,

@@ -39,12 +39,12 @@ let sharedAgent: Agent | undefined;
  * An undici Agent for one backend: keep-alive, and without undici's 300 s header and body limits
  * (a long generation waits for its whole answer; time limits are the caller's).
  */
-export function createLlmAgent(maxConcurrency?: number): Agent {
+export function createLlmAgent(maxConcurrency?: number, connectTimeoutMs = 10_000): Agent {
   return new Agent({
     connections: maxConcurrency ?? null,
     headersTimeout: 0,
     bodyTimeout: 0,
-    connect: { timeout: 10_000 },
+    connect: { timeout: connectTimeoutMs },
   });
 }
 
