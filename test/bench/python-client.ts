@@ -90,7 +90,7 @@ async function viaPython(url: string, count: number, mode: 'sync' | 'async'): Pr
 
 export default async function bench(): Promise<void> {
   const count = Number(process.env.PYTHON_CLIENT_BENCH_TASKS ?? 1_000);
-  const rounds = 3;
+  const rounds = Number(process.env.PYTHON_CLIENT_BENCH_ROUNDS ?? 5);
   const logLevel = process.env.ROLLSERVE_LOG_LEVEL;
   process.env.ROLLSERVE_LOG_LEVEL ??= 'silent';
   heading(`python client: ${count.toLocaleString('en')} single-turn rollouts per run, Python client (sync, asyncio) against Node HTTP (${rounds} runs each, interleaved)`);

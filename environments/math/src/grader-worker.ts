@@ -1,6 +1,9 @@
-// Piscina worker: grades one answer per task. The engine is built when the worker starts, so the
-// first task does not pay for it.
+// Piscina worker: grades one answer per task, first stamping the time it starts into the pool's
+// shared clock (the task's time limit runs from there). The engine is built when the worker
+// starts, so the first task does not pay for it.
 
+import { pathToFileURL } from 'node:url';
+import { workerData } from 'node:worker_threads';
 import { getEngine } from './compare.ts';
 import type { GradeOptions, GradeResult } from './grade.ts';
 import { gradeAnswer } from './grade.ts';
@@ -10,14 +13,25 @@ export interface GradeTask {
   expected: string;
   text: string;
   options?: GradeOptions;
-  /** Where to stamp the start time (ms), so the pool starts the task's time limit then. */
-  clock?: SharedArrayBuffer;
+  /** The task's cell in the clock. */
   slot?: number;
 }
 
-getEngine();
+/** What the pool gives each worker once. */
+export interface GraderWorkerData {
+  /** Start times (ms since the epoch), one cell per task in flight. */
+  clock: SharedArrayBuffer;
+  /** A module whose default export grades instead of gradeAnswer (GraderOptions.workerFilename). */
+  grading?: string;
+}
 
-export default function grade(task: GradeTask): GradeResult {
-  if (task.clock && task.slot !== undefined) Atomics.store(new BigInt64Array(task.clock), task.slot, BigInt(Date.now()));
-  return gradeAnswer(task.expected, task.text, task.options);
+const data = workerData as GraderWorkerData | undefined;
+const startedAt = data?.clock ? new BigInt64Array(data.clock) : undefined;
+const gradeTask: (task: GradeTask) => GradeResult | Promise<GradeResult> = data?.grading
+  ? ((await import(data.grading.startsWith('file:') ? data.grading : pathToFileURL(data.grading).href)) as { default: (task: GradeTask) => GradeResult }).default
+  : (getEngine(), (task) => gradeAnswer(task.expected, task.text, task.options));
+
+export default function grade(task: GradeTask): GradeResult | Promise<GradeResult> {
+  if (startedAt && task.slot !== undefined) Atomics.store(startedAt, task.slot, BigInt(Date.now()));
+  return gradeTask(task);
 }

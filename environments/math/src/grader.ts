@@ -8,7 +8,7 @@ import { fileURLToPath } from 'node:url';
 import { Piscina } from 'piscina';
 import type { GradeOptions, GradeResult } from './grade.ts';
 import { gradeAnswer } from './grade.ts';
-import type { GradeTask } from './grader-worker.ts';
+import type { GradeTask, GraderWorkerData } from './grader-worker.ts';
 
 export interface GraderOptions {
   /** Hard limit on one grading, in seconds (math_with_judge's `library_verifier_timeout_seconds`). @default 10 */
@@ -20,9 +20,9 @@ export interface GraderOptions {
    */
   maxConcurrency?: number;
   /**
-   * The worker module, a file path: its default export grades one `GradeTask`, first stamping
-   * `Date.now()` into `clock` at `slot` (the time limit runs from that stamp; without it, from the
-   * call plus a 30 s grace). Tests use it to simulate a stuck worker. @default the built-in grader-worker
+   * A grading module, a file path: its default export grades one `GradeTask` (in the pool's worker,
+   * which stamps the task's start for its time limit). Tests use it to simulate a stuck worker.
+   * @default the built-in grader (gradeAnswer)
    */
   workerFilename?: string;
 }
@@ -86,8 +86,18 @@ export function createGrader(options: GraderOptions = {}): Grader {
   const timeoutMs = Math.max(1, (options.timeoutSeconds ?? 10) * 1000);
   const maxConcurrency = Math.max(1, Math.floor(options.maxConcurrency ?? 32));
   const threads = Math.max(1, Math.min(maxConcurrency, availableParallelism()));
+  // Two tasks per thread in flight: one running, one queued in piscina so the thread never idles
+  // for a round trip. The queued one's time limit starts only when it starts running: each worker
+  // stamps the time it starts a task into shared memory (no message per task). The memory goes to
+  // each worker once, as its workerData: sent with every task, it cost as much as the rest of the
+  // task's round trip.
+  const inFlight = threads * 2;
+  const clock = new SharedArrayBuffer(8 * inFlight);
+  const startedAt = new BigInt64Array(clock);
+  const workerData: GraderWorkerData = { clock, ...(options.workerFilename ? { grading: options.workerFilename } : {}) };
   const pool = new Piscina<GradeTask, GradeResult>({
-    filename: options.workerFilename ?? workerFilename(),
+    filename: workerFilename(),
+    workerData,
     minThreads: threads,
     maxThreads: threads,
     concurrentTasksPerWorker: 1,
@@ -99,13 +109,7 @@ export function createGrader(options: GraderOptions = {}): Grader {
   pool.on('error', (error: unknown) => {
     lastError = error instanceof Error ? error.message : String(error);
   });
-  // Two tasks per thread in flight: one running, one queued in piscina so the thread never idles
-  // for a round trip. The queued one's time limit starts only when it starts running: each worker
-  // stamps the time it starts a task into shared memory (no message per task).
-  const inFlight = threads * 2;
   const slots = new Slots(inFlight);
-  const clock = new SharedArrayBuffer(8 * inFlight);
-  const startedAt = new BigInt64Array(clock);
   let closed = false;
 
   async function grade(expected: string, text: string, options: GradeOptions = {}): Promise<GradeOutcome> {
@@ -130,7 +134,7 @@ export function createGrader(options: GraderOptions = {}): Grader {
     };
     timer = setTimeout(check, timeoutMs);
     try {
-      const result = await pool.run({ expected, text, options, clock, slot }, { signal: controller.signal });
+      const result = await pool.run({ expected, text, options, slot }, { signal: controller.signal });
       return { ...result, timedOut: false };
     } catch (error) {
       if (timedOut) return { reward: 0, extracted_answer: null, timedOut: true };

@@ -1,3 +1,4 @@
+import fs from 'node:fs';
 import { mkdtemp, open, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -65,6 +66,21 @@ describe('journal', () => {
     }
   });
 
+  it('without fsync, writes the records appended in one tick with one write', async () => {
+    const path = await tempJournalPath();
+    const { journal } = await Journal.open(path);
+    const writes = vi.spyOn(fs, 'writeSync');
+    try {
+      const ids = Array.from({ length: 200 }, (_, i) => `s${i}`);
+      await Promise.all(ids.map((id) => journal.append(taskRecord(id))));
+      expect(writes).toHaveBeenCalledTimes(1);
+      await journal.close();
+      expect([...(await Journal.read(path)).tasks.keys()]).toEqual(ids);
+    } finally {
+      writes.mockRestore();
+    }
+  });
+
   it('answers every append made before close, and refuses those after it', async () => {
     const path = await tempJournalPath();
     const { journal } = await Journal.open(path);
@@ -78,6 +94,27 @@ describe('journal', () => {
   it('starts on a fresh line after a failed write, so the next record is not glued to a partial one', async () => {
     const path = await tempJournalPath();
     const { journal } = await Journal.open(path);
+    const real = fs.writeSync.bind(fs);
+    // a disk that fills up: part of the record is written, then the write fails
+    const write = vi.spyOn(fs, 'writeSync').mockImplementationOnce((fd: number, buffer: unknown) => {
+      real(fd, (buffer as Buffer).subarray(0, 20), 0, 20, null);
+      throw Object.assign(new Error('no space left on device'), { code: 'ENOSPC' });
+    });
+    try {
+      await expect(journal.append(taskRecord('lost'))).rejects.toThrow(/no space/);
+      await journal.append(taskRecord('kept'));
+      await journal.close();
+      const contents = await Journal.read(path);
+      expect([...contents.tasks.keys()]).toEqual(['kept']);
+      expect(contents.skippedLines).toBe(1);
+    } finally {
+      write.mockRestore();
+    }
+  });
+
+  it('with fsync, starts on a fresh line after a failed write too', async () => {
+    const path = await tempJournalPath();
+    const { journal } = await Journal.open(path, { fsync: true });
     const probe = await open(path, 'a');
     const proto = Object.getPrototypeOf(probe) as { write: (...args: unknown[]) => Promise<{ bytesWritten: number }> };
     await probe.close();

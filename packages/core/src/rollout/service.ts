@@ -130,6 +130,12 @@ function withTaskLimits(spec: SandboxSpec, limits: RolloutTask['limits']['sandbo
   return { ...spec, resources };
 }
 
+interface KnownTask {
+  task: RolloutTask;
+  rolloutIds: string[];
+  fingerprint?: string;
+}
+
 const TERMINAL: ReadonlySet<RolloutState> = new Set(['done', 'failed', 'cancelled']);
 
 function stableStringify(value: unknown): string {
@@ -152,7 +158,8 @@ export class RolloutService {
   readonly #queues: Record<StageName, PQueue>;
   readonly #serial: PQueue | undefined;
   readonly #jobs = new Map<string, Job>();
-  readonly #tasks = new Map<string, { fingerprint: string; rolloutIds: string[] }>();
+  /** Known tasks; a task's fingerprint (to tell a resubmission from a conflict) is made when it is resubmitted. */
+  readonly #tasks = new Map<string, KnownTask>();
   readonly #order: string[] = [];
   readonly #sessions: SessionStore;
   readonly #events = new EventEmitter();
@@ -214,7 +221,7 @@ export class RolloutService {
     let rerun = 0;
     for (const record of contents.tasks.values()) {
       const env = this.#envs.get(record.task.env);
-      this.#tasks.set(record.taskId, { fingerprint: stableStringify(record.task), rolloutIds: record.rolloutIds });
+      this.#tasks.set(record.taskId, { task: record.task, rolloutIds: record.rolloutIds });
       record.rolloutIds.forEach((id, sampleIndex) => {
         const stored = contents.results.get(id);
         if (stored) {
@@ -259,15 +266,14 @@ export class RolloutService {
     const unavailable = () => new RolloutError({ code: 'UNAVAILABLE', message: 'the service is shutting down', retryable: true });
     if (this.#closed) throw unavailable();
     const submitted: SubmittedTask[] = [];
-    const fresh = new Map<string, { fingerprint: string; rolloutIds: string[]; task: RolloutTask }>();
+    const fresh = new Map<string, KnownTask>();
     const records: JournalRecord[] = [];
     const at = new Date().toISOString();
     for (const task of tasks) {
       const taskId = task.id ?? randomUUID();
-      const fingerprint = stableStringify({ ...task, id: taskId });
       const known = this.#tasks.get(taskId) ?? fresh.get(taskId);
       if (known) {
-        if (known.fingerprint !== fingerprint) {
+        if ((known.fingerprint ??= stableStringify(known.task)) !== stableStringify({ ...task, id: taskId })) {
           throw new RolloutError({ code: 'CONFLICT', message: `task id "${taskId}" was already submitted with a different body` });
         }
         submitted.push({ taskId, rolloutIds: known.rolloutIds, existing: true });
@@ -275,7 +281,7 @@ export class RolloutService {
       }
       const rolloutIds = Array.from({ length: task.n }, (_, k) => (task.n === 1 ? taskId : `${taskId}:${k}`));
       const normalised = { ...task, id: taskId };
-      fresh.set(taskId, { fingerprint, rolloutIds, task: normalised });
+      fresh.set(taskId, { rolloutIds, task: normalised });
       records.push({ type: 'task', taskId, task: normalised, rolloutIds, at });
       submitted.push({ taskId, rolloutIds, existing: false });
     }
@@ -283,8 +289,9 @@ export class RolloutService {
     // accepted; once written, a restart runs it even if the service dies before answering.
     if (records.length > 0) await this.#journal?.append(records);
     if (this.#closed) throw unavailable(); // journaled: it runs after the restart
-    for (const [taskId, { fingerprint, rolloutIds, task }] of fresh) {
-      this.#tasks.set(taskId, { fingerprint, rolloutIds });
+    for (const [taskId, known] of fresh) {
+      this.#tasks.set(taskId, known);
+      const { rolloutIds, task } = known;
       const env = this.#envs.get(task.env)!;
       rolloutIds.forEach((id, k) => this.#admit(this.#newJob(id, taskId, k, task, env)));
     }
@@ -305,7 +312,7 @@ export class RolloutService {
       abort: new AbortController(),
       usedMs: 0,
       timing: { init: { queuedMs: 0, activeMs: 0 }, run: { queuedMs: 0, activeMs: 0 }, eval: { queuedMs: 0, activeMs: 0 } },
-      startedAt: Date.now(),
+      startedAt: performance.now(),
       done,
       resolve,
     };
@@ -514,7 +521,7 @@ export class RolloutService {
       filter: outcome.criticalError !== null && outcome.error?.code !== 'RESOURCE_LIMIT',
       advantage: null,
       credit: null,
-      timing: { ...job.timing, totalMs: Date.now() - job.startedAt },
+      timing: { ...job.timing, totalMs: performance.now() - job.startedAt },
       ...(job.task.metadata ? { metadata: job.task.metadata } : {}),
       finishedAt: new Date().toISOString(),
     };

@@ -75,7 +75,10 @@ function clientGone(c: Context): AbortSignal {
   const outgoing = nodeResponse(c);
   if (!outgoing) return c.req.raw.signal;
   const controller = new AbortController();
-  outgoing.once('close', () => controller.abort());
+  // (after a response that was sent whole there is no one to tell, nor an error to make)
+  outgoing.once('close', () => {
+    if (!outgoing.writableFinished) controller.abort(new Error('Client connection prematurely closed.'));
+  });
   return controller.signal;
 }
 
