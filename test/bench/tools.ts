@@ -1,15 +1,17 @@
-import { execFile } from 'node:child_process';
+import { execFile, spawn } from 'node:child_process';
 import { readdirSync, readFileSync } from 'node:fs';
 import { performance } from 'node:perf_hooks';
+import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { Pool } from 'undici';
-import { z } from 'zod';
 import { cgroupSupport, createBwrapProvider, type Sandbox } from '../../packages/core/src/sandbox/index.ts';
-import { BashSession, bashTool, PythonKernel } from '../../packages/core/src/tools/index.ts';
+import { BashSession, PythonKernel } from '../../packages/core/src/tools/index.ts';
 import { heading, latencyLine, percentile } from './stats.ts';
 
-// `pnpm bench tools`: the tool backends side by side in one run (issue 3): the bash tool over the
-// NeMo Gym HTTP face, the bash backend alone, the same command through tmux driven the way
+// `pnpm bench tools`: the bash tool over the NeMo Gym HTTP face as users run it (issue 16: the
+// resources server in a process of its own, tools-server.ts; 1 and 16 sessions; the server's CPU
+// per call from /proc; a bare node:http server as the floor), then the tool backends side by side
+// in one run (issue 3): the bash backend alone, the same command through tmux driven the way
 // tmux-based agent runtimes do it, the Python kernel, the bwrap sandbox lifecycle, 200 concurrent
 // sandbox sessions, and the memory of an idle bash session.
 
@@ -123,43 +125,188 @@ export async function measureToolOverHttp(
   }
 }
 
-/** The bash tool over HTTP through an in-process resources server for an environment listing it. */
-async function bashOverHttp(n: number): Promise<number[]> {
-  const gym = (await import('../../packages/core/src/gym/index.ts')) as any;
-  const spec = (await import('../../packages/core/src/spec/index.ts')) as any;
-  const env = spec.defineEnvironment({
-    name: 'bench_tools',
-    domain: 'other',
-    row: z.object({}),
-    tools: { bash: bashTool },
-    verify: () => ({ reward: 0 }),
+const TOOLS_SERVER = fileURLToPath(new URL('./tools-server.ts', import.meta.url));
+const TICKS_PER_S = 100; // USER_HZ on Linux
+
+interface ToolsServer {
+  url: string;
+  pid: number;
+  stop(): Promise<void>;
+}
+
+/**
+ * A resources server for an environment with the bash tool in a process of its own (as NeMo Gym
+ * runs one: its agent is another process), from source. ROLLSERVE_BENCH_PROFILE=<dir> writes a
+ * `node --cpu-prof` profile of it.
+ */
+export async function startToolsServer(
+  args = ['--import', 'tsx', '--conditions=@rollserve/source', TOOLS_SERVER],
+): Promise<ToolsServer> {
+  const profile = process.env.ROLLSERVE_BENCH_PROFILE;
+  const child = spawn(process.execPath, [...(profile ? ['--cpu-prof', `--cpu-prof-dir=${profile}`] : []), ...args], {
+    stdio: ['ignore', 'pipe', 'inherit'],
+    env: { ...process.env, ROLLSERVE_LOG_LEVEL: 'silent' },
   });
-  const level = process.env.ROLLSERVE_LOG_LEVEL;
-  process.env.ROLLSERVE_LOG_LEVEL = 'silent';
-  const app = gym.createResourcesServer(env, {});
-  if (level === undefined) delete process.env.ROLLSERVE_LOG_LEVEL;
-  else process.env.ROLLSERVE_LOG_LEVEL = level;
-  const server = await gym.serveFetch(app, { port: 0 });
+  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
+  const url = await new Promise<string>((resolve, reject) => {
+    let seen = '';
+    const onData = (chunk: Buffer) => {
+      seen += chunk.toString();
+      const match = /^serving\s+(http:\/\/\S+)/m.exec(seen);
+      if (match) {
+        child.stdout!.off('data', onData);
+        child.stdout!.resume();
+        resolve(match[1]!);
+      }
+    };
+    child.stdout!.on('data', onData);
+    child.once('exit', (code) => reject(new Error(`tools server exited with ${code}: ${seen}`)));
+  });
+  return {
+    url,
+    pid: child.pid!,
+    stop: async () => {
+      child.kill('SIGTERM');
+      await exited;
+    },
+  };
+}
+
+/**
+ * The floor under the HTTP figures: a bare node:http server in its own process answering `hi`
+ * (no routing, no session, no tool) to the same client. What it adds to the backend, and its tail,
+ * are the machine's (loopback, two processes' wake-ups), not rollserve's.
+ */
+const BARE_SERVER = `
+const http = require('node:http');
+const server = http.createServer((req, res) => {
+  req.resume();
+  req.on('end', () => res.writeHead(200, { 'content-type': 'text/plain' }).end('hi\\n'));
+});
+server.keepAliveTimeout = 30000;
+server.listen(0, '127.0.0.1', () => console.log('serving http://127.0.0.1:' + server.address().port));
+process.on('SIGTERM', () => server.close(() => process.exit(0)) && server.closeAllConnections());
+`;
+
+function cpuMs(pid: number): number {
+  const fields = readFileSync(`/proc/${pid}/stat`, 'latin1').split(') ')[1]!.split(' ');
+  return ((Number(fields[11]) + Number(fields[12])) / TICKS_PER_S) * 1000; // utime + stime
+}
+
+interface SessionsRun {
+  latencies: number[];
+  /** CPU of the server process per call (its service time, without queueing). */
+  serverCpuMsPerCall: number;
+  callsPerS: number;
+}
+
+/**
+ * `sessions` NeMo Gym sessions (each its own cookie from /seed_session) each calling the bash tool
+ * with `echo hi` in a closed loop over keep-alive connections (one per session), `calls` each after
+ * a warm-up.
+ */
+export async function bashSessions(server: ToolsServer, sessions: number, calls: number, warmup = 100): Promise<SessionsRun> {
+  const pool = new Pool(server.url, { connections: sessions, pipelining: 1, keepAliveTimeout: 30_000 });
   try {
-    return await measureToolOverHttp(server.url, 'bash', { command: 'echo hi' }, n);
+    const cookies = await Promise.all(
+      Array.from({ length: sessions }, async () => {
+        const seeded = await pool.request({ path: '/seed_session', method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}' });
+        await seeded.body.text();
+        const setCookie = seeded.headers['set-cookie'];
+        return (Array.isArray(setCookie) ? setCookie : [setCookie ?? '']).map((c) => String(c).split(';')[0]).join('; ');
+      }),
+    );
+    const payload = JSON.stringify({ command: 'echo hi' });
+    const call = async (cookie: string) => {
+      const response = await pool.request({ path: '/bash', method: 'POST', headers: { 'content-type': 'application/json', cookie }, body: payload });
+      const text = await response.body.text();
+      if (response.statusCode !== 200 || !text.includes('hi')) throw new Error(`bash: ${response.statusCode} ${text}`);
+    };
+    await Promise.all(cookies.map(async (cookie) => {
+      for (let i = 0; i < warmup; i++) await call(cookie);
+    }));
+    const latencies: number[] = [];
+    const cpuBefore = cpuMs(server.pid);
+    const started = performance.now();
+    await Promise.all(cookies.map(async (cookie) => {
+      for (let i = 0; i < calls; i++) {
+        const t = performance.now();
+        await call(cookie);
+        latencies.push(performance.now() - t);
+      }
+    }));
+    const wallMs = performance.now() - started;
+    const serverCpuMsPerCall = (cpuMs(server.pid) - cpuBefore) / latencies.length;
+    return { latencies, serverCpuMsPerCall, callsPerS: (latencies.length / wallMs) * 1000 };
   } finally {
-    await server.close();
-    await app.close();
+    await pool.close();
+  }
+}
+
+/**
+ * Issue 16's figures: bash `echo hi` over the NeMo Gym face with the server in its own process, 1
+ * and 16 concurrent sessions, beside the backend alone measured in the same minutes.
+ */
+export async function bashOverHttpAsUsersRunIt(): Promise<void> {
+  heading('tools: bash echo hi over the NeMo Gym face as users run it (issue 16: server in its own process, keep-alive client)');
+  const runs: Array<[sessions: number, run: SessionsRun]> = [];
+  const floors: Array<[sessions: number, run: SessionsRun]> = [];
+  const server = await startToolsServer();
+  try {
+    runs.push([1, await bashSessions(server, 1, 2000)]);
+    runs.push([16, await bashSessions(server, 16, 250, 20)]);
+  } finally {
+    await server.stop();
+  }
+  const bare = await startToolsServer(['-e', BARE_SERVER]);
+  try {
+    floors.push([1, await bashSessions(bare, 1, 2000)]);
+    floors.push([16, await bashSessions(bare, 16, 250, 20)]);
+  } finally {
+    await bare.stop();
+  }
+  const sandbox = await createBwrapProvider().create();
+  let backend: number[];
+  try {
+    const bash = await BashSession.start(sandbox);
+    backend = await timeIt(2000, async () => {
+      if ((await bash.run('echo hi')).output !== 'hi\n') throw new Error('bash');
+    });
+    await bash.close();
+  } finally {
+    await sandbox.close();
+  }
+  const backendP50 = percentile(backend, 50);
+  console.log(`bash backend alone (PTY + marker, in this process)  ${latencyLine(backend)}`);
+  for (const [sessions, run] of runs) {
+    const p50 = percentile(run.latencies, 50);
+    const ratio = percentile(run.latencies, 99) / p50;
+    console.log(`bash tool over HTTP, ${String(sessions).padStart(2)} session(s)  ${latencyLine(run.latencies)}`);
+    console.log(
+      `  above backend (p50) ${(p50 - backendP50).toFixed(2)} ms (target <= 0.50)  p99/p50 ${ratio.toFixed(2)} (target <= 2)  ` +
+        `server CPU ${run.serverCpuMsPerCall.toFixed(3)} ms/call (its service time; the rest of the latency is the backend and queueing)  ` +
+        `${run.callsPerS.toFixed(0)} calls/s`,
+    );
+    const floor = floors.find(([n]) => n === sessions)?.[1];
+    if (floor !== undefined) {
+      const floorP50 = percentile(floor.latencies, 50);
+      console.log(
+        `  floor: bare node:http in its own process, same client  ${latencyLine(floor.latencies)}  p99/p50 ${(percentile(floor.latencies, 99) / floorP50).toFixed(2)}  ` +
+          `server CPU ${floor.serverCpuMsPerCall.toFixed(3)} ms/call  (rollserve over it, p50: ${(p50 - floorP50 - backendP50).toFixed(2)} ms beside the backend)`,
+      );
+    }
   }
 }
 
 export default async function bench(): Promise<void> {
-  heading('tools: echo hi / 1+1 latencies (one run, side by side)');
-  const provider = createBwrapProvider();
-  const rows: Array<[string, number[]]> = [];
-
-  let http: number[] | undefined;
   try {
-    http = await bashOverHttp(1000);
+    await bashOverHttpAsUsersRunIt();
   } catch (error) {
     console.log(`bash tool over HTTP: skipped (${(error as Error).message})`);
   }
-  if (http !== undefined) rows.push(['bash tool over HTTP (NeMo Gym face, in-process server)', http]);
+  heading('tools: echo hi / 1+1 latencies (one run, side by side)');
+  const provider = createBwrapProvider();
+  const rows: Array<[string, number[]]> = [];
 
   const sandbox = await provider.create();
   let bashTimes: number[];

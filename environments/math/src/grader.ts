@@ -2,6 +2,7 @@
 // hard time limit. A task over its limit is aborted, which terminates its worker (a parse stuck in
 // a loop cannot be interrupted any other way); piscina starts a fresh one for the next task.
 
+import { EventEmitter } from 'node:events';
 import { existsSync } from 'node:fs';
 import { availableParallelism } from 'node:os';
 import { fileURLToPath } from 'node:url';
@@ -62,9 +63,12 @@ class Slots {
     this.#free = Array.from({ length: size }, (_, i) => size - 1 - i);
   }
 
-  async acquire(): Promise<number> {
-    const slot = this.#free.pop();
-    if (slot !== undefined) return slot;
+  /** A free slot, or undefined when all are taken (then wait for one with `acquire`). */
+  tryAcquire(): number | undefined {
+    return this.#free.pop();
+  }
+
+  acquire(): Promise<number> {
     return new Promise<number>((resolve) => this.#waiting.push(resolve));
   }
 
@@ -114,9 +118,11 @@ export function createGrader(options: GraderOptions = {}): Grader {
 
   async function grade(expected: string, text: string, options: GradeOptions = {}): Promise<GradeOutcome> {
     if (closed) return { reward: 0, extracted_answer: null, timedOut: false, error: 'grader closed' };
-    const slot = await slots.acquire();
+    const slot = slots.tryAcquire() ?? (await slots.acquire());
     Atomics.store(startedAt, slot, 0n);
-    const controller = new AbortController();
+    // piscina takes an EventEmitter that emits 'abort' as well as an AbortSignal: an AbortController
+    // and its listener cost ~15 µs a task (of a ~85 µs round trip with grading), the emitter ~2 µs.
+    const abort = new EventEmitter();
     let timedOut = false;
     const submitted = Date.now();
     let timer: NodeJS.Timeout | undefined;
@@ -130,11 +136,11 @@ export function createGrader(options: GraderOptions = {}): Grader {
         return;
       }
       timedOut = true;
-      controller.abort();
+      abort.emit('abort');
     };
     timer = setTimeout(check, timeoutMs);
     try {
-      const result = await pool.run({ expected, text, options, slot }, { signal: controller.signal });
+      const result = await pool.run({ expected, text, options, slot }, { signal: abort });
       return { ...result, timedOut: false };
     } catch (error) {
       if (timedOut) return { reward: 0, extracted_answer: null, timedOut: true };

@@ -1,4 +1,3 @@
-import { buffer } from 'node:stream/consumers';
 import type { HttpBindings } from '@hono/node-server';
 import { Hono, type Context } from 'hono';
 import { bearerAuth } from 'hono/bearer-auth';
@@ -141,15 +140,30 @@ function cookieFrom(header: string | undefined, name: string): string | undefine
   return undefined;
 }
 
+async function bodyOf(incoming: NodeJS.ReadableStream): Promise<Buffer> {
+  const chunks: Buffer[] = [];
+  for await (const chunk of incoming) chunks.push(typeof chunk === 'string' ? Buffer.from(chunk) : chunk);
+  return chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks);
+}
+
+/** A request header, from Node's request when there is one (see readJson). */
+function headerOf(c: Context, name: 'cookie' | 'content-type'): string | undefined {
+  const { incoming } = nodeBindings(c);
+  return incoming ? incoming.headers[name] : c.req.header(name);
+}
+
 /**
  * Reads a body the way FastAPI does: absent → `undefined`; not JSON → a 422 json_invalid; too
  * deep for json.loads, or not UTF-8 → a 400; declared as something else → the text.
  */
 async function readJson(c: Context): Promise<unknown> {
   const { incoming } = nodeBindings(c);
-  // Straight from Node's request when there is one, for the reason given at requestSignal.
-  const bytes = incoming ? await buffer(incoming) : new Uint8Array(await c.req.raw.arrayBuffer());
-  const body = decodeRequestBody(bytes, c.req.header('content-type') ?? null);
+  // Straight from Node's request when there is one, for the reason given at requestSignal; its
+  // chunks joined by hand (stream/consumers' buffer() goes through a Blob, which showed in
+  // tool-call profiles), and its headers read from Node's (c.req.header builds web Headers).
+  const bytes = incoming ? await bodyOf(incoming) : new Uint8Array(await c.req.raw.arrayBuffer());
+  const contentType = headerOf(c, 'content-type');
+  const body = decodeRequestBody(bytes, contentType ?? null);
   switch (body.kind) {
     case 'absent':
       return undefined;
@@ -253,7 +267,7 @@ export function createResourcesServer(env: Environment<any, any, any>, options: 
   // Session cookie on every response, 404 and 422 as CONTRACT.md §1.3 asks, and 500 too (Python
   // sends none there; re-sending it keeps simple_agent's session alive, which can only help).
   app.use(async (c, next) => {
-    const given = cookieFrom(c.req.header('cookie'), cookieName);
+    const given = cookieFrom(headerOf(c, 'cookie'), cookieName);
     const id = sessions.idFromCookie(given);
     const value = id === undefined ? sessions.newCookieValue() : given!.replace(/^"(.*)"$/, '$1');
     const sessionId = value.slice(0, value.lastIndexOf('.'));
