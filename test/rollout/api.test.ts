@@ -91,6 +91,28 @@ describe('rollout service HTTP API', () => {
     expect(text).toContain('event: end');
   });
 
+  it('survives a client that leaves an NDJSON stream mid-way: the rollouts go on, and another stream serves them', async () => {
+    await call(server.url, 'POST', '/v1/rollouts', { tasks: [task('left-1', '6+6?', '12'), task('left-hang', 'hang 2+2?', '4')] }, auth);
+    const leaving = new AbortController();
+    const stream = await request(`${server.url}/v1/rollouts/stream?ids=left-1,left-hang`, { headers: auth, signal: leaving.signal });
+    let seen = '';
+    for await (const chunk of stream.body) {
+      seen += Buffer.from(chunk as Uint8Array).toString();
+      if (seen.includes('\n')) break; // the first result; the other is stuck at the policy
+    }
+    expect(JSON.parse(seen.split('\n')[0]!)).toMatchObject({ id: 'left-1', reward: 1 });
+    leaving.abort();
+    // The service goes on: the stuck rollout is still there to cancel, and a new stream serves both.
+    const cancelled = await call(server.url, 'DELETE', '/v1/rollouts/left-hang', undefined, auth);
+    expect(cancelled.json).toMatchObject({ id: 'left-hang', state: 'cancelled' });
+    const again = await request(`${server.url}/v1/rollouts/stream?ids=left-1,left-hang`, { headers: auth });
+    const lines = (await again.body.text()).trim().split('\n').map((l) => JSON.parse(l) as { id: string; state: string });
+    expect(lines.map((l) => [l.id, l.state]).sort()).toEqual([
+      ['left-1', 'done'],
+      ['left-hang', 'cancelled'],
+    ]);
+  });
+
   it('cancels a running rollout with DELETE', async () => {
     await call(server.url, 'POST', '/v1/rollouts', task('hang1', 'hang 1+1?', '2'), auth);
     while ((await call(server.url, 'GET', '/v1/rollouts/hang1', undefined, auth)).text.includes('"state":"queued"')) {

@@ -131,6 +131,9 @@ export class PostgresStore implements RolloutStore {
     // An idle connection the server drops (a restart) is an 'error' event: the pool discards it
     // and the next query takes a new one; unhandled, the event would end the process.
     pool.on('error', () => {});
+    // The same for a connection checked out between two queries (a transaction's, say): the
+    // pool's own listener is only on idle ones. Its next query fails, and the work is retried.
+    pool.on('connect', (client) => client.on('error', () => {}));
     const store = new PostgresStore(pool, options);
     try {
       await store.#transaction(async (client) => {
