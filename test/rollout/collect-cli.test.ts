@@ -144,6 +144,22 @@ describe('rollserve rollout', () => {
     expect(existsSync(output)).toBe(false);
   });
 
+  it('--generation tokens calls the policy with token-id prompts; another value is one clear line', async () => {
+    const input = rowsFile('tokens.jsonl', [['1+1', '2']]);
+    const output = join(dir, 'tokens-out.jsonl');
+    const completionsBefore = fake.completionRequests.length;
+    const chatBefore = fake.requests.length;
+    const result = await run(['--env', 'math', '--input', input, '--output', output, '--policy', fake.url, '--model', 'fake-policy', '--generation', 'tokens']);
+    expect(result.code, result.stderr).toBe(0);
+    expect(readLines(output).map((l) => l.reward)).toEqual([1]);
+    expect(fake.completionRequests.length).toBe(completionsBefore + 1);
+    expect(fake.completionRequests.at(-1)!.prompt).toEqual(expect.arrayContaining([expect.any(Number)]));
+    expect(fake.requests.length - chatBefore).toBe(0); // no chat completion call
+    const bad = await run(['--env', 'math', '--input', input, '--output', join(dir, 'tokens-bad.jsonl'), '--policy', fake.url, '--model', 'fake-policy', '--generation', 'token']);
+    expect(bad.code).toBe(1);
+    expect(bad.stderr.trim()).toBe(`rollserve rollout: --generation is 'chat' or 'tokens', not "token"`);
+  }, 60_000);
+
   it('--limit takes the first rows; --concurrency bounds the rollouts in flight', async () => {
     const input = rowsFile('limit.jsonl', [
       ['1+1', '2'],

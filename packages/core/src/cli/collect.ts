@@ -21,6 +21,8 @@ export interface CollectOptions {
   /** `policy.base_url` of every task (else the service's own backends). */
   baseUrl?: string;
   sampling?: Record<string, unknown>;
+  /** `policy.generation`: chat completions (default) or token-id prompts. */
+  generation?: 'chat' | 'tokens';
   limits?: RolloutTaskInput['limits'];
   /** Only the first `limit` rows. */
   limit?: number;
@@ -105,7 +107,12 @@ export async function collectRollouts(runner: RolloutRunner, options: CollectOpt
     const task = {
       env: options.env,
       row: row as RolloutTaskInput['row'],
-      policy: { model: options.model, ...(options.baseUrl ? { base_url: options.baseUrl } : {}), sampling: options.sampling ?? {} },
+      policy: {
+        model: options.model,
+        ...(options.baseUrl ? { base_url: options.baseUrl } : {}),
+        sampling: options.sampling ?? {},
+        ...(options.generation && options.generation !== 'chat' ? { generation: options.generation } : {}),
+      },
       n: options.n,
       ...(options.limits ? { limits: options.limits } : {}),
     };

@@ -139,6 +139,11 @@ function numberFlag(name: string, value: string | undefined, { integer = false, 
   return number;
 }
 
+function generationFlag(value: string): 'chat' | 'tokens' {
+  if (value === 'chat' || value === 'tokens') return value;
+  throw new RolloutError({ code: 'BAD_REQUEST', message: `--generation is 'chat' or 'tokens', not "${value}"` });
+}
+
 const rollout = defineCommand({
   meta: { name: 'rollout', description: 'Collect rollouts for a JSONL of rows (like ng_collect_rollouts): results as they finish, failures, aggregate metrics' },
   args: {
@@ -155,6 +160,7 @@ const rollout = defineCommand({
     temperature: { type: 'string', description: 'Sampling temperature' },
     'top-p': { type: 'string', description: 'Nucleus sampling top_p' },
     'max-tokens': { type: 'string', description: 'Generation limit per turn' },
+    generation: { type: 'string', description: "How the policy is called: 'chat' (/v1/chat/completions) or 'tokens' (token-id prompts on /v1/completions, vLLM: no re-tokenisation drift)", default: 'chat' },
     'max-turns': { type: 'string', description: 'Model calls per rollout', default: '16' },
     'time-limit': { type: 'string', description: 'Stage seconds per rollout', default: '600' },
   },
@@ -171,6 +177,7 @@ const rollout = defineCommand({
       input: args.input,
       output: args.output,
       model: args.model,
+      generation: generationFlag(args.generation),
       n: numberFlag('n', args.n, { integer: true, min: 1 })!,
       sampling: {
         ...(args.temperature ? { temperature: numberFlag('temperature', args.temperature) } : {}),
