@@ -1,5 +1,6 @@
 import { execFile, spawn } from 'node:child_process';
-import { readdirSync, readFileSync } from 'node:fs';
+import { readdirSync, readFileSync, rmSync } from 'node:fs';
+import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
@@ -51,6 +52,8 @@ async function tmuxLatencies(n: number): Promise<number[]> {
     }, 20);
   } finally {
     await tmux('kill-server').catch(() => undefined);
+    // the server leaves its socket file behind (tmux's default directory for -L)
+    rmSync(join(process.env.TMUX_TMPDIR ?? '/tmp', `tmux-${process.getuid!()}`, socket), { force: true });
   }
 }
 
