@@ -103,6 +103,35 @@ function isTransient(error: unknown): boolean {
 
 type Client = pg.PoolClient;
 
+type PreparedTasks = ReturnType<typeof prepareTasks>;
+
+/** Inserts the tasks not stored yet (a known id is left as it is); answers the ids inserted. */
+async function insertNewTasks(client: Client, prepared: PreparedTasks, at: string): Promise<Set<string>> {
+  const inserted = await client.query<{ id: string }>(
+    `INSERT INTO tasks (id, fingerprint, body, rollout_ids, created_at)
+     SELECT id, fingerprint, body, rollout_ids, $5 FROM unnest($1::text[], $2::text[], $3::json[], $4::json[]) AS t(id, fingerprint, body, rollout_ids)
+     ON CONFLICT (id) DO NOTHING RETURNING id`,
+    [prepared.map((t) => t.id), prepared.map((t) => t.fingerprint), prepared.map((t) => t.body), prepared.map((t) => JSON.stringify(t.rolloutIds)), at],
+  );
+  return new Set(inserted.rows.map((row) => row.id));
+}
+
+/** The rollouts of the `fresh` tasks, queued in submission order; a rollout id another task has is a conflict. */
+async function insertQueuedRollouts(client: Client, prepared: PreparedTasks, fresh: ReadonlySet<string>): Promise<void> {
+  const rollouts = prepared.filter((t) => fresh.has(t.id)).flatMap((t) => t.rolloutIds.map((id, k) => ({ id, taskId: t.id, k })));
+  if (rollouts.length === 0) return;
+  try {
+    await client.query(
+      `INSERT INTO rollouts (id, task_id, sample_index, state)
+       SELECT id, task_id, k, 'queued' FROM unnest($1::text[], $2::text[], $3::int[]) WITH ORDINALITY AS r(id, task_id, k, ord) ORDER BY ord`,
+      [rollouts.map((r) => r.id), rollouts.map((r) => r.taskId), rollouts.map((r) => r.k)],
+    );
+  } catch (error) {
+    if ((error as { code?: string }).code === '23505') throw conflict(`a rollout id of this batch is already another task's rollout (${(error as { detail?: string }).detail ?? ''})`, error);
+    throw error;
+  }
+}
+
 /**
  * The shared store: PostgreSQL through a pool of connections. Every commit is one transaction
  * (durable as the server is configured: `synchronous_commit` on by default). Claims lock rows with
@@ -199,13 +228,7 @@ export class PostgresStore implements RolloutStore {
     const prepared = prepareTasks(tasks);
     const at = new Date(this.#now()).toISOString();
     const outcomes = await this.#transaction(async (client) => {
-      const inserted = await client.query<{ id: string }>(
-        `INSERT INTO tasks (id, fingerprint, body, rollout_ids, created_at)
-         SELECT id, fingerprint, body, rollout_ids, $5 FROM unnest($1::text[], $2::text[], $3::json[], $4::json[]) AS t(id, fingerprint, body, rollout_ids)
-         ON CONFLICT (id) DO NOTHING RETURNING id`,
-        [prepared.map((t) => t.id), prepared.map((t) => t.fingerprint), prepared.map((t) => t.body), prepared.map((t) => JSON.stringify(t.rolloutIds)), at],
-      );
-      const fresh = new Set(inserted.rows.map((row) => row.id));
+      const fresh = await insertNewTasks(client, prepared, at);
       const outcomes = new Map<string, PutTaskOutcome>();
       const known = prepared.filter((t) => !fresh.has(t.id));
       if (known.length > 0) {
@@ -219,19 +242,7 @@ export class PostgresStore implements RolloutStore {
           outcomes.set(task.id, { taskId: task.id, rolloutIds: row.rollout_ids, existing: true });
         }
       }
-      const rollouts = prepared.filter((t) => fresh.has(t.id)).flatMap((t) => t.rolloutIds.map((id, k) => ({ id, taskId: t.id, k })));
-      if (rollouts.length > 0) {
-        try {
-          await client.query(
-            `INSERT INTO rollouts (id, task_id, sample_index, state)
-             SELECT id, task_id, k, 'queued' FROM unnest($1::text[], $2::text[], $3::int[]) WITH ORDINALITY AS r(id, task_id, k, ord) ORDER BY ord`,
-            [rollouts.map((r) => r.id), rollouts.map((r) => r.taskId), rollouts.map((r) => r.k)],
-          );
-        } catch (error) {
-          if ((error as { code?: string }).code === '23505') throw conflict(`a rollout id of this batch is already another task's rollout (${(error as { detail?: string }).detail ?? ''})`, error);
-          throw error;
-        }
-      }
+      await insertQueuedRollouts(client, prepared, fresh);
       for (const task of prepared) if (fresh.has(task.id)) outcomes.set(task.id, { taskId: task.id, rolloutIds: task.rolloutIds, existing: false });
       return outcomes;
     });
@@ -419,19 +430,8 @@ export class PostgresStore implements RolloutStore {
     return this.#transaction(async (client) => {
       const first = await client.query("INSERT INTO imports (source, imported_at, tasks, results) VALUES ($1, $2, 0, 0) ON CONFLICT DO NOTHING RETURNING source", [source, at]);
       if (first.rows.length === 0) return { imported: false, tasks: 0, results: 0 };
-      const inserted = await client.query<{ id: string }>(
-        `INSERT INTO tasks (id, fingerprint, body, rollout_ids, created_at)
-         SELECT id, fingerprint, body, rollout_ids, $5 FROM unnest($1::text[], $2::text[], $3::json[], $4::json[]) AS t(id, fingerprint, body, rollout_ids)
-         ON CONFLICT (id) DO NOTHING RETURNING id`,
-        [prepared.map((t) => t.id), prepared.map((t) => t.fingerprint), prepared.map((t) => t.body), prepared.map((t) => JSON.stringify(t.rolloutIds)), at],
-      );
-      const fresh = new Set(inserted.rows.map((row) => row.id));
-      const rollouts = prepared.filter((t) => fresh.has(t.id)).flatMap((t) => t.rolloutIds.map((id, k) => ({ id, taskId: t.id, k })));
-      await client.query(
-        `INSERT INTO rollouts (id, task_id, sample_index, state)
-         SELECT id, task_id, k, 'queued' FROM unnest($1::text[], $2::text[], $3::int[]) WITH ORDINALITY AS r(id, task_id, k, ord) ORDER BY ord`,
-        [rollouts.map((r) => r.id), rollouts.map((r) => r.taskId), rollouts.map((r) => r.k)],
-      );
+      const fresh = await insertNewTasks(client, prepared, at);
+      await insertQueuedRollouts(client, prepared, fresh);
       const stored = await client.query(
         `WITH given AS (
            SELECT * FROM unnest($1::text[], $2::text[], $3::json[]) WITH ORDINALITY AS g(id, state, body, ord)

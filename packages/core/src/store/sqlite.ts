@@ -105,6 +105,22 @@ export function parseSqliteUrl(url: string): { path: string; synchronous: 'NORMA
   return { path, synchronous };
 }
 
+/** The WHERE clause of a listing (after the cursor, by state and task) and its parameters. */
+function filter(query: ListRolloutsQuery | ListResultsQuery): { where: string; params: unknown[] } {
+  const where = ['seq > ?'];
+  const params: unknown[] = [parseCursor(query.cursor)];
+  const states = asList(query.state);
+  if (states) {
+    where.push(`state IN (${states.map(() => '?').join(', ')})`);
+    params.push(...states);
+  }
+  if (query.taskId !== undefined) {
+    where.push('task_id = ?');
+    params.push(query.taskId);
+  }
+  return { where: where.join(' AND '), params };
+}
+
 /**
  * The embedded store: one SQLite file in WAL mode. With `synchronous=NORMAL` (the default) a
  * committed transaction survives the process dying (SIGKILL, OOM); the last ones before an OS
@@ -295,35 +311,15 @@ export class SqliteStore implements RolloutStore {
 
   async listRollouts(query: ListRolloutsQuery = {}): Promise<Page<StoredRollout>> {
     const limit = pageLimit(query.limit);
-    const where = ['seq > ?'];
-    const params: unknown[] = [parseCursor(query.cursor)];
-    const states = asList(query.state);
-    if (states) {
-      where.push(`state IN (${states.map(() => '?').join(', ')})`);
-      params.push(...states);
-    }
-    if (query.taskId !== undefined) {
-      where.push('task_id = ?');
-      params.push(query.taskId);
-    }
-    const rows = this.#db.prepare<unknown[], RolloutRow>(`SELECT * FROM rollouts WHERE ${where.join(' AND ')} ORDER BY seq LIMIT ?`).all(...params, limit);
+    const { where, params } = filter(query);
+    const rows = this.#db.prepare<unknown[], RolloutRow>(`SELECT * FROM rollouts WHERE ${where} ORDER BY seq LIMIT ?`).all(...params, limit);
     return { items: rows.map(toRollout), cursor: rows.length === limit ? String(rows.at(-1)!.seq) : null };
   }
 
   async listResults(query: ListResultsQuery = {}): Promise<Page<RolloutResult>> {
     const limit = pageLimit(query.limit);
-    const where = ['seq > ?'];
-    const params: unknown[] = [parseCursor(query.cursor)];
-    const states = asList(query.state);
-    if (states) {
-      where.push(`state IN (${states.map(() => '?').join(', ')})`);
-      params.push(...states);
-    }
-    if (query.taskId !== undefined) {
-      where.push('task_id = ?');
-      params.push(query.taskId);
-    }
-    const rows = this.#db.prepare<unknown[], { seq: number; body: string }>(`SELECT seq, body FROM results WHERE ${where.join(' AND ')} ORDER BY seq LIMIT ?`).all(...params, limit);
+    const { where, params } = filter(query);
+    const rows = this.#db.prepare<unknown[], { seq: number; body: string }>(`SELECT seq, body FROM results WHERE ${where} ORDER BY seq LIMIT ?`).all(...params, limit);
     return { items: rows.map((row) => JSON.parse(row.body) as RolloutResult), cursor: rows.length === limit ? String(rows.at(-1)!.seq) : null };
   }
 

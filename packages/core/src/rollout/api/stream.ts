@@ -176,6 +176,34 @@ async function pumpGroups(
   }
 }
 
+/**
+ * Answers with what `pump` emits, each item in its wire shape: NDJSON straight to Node's response
+ * when served by Node (else through hono's stream), or SSE events closed by an `end` event.
+ */
+function send<T>(
+  c: Context,
+  format: 'ndjson' | 'sse',
+  aborted: AbortSignal,
+  shape: { event: string; id: (item: T) => string; wire: (item: T) => unknown },
+  pump: (emit: (item: T, last: boolean) => Promise<void>) => Promise<void>,
+): Response {
+  const outgoing = nodeResponse(c);
+  if (format === 'ndjson' && outgoing) {
+    void ndjsonToNode(outgoing, (write) => pump((item, last) => write(`${JSON.stringify(shape.wire(item))}\n`, last)), aborted);
+    return RESPONSE_ALREADY_SENT;
+  }
+  if (format === 'sse') {
+    return streamSSE(c, async (sse) => {
+      await pump((item) => sse.writeSSE({ event: shape.event, id: shape.id(item), data: JSON.stringify(shape.wire(item)) }));
+      await sse.writeSSE({ event: 'end', data: '{}' });
+    });
+  }
+  c.header('content-type', 'application/x-ndjson');
+  return stream(c, async (s) => {
+    await pump((item) => s.write(`${JSON.stringify(shape.wire(item))}\n`).then(() => undefined));
+  });
+}
+
 /** GET /v1/rollouts/stream and /v1/rollouts/groups/stream (NDJSON or SSE). */
 export function streamApi({ service }: ApiContext): OpenAPIHono {
   const app = new OpenAPIHono();
@@ -192,21 +220,7 @@ export function streamApi({ service }: ApiContext): OpenAPIHono {
       members.forEach((m) => wanted.add(m));
     }
     const aborted = clientGone(c);
-    const outgoing = nodeResponse(c);
-    if (format === 'ndjson' && outgoing) {
-      void ndjsonToNode(outgoing, (write) => pumpResults(service, wanted, (result, last) => write(`${JSON.stringify(toWireResult(result))}\n`, last), aborted), aborted);
-      return RESPONSE_ALREADY_SENT;
-    }
-    if (format === 'sse') {
-      return streamSSE(c, async (sse) => {
-        await pumpResults(service, wanted, (result) => sse.writeSSE({ event: 'result', id: result.id, data: JSON.stringify(toWireResult(result)) }), aborted);
-        await sse.writeSSE({ event: 'end', data: '{}' });
-      });
-    }
-    c.header('content-type', 'application/x-ndjson');
-    return stream(c, async (s) => {
-      await pumpResults(service, wanted, (result) => s.write(`${JSON.stringify(toWireResult(result))}\n`).then(() => undefined), aborted);
-    });
+    return send(c, format, aborted, { event: 'result', id: (result) => result.id, wire: toWireResult }, (emit) => pumpResults(service, wanted, emit, aborted));
   });
 
   // Whole groups, with the group's advantages and credit filled in (what a GRPO/GTPO trainer consumes).
@@ -221,21 +235,7 @@ export function streamApi({ service }: ApiContext): OpenAPIHono {
     }
     if (tasks.size === 0) throw new RolloutError({ code: 'UNPROCESSABLE', message: 'ids: the task ids whose groups to stream' });
     const aborted = clientGone(c);
-    const outgoing = nodeResponse(c);
-    if (format === 'ndjson' && outgoing) {
-      void ndjsonToNode(outgoing, (write) => pumpGroups(service, tasks, (group, last) => write(`${JSON.stringify(toWireGroup(group))}\n`, last), aborted), aborted);
-      return RESPONSE_ALREADY_SENT;
-    }
-    if (format === 'sse') {
-      return streamSSE(c, async (sse) => {
-        await pumpGroups(service, tasks, (group) => sse.writeSSE({ event: 'group', id: group.taskId, data: JSON.stringify(toWireGroup(group)) }), aborted);
-        await sse.writeSSE({ event: 'end', data: '{}' });
-      });
-    }
-    c.header('content-type', 'application/x-ndjson');
-    return stream(c, async (s) => {
-      await pumpGroups(service, tasks, (group) => s.write(`${JSON.stringify(toWireGroup(group))}\n`).then(() => undefined), aborted);
-    });
+    return send(c, format, aborted, { event: 'group', id: (group) => group.taskId, wire: toWireGroup }, (emit) => pumpGroups(service, tasks, emit, aborted));
   });
 
   return app;
