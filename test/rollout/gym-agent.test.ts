@@ -1,6 +1,17 @@
 import { createResourcesServer, serveFetch, startRolloutServer, type ResourcesServer, type RolloutServer, type RunningServer } from '@rollserve/core';
 import math from '@rollserve/env-math';
-import { call, counterEnvironment, startFakePolicy, toyTokenizer, type ChatCompletionBody, type FakePolicy } from '@rollserve/testing';
+import {
+  call,
+  counterEnvironment,
+  expectDeepClose,
+  pythonReference,
+  referenceCases,
+  startFakePolicy,
+  toyTokenizer,
+  unhashReference,
+  type ChatCompletionBody,
+  type FakePolicy,
+} from '@rollserve/testing';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { GymRunResponse, gymAgentApi } from '../../packages/core/src/rollout/api/gym-agent.ts';
 
@@ -142,6 +153,24 @@ describe('NeMo Gym agent face', { timeout: 120_000 }, () => {
     expect(unknown.status).toBe(422);
     expect(unknown.json).toMatchObject({ detail: [{ type: 'value_error', loc: ['body', 'agent_ref'] }] });
     expect(JSON.stringify(unknown.json)).toContain('served: math, counter');
+  });
+
+  it("answers /aggregate_metrics for math_with_judge's fixture rollouts as NeMo Gym's own server does (python_reference.json)", async () => {
+    const entries = referenceCases('math_with_judge').map((c, i) => ({
+      _ng_task_index: i,
+      _ng_rollout_index: 0,
+      agent_ref: AGENT_REF,
+      ...unhashReference(c.reference.extras, [String(c.row.expected_answer)]),
+      reward: c.reference.reward,
+      response: { usage: (c.recorded.response as { usage: unknown }).usage },
+    }));
+    const ours = await call(server.url, 'POST', '/aggregate_metrics', { verify_responses: entries });
+    expect(ours.status).toBe(200);
+    const python = pythonReference('math_with_judge').aggregate_metrics;
+    const answer = ours.json as typeof python;
+    expectDeepClose(answer.agent_metrics, python.agent_metrics);
+    expectDeepClose(answer.key_metrics, python.key_metrics);
+    expectDeepClose(answer.group_level_metrics, python.group_level_metrics);
   });
 
   it("answers /aggregate_metrics as the math resources server does for the same verify responses", async () => {
