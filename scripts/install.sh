@@ -2,7 +2,7 @@
 # Installs everything rollserve needs on a Debian/Ubuntu machine that has Node 20.19+:
 # system packages (bubblewrap for the sandboxes, python3 with IPython and pytest for the Python
 # tool and the SWE environment, git, patch and tmux; skopeo, umoci and squashfs-tools for container
-# images; postgresql for the store's tests),
+# images; postgresql for the store's tests; slurm-wlm and munge for the Slurm tests),
 # pnpm, the workspace's dependencies, and the build. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +34,10 @@ command -v umoci >/dev/null 2>&1 || missing+=(umoci)
 command -v unsquashfs >/dev/null 2>&1 || missing+=(squashfs-tools)
 # The store's PostgreSQL engine is tested against a throwaway cluster the tests start (initdb, pg_ctl).
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
+# Rollout nodes on Slurm are tested on a single-host cluster the tests start (slurmctld, slurmd and
+# the client commands from slurm-wlm; munged for its authentication).
+command -v slurmd >/dev/null 2>&1 || [ -x /usr/sbin/slurmd ] || missing+=(slurm-wlm)
+command -v munged >/dev/null 2>&1 || [ -x /usr/sbin/munged ] || missing+=(munge)
 # Sandboxes run the system's python3 (not a pyenv or venv one): the SWE environment's tests need
 # pytest there.
 /usr/bin/python3 -c 'import pytest' >/dev/null 2>&1 || missing+=(python3-pytest)

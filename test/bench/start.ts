@@ -8,7 +8,7 @@ import { heading, percentile } from './stats.ts';
 import { startPolicyProcess } from './policy-process.ts';
 
 // `pnpm bench start`: the rollout service measured the way a trainer runs it (issue 16): the main
-// job started by its CLI (`rollserve start`, journal on) in a process of its own, a zero-latency
+// job started by its CLI (`rollserve start`, its SQLite store on) in a process of its own, a zero-latency
 // scripted policy in another, tasks submitted over HTTP and results read from the NDJSON stream.
 // Reports rollouts/s, the service's CPU per rollout (from /proc), and the per-rollout overhead of
 // a rollout alone (end to end minus the policy's time). ROLLSERVE_BENCH_PROFILE=<dir> writes a
@@ -22,11 +22,11 @@ interface Started {
   child: ChildProcess;
 }
 
-async function startService(policyUrl: string, journal: string): Promise<Started> {
+async function startService(policyUrl: string, store: string): Promise<Started> {
   const profile = process.env.ROLLSERVE_BENCH_PROFILE;
   const child = spawn(
     process.execPath,
-    [...(profile ? ['--cpu-prof', `--cpu-prof-dir=${profile}`] : []), CLI, 'start', '--port', '0', '--llm', policyUrl, '--journal', journal],
+    [...(profile ? ['--cpu-prof', `--cpu-prof-dir=${profile}`] : []), CLI, 'start', '--port', '0', '--llm', policyUrl, '--store', `sqlite://${store}`],
     { stdio: ['ignore', 'pipe', 'inherit'], env: { ...process.env, ROLLSERVE_LOG_LEVEL: 'silent' } },
   );
   const url = await new Promise<string>((resolve, reject) => {
@@ -98,12 +98,12 @@ function policyMs(result: WireResult): number {
 }
 
 export default async function bench(): Promise<void> {
-  heading('rollserve start (journal on), zero-latency policy in its own process, tasks over HTTP, results from the NDJSON stream');
+  heading('rollserve start (SQLite store on), zero-latency policy in its own process, tasks over HTTP, results from the NDJSON stream');
   const dir = await mkdtemp(join(tmpdir(), 'rollserve-start-bench-'));
   const policy = await startPolicyProcess({ reply: '\\boxed{8}' });
   let service: Started | undefined;
   try {
-    service = await startService(policy.url, join(dir, 'journal.jsonl'));
+    service = await startService(policy.url, join(dir, 'store.db'));
     const pid = service.child.pid!;
     // Steady state, as a trainer's long-running service is: the service's CPU per rollout keeps
     // falling over its first ~4,000 rollouts (JIT tiers, the heap's young generation growing,

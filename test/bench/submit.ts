@@ -62,13 +62,13 @@ export default async function bench(): Promise<void> {
   const dir = await mkdtemp(join(tmpdir(), 'rollserve-submit-bench-'));
   try {
     for (const fsync of [false, true]) {
-      heading(`submit: POST /v1/rollouts, 202 for ${size.toLocaleString('en')} sandboxed tasks in one body (journal, fsync ${fsync ? 'on' : 'off'}; ${runs} runs)`);
+      heading(`submit: POST /v1/rollouts, 202 for ${size.toLocaleString('en')} sandboxed tasks in one body (SQLite store, synchronous ${fsync ? 'full' : 'normal'}; ${runs} runs)`);
       const one: number[] = [];
       const batch: number[] = [];
       const health: number[] = [];
       for (let run = 0; run < runs; run++) {
-        const journalPath = join(dir, `journal-${fsync}-${run}.jsonl`);
-        const { service, close } = await startTestRolloutService({ environments: [shell], backends: [policy.url], journalPath, journalFsync: fsync });
+        const store = `sqlite://${join(dir, `store-${fsync}-${run}.db`)}${fsync ? '?synchronous=full' : ''}`;
+        const { service, close } = await startTestRolloutService({ environments: [shell], backends: [policy.url], store });
         const server = await serveFetch(createRolloutApi(service));
         try {
           one.push(await post(server.url, [task(`one${run}`, 0)]));

@@ -1,8 +1,9 @@
-import { spawn } from 'node:child_process';
+import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { RolloutTask } from '@rollserve/core';
 import { call, startFakePolicy, workspaceRoot } from '@rollserve/testing';
 import { request } from 'undici';
 import { describe, expect, it } from 'vitest';
@@ -10,24 +11,40 @@ import { describe, expect, it } from 'vitest';
 // The main job the README's quickstart starts: the rollout service and every installed
 // environment as a NeMo Gym resources server.
 describe('rollserve start', () => {
-  it('serves the rollout service and every environment, runs a rollout, and stops on SIGINT', async () => {
+  it('serves the rollout service and every environment, runs a rollout, and stops on SIGINT; an old journal is imported once', async () => {
     const dir = await mkdtemp(join(tmpdir(), 'rollserve-start-'));
     const fake = await startFakePolicy({ script: () => 'The sum is \\boxed{8}.' });
+    // a journal of rollserve before the store: one task accepted, never finished
     const journal = join(dir, 'journal.jsonl');
-    const child = spawn(process.execPath, [join(workspaceRoot(), 'packages', 'core', 'bin', 'rollserve.js'), 'start', '--port', '0', '--llm', fake.url, '--journal', journal], {
-      stdio: ['ignore', 'pipe', 'pipe'],
-      env: { ...process.env, ROLLSERVE_LOG_LEVEL: 'silent' },
-    });
-    let output = '';
-    child.stdout!.on('data', (c: Buffer) => (output += c));
-    child.stderr!.on('data', (c: Buffer) => (output += c));
-    try {
+    const old = RolloutTask.parse({ id: 'old', env: 'math', row: { responses_create_params: { input: 'What is 4+4?' }, question: 'What is 4+4?', expected_answer: '8' }, policy: { model: 'fake-policy' } });
+    await writeFile(journal, `${JSON.stringify({ type: 'task', taskId: 'old', task: old, rolloutIds: ['old'], at: new Date().toISOString() })}\n`);
+    const store = `sqlite://${join(dir, 'store.db')}`;
+    const start = () => {
+      const child = spawn(process.execPath, [join(workspaceRoot(), 'packages', 'core', 'bin', 'rollserve.js'), 'start', '--port', '0', '--llm', fake.url, '--store', store, '--journal', journal], {
+        stdio: ['ignore', 'pipe', 'pipe'],
+        env: { ...process.env, ROLLSERVE_LOG_LEVEL: 'silent' },
+      });
+      let output = '';
+      child.stdout!.on('data', (c: Buffer) => (output += c));
+      child.stderr!.on('data', (c: Buffer) => (output += c));
+      return { child, output: () => output };
+    };
+    const started = async ({ child, output }: ReturnType<typeof start>) => {
       const deadline = Date.now() + 20_000;
-      while (!/^swe\s+http/m.test(output)) {
-        if (Date.now() > deadline || child.exitCode !== null) throw new Error(`not started: ${output}`);
+      while (!/^swe\s+http/m.test(output())) {
+        if (Date.now() > deadline || child.exitCode !== null) throw new Error(`not started: ${output()}`);
         await new Promise((r) => setTimeout(r, 50));
       }
-      const urls = Object.fromEntries([...output.matchAll(/^(\S+)\s+(http:\/\/127\.0\.0\.1:\d+)/gm)].map((m) => [m[1]!, m[2]!]));
+      return Object.fromEntries([...output().matchAll(/^(\S+)\s+(http:\/\/127\.0\.0\.1:\d+)/gm)].map((m) => [m[1]!, m[2]!]));
+    };
+    const stop = async (child: ChildProcess) => {
+      child.kill('SIGINT');
+      const [code] = (await once(child, 'exit')) as [number | null];
+      return code;
+    };
+    const first = start();
+    try {
+      const urls = await started(first);
       expect(Object.keys(urls).sort()).toEqual(['code', 'math', 'rollouts', 'stem', 'swe']);
       for (const env of ['code', 'math', 'stem', 'swe']) expect((await call(urls[env]!, 'GET', '/')).json).toEqual({ status: 'ok' });
 
@@ -38,18 +55,27 @@ describe('rollserve start', () => {
         policy: { model: 'fake-policy' },
       });
       expect(submitted.status).toBe(202);
-      const stream = await request(`${urls.rollouts}/v1/rollouts/stream?ids=quick`);
-      const result = JSON.parse((await stream.body.text()).trim()) as { reward: number; id: string };
-      expect(result).toMatchObject({ id: 'quick', reward: 1 });
-      expect(await readFile(journal, 'utf8')).toContain('"type":"result"');
-
-      child.kill('SIGINT');
-      const [code] = (await once(child, 'exit')) as [number | null];
-      expect(code).toBe(0);
+      const stream = await request(`${urls.rollouts}/v1/rollouts/stream?ids=quick,old`);
+      const results = (await stream.body.text()).trim().split('\n').map((line) => JSON.parse(line) as { reward: number; id: string });
+      expect(results.map((r) => [r.id, r.reward]).sort()).toEqual([['old', 1], ['quick', 1]]);
+      expect(await stop(first.child)).toBe(0);
     } finally {
-      if (child.exitCode === null) child.kill('SIGKILL');
+      if (first.child.exitCode === null) first.child.kill('SIGKILL');
+    }
+    // started again on the same store: the results are there, the journal is not imported twice
+    const calls = fake.requests.length;
+    const second = start();
+    try {
+      const urls = await started(second);
+      const view = await call(urls.rollouts!, 'GET', '/v1/rollouts/old');
+      expect(view.json).toMatchObject({ id: 'old', state: 'done', result: { reward: 1 } });
+      expect((await call(urls.rollouts!, 'GET', '/v1/status')).json).toMatchObject({ rollouts: { total: 2, done: 2, in_flight: 0 } });
+      expect(fake.requests.length).toBe(calls);
+      expect(await stop(second.child)).toBe(0);
+    } finally {
+      if (second.child.exitCode === null) second.child.kill('SIGKILL');
       await fake.close();
       await rm(dir, { recursive: true, force: true });
     }
-  }, 60_000);
+  }, 90_000);
 });

@@ -81,7 +81,7 @@ describe('rollserve start --token', () => {
     const dir = await mkdtemp(join(tmpdir(), 'rollserve-token-'));
     const fake = await startFakePolicy({ script: () => 'The sum is \\boxed{8}.' });
     const token = 'start-token-456';
-    const run = rollserve(['start', '--port', '0', '--llm', fake.url, '--journal', join(dir, 'journal.jsonl'), '--token', token]);
+    const run = rollserve(['start', '--port', '0', '--llm', fake.url, '--store', `sqlite://${join(dir, 'store.db')}`, '--token', token]);
     try {
       while (!/^swe\s+http/m.test(run.output())) {
         if (run.child.exitCode !== null) throw new Error(`not started: ${run.output()}`);

@@ -132,10 +132,10 @@ describe('multi-turn bash rollouts on bwrap', () => {
     const { svc } = await setup([{ toolCalls: [{ name: 'bash', arguments: { command: 'sleep 60' } }] }, 'never reached']);
     const before = descendants(process.pid).length;
     await svc.submit([task('cancel-me')]);
-    while (svc.status().liveSandboxes === 0 || svc.get('cancel-me')!.state !== 'run') await new Promise((r) => setTimeout(r, 10));
+    while (svc.status().liveSandboxes === 0 || (await svc.get('cancel-me'))?.state !== 'run') await new Promise((r) => setTimeout(r, 10));
     await new Promise((r) => setTimeout(r, 200)); // the command is running
     expect(descendants(process.pid).length).toBeGreaterThan(before);
-    svc.cancel('cancel-me');
+    await svc.cancel('cancel-me');
     const result = await svc.wait('cancel-me');
     expect(result.state).toBe('cancelled');
     expect(svc.status().liveSandboxes).toBe(0);

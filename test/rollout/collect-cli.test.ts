@@ -227,7 +227,7 @@ describe('rollserve rollout', () => {
         [1, 1, 0],
       ]);
       // the service ran them
-      for (const line of lines) expect(server.service.get(String(line.rollserve.id))?.result?.reward).toBe(line.reward);
+      for (const line of lines) expect((await server.service.result(String(line.rollserve.id)))?.reward).toBe(line.reward);
       const [metrics] = JSON.parse(readFileSync(join(dir, 'service-out_aggregate_metrics.json'), 'utf8')) as Array<{ agent_metrics: Record<string, number> }>;
       expect(metrics!.agent_metrics['mean/reward']).toBe(0.5);
     }, 60_000);

@@ -124,7 +124,7 @@ describe('NeMo Gym agent face', { timeout: 120_000 }, () => {
     expect(ran.status).toBe(200);
     expect((ran.json as RunAnswer).reward).toBe(1);
     runs.push({ sent, answer: ran.json as RunAnswer });
-    const items = server.service.list({ limit: 1_000 }).items;
+    const items = (await server.service.list({ limit: 1_000 })).items;
     expect(items.some((item) => item.result?.metadata?.ng_rollout_id === 'abc')).toBe(true);
 
     const wrong = await call(server.url, 'POST', '/ng-rollout/abc-2/run', row('What is 1+1?', '3', 1, 1));

@@ -1,7 +1,7 @@
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { defineEnvironment, defineTool, type RolloutService, type RolloutResult, type RolloutTaskInput } from '@rollserve/core';
+import { defineEnvironment, defineTool, openStore, type RolloutService, type RolloutResult, type RolloutTaskInput } from '@rollserve/core';
 import math from '@rollserve/env-math';
 import { counterEnvironment, type FakePolicy, type FakeReply, startFakePolicy, startTestRolloutService, toyTokenizer } from '@rollserve/testing';
 import { afterEach, describe, expect, it } from 'vitest';
@@ -208,8 +208,8 @@ describe('rollout service: tools, turns and limits', () => {
     const svc = await service({ backends: [fake.url], environments: [holder] });
     await svc.submit([{ id: 'c', env: 'holder', row: { responses_create_params: { input: 'go' } }, policy: { model: 'fake-policy' } }]);
     while (fake.requests.length < 2) await new Promise((r) => setTimeout(r, 10));
-    expect(svc.get('c')!.state).toBe('run');
-    svc.cancel('c');
+    expect((await svc.get('c'))!.state).toBe('run');
+    await svc.cancel('c');
     const result = await svc.wait('c');
     expect(result.state).toBe('cancelled');
     expect(result.criticalError).toBe('cancelled');
@@ -241,10 +241,10 @@ describe('rollout service: reliability', () => {
     expect(b.requests.length).toBeGreaterThan(0);
   });
 
-  it('fills every group, even when its samples finish together, and journals the group\'s credit', async () => {
-    const dir = await mkdtemp(join(tmpdir(), 'rollserve-journal-'));
+  it('fills every group, even when its samples finish together, and stores the group\'s credit', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'rollserve-store-'));
     cleanups.push(() => rm(dir, { recursive: true, force: true }));
-    const journalPath = join(dir, 'journal.jsonl');
+    const store = `sqlite://${join(dir, 'store.db')}`;
     const fake = await policy({ script: () => 'done' });
     const tasks: RolloutTaskInput[] = Array.from({ length: 12 }, (_, i) => ({
       id: `g${i}`,
@@ -253,25 +253,23 @@ describe('rollout service: reliability', () => {
       policy: { model: 'fake-policy' },
       n: 8,
     }));
-    const svc = await service({ backends: [fake.url], environments: [counterEnvironment], journalPath });
+    const svc = await service({ backends: [fake.url], environments: [counterEnvironment], store });
     const submitted = await svc.submit(tasks);
     const results = await Promise.all(submitted.flatMap((t) => t.rolloutIds).map((id) => svc.wait(id)));
     expect(results).toHaveLength(96);
-    expect(results.filter((r) => r.advantage === null).map((r) => r.id)).toEqual([]);
-    // the journal's last word on each rollout carries its group's credit too
-    const last = new Map<string, RolloutResult>();
-    for (const line of (await readFile(journalPath, 'utf8')).split('\n').filter(Boolean)) {
-      const record = JSON.parse(line) as { type: string; result?: RolloutResult };
-      if (record.type === 'result') last.set(record.result!.id, record.result!);
-    }
-    expect(last.size).toBe(96);
-    expect([...last.values()].filter((r) => r.advantage === null).map((r) => r.id)).toEqual([]);
+    // the results as stored (read by another connection): each with its group's credit
+    const reader = await openStore(store);
+    cleanups.push(() => reader.close());
+    const stored = (await reader.listResults({ limit: 1_000 })).items;
+    expect(stored).toHaveLength(96);
+    expect(stored.filter((r) => r.advantage === null).map((r) => r.id)).toEqual([]);
+    expect((await svc.result('g3:5'))?.advantage).not.toBeNull();
   });
 
   it('loses nothing and duplicates nothing across a restart mid-batch', async () => {
-    const dir = await mkdtemp(join(tmpdir(), 'rollserve-journal-'));
+    const dir = await mkdtemp(join(tmpdir(), 'rollserve-store-'));
     cleanups.push(() => rm(dir, { recursive: true, force: true }));
-    const journalPath = join(dir, 'journal.jsonl');
+    const store = `sqlite://${join(dir, 'store.db')}`;
     // The counter's verify is instant, so the policy's latency alone paces the batch.
     const fake = await policy({ script: () => ({ content: 'done', latencyMs: 40 }) });
     const tasks: RolloutTaskInput[] = Array.from({ length: 30 }, (_, i) => ({
@@ -281,28 +279,27 @@ describe('rollout service: reliability', () => {
       policy: { model: 'fake-policy' },
     }));
 
-    const { service: first, close: restart } = await startTestRolloutService({ environments: [counterEnvironment], backends: [fake.url], journalPath, pools: { run: 4 } });
+    const { service: first, close: restart } = await startTestRolloutService({ environments: [counterEnvironment], backends: [fake.url], store, pools: { run: 4 } });
     await first.submit(tasks);
     while (first.status().rollouts.done < 8) await new Promise((r) => setTimeout(r, 10));
-    await restart(); // the restart: in-flight work is dropped, not journaled
-    const doneBefore = new Set(
-      (await readFile(journalPath, 'utf8')).split('\n').filter(Boolean).map((l) => JSON.parse(l)).filter((r) => r.type === 'result').map((r) => r.result.id),
-    );
+    await restart(); // the restart: in-flight work is dropped, not stored
+    const reader = await openStore(store);
+    const doneBefore = new Set((await reader.listResults({ limit: 1_000 })).items.map((r) => r.id));
+    expect(await reader.counts()).toMatchObject({ leased: 0 }); // what it ran itself went back to the queue
+    await reader.close();
     expect(doneBefore.size).toBeGreaterThanOrEqual(8);
     expect(doneBefore.size).toBeLessThan(30);
     const callsBefore = fake.requests.length;
 
-    const second = await service({ backends: [fake.url], environments: [counterEnvironment], journalPath });
-    // Known ids answer from the journal; the rest run again, by themselves.
+    const second = await service({ backends: [fake.url], environments: [counterEnvironment], store });
+    // Known ids answer from the store; the rest run again, by themselves.
     const again = await second.submit(tasks);
     expect(again.every((t) => t.existing)).toBe(true);
     const results: RolloutResult[] = await Promise.all(tasks.map((t) => second.wait(t.id!)));
     expect(results.every((r) => r.reward === 1 && r.state === 'done')).toBe(true);
-    const lines = (await readFile(journalPath, 'utf8')).split('\n').filter(Boolean).map((l) => JSON.parse(l));
-    const resultIds = lines.filter((r) => r.type === 'result').map((r) => r.result.id);
-    expect(new Set(resultIds).size).toBe(30);
-    expect(resultIds).toHaveLength(30); // each id finished exactly once
-    expect(fake.requests.length - callsBefore).toBe(30 - doneBefore.size);
+    for (const id of doneBefore) expect((await second.result(id))?.finishedAt).toBe(results.find((r) => r.id === id)!.finishedAt);
+    expect(await second.store.counts()).toEqual({ queued: 0, leased: 0, done: 30, failed: 0, cancelled: 0 });
+    expect(fake.requests.length - callsBefore).toBe(30 - doneBefore.size); // each id ran to completion once
   });
 
   it('cancels in serial mode once: a running rollout and one waiting for its slot', async () => {
@@ -313,8 +310,8 @@ describe('rollout service: reliability', () => {
     const task = (id: string): RolloutTaskInput => ({ id, env: 'counter', row: { responses_create_params: { input: id }, initial_count: 0, expected_count: 0 }, policy: { model: 'fake-policy' } });
     await svc.submit([task('running'), task('waiting')]);
     while (fake.requests.length === 0) await new Promise((r) => setTimeout(r, 5));
-    svc.cancel('waiting');
-    svc.cancel('running');
+    await svc.cancel('waiting');
+    await svc.cancel('running');
     const results = await Promise.all([svc.wait('running'), svc.wait('waiting')]);
     expect(results.map((r) => r.state)).toEqual(['cancelled', 'cancelled']);
     await new Promise((r) => setTimeout(r, 50));
@@ -342,12 +339,12 @@ describe('rollout service: reliability', () => {
     cleanups.push(async () => release());
     const task = (id: string, slow: boolean): RolloutTaskInput => ({ id, env: 'slow-eval', row: { responses_create_params: { input: id }, slow }, policy: { model: 'fake-policy' } });
     await svc.submit([task('slow', true)]);
-    while (!svc.get('slow')!.active || svc.get('slow')!.state !== 'eval') await new Promise((r) => setTimeout(r, 5));
+    while (!(await svc.get('slow'))!.active || (await svc.get('slow'))!.state !== 'eval') await new Promise((r) => setTimeout(r, 5));
     const fast = Array.from({ length: 20 }, (_, i) => task(`fast${i}`, false));
     await svc.submit(fast);
     // Every fast job gets through INIT and RUN while the slow one holds the only EVAL slot.
-    while (fast.some((t) => svc.get(t.id!)!.state !== 'eval')) await new Promise((r) => setTimeout(r, 5));
-    expect(svc.get('slow')).toMatchObject({ state: 'eval', active: true });
+    while ((await Promise.all(fast.map((t) => svc.get(t.id!)))).some((v) => v!.state !== 'eval')) await new Promise((r) => setTimeout(r, 5));
+    expect(await svc.get('slow')).toMatchObject({ state: 'eval', active: true });
     expect(svc.status().stages.eval).toMatchObject({ active: 1, queued: 20 });
     expect(svc.status().stages.init.active + svc.status().stages.run.active).toBe(0);
     release();
@@ -374,8 +371,8 @@ describe('rollout service: accepting a batch', () => {
     const svc = await service({ backends: [fake.url] });
     await svc.submit([task('taken', 1)]);
     await expect(svc.submit([task('new1'), task('taken', 2), task('new2')])).rejects.toMatchObject({ code: 'CONFLICT' });
-    expect(svc.get('new1')).toBeUndefined();
-    expect(svc.get('new2')).toBeUndefined();
+    expect(await svc.get('new1')).toBeUndefined();
+    expect(await svc.get('new2')).toBeUndefined();
     // the same id twice in one batch: one task, answered as known the second time
     const twice = await svc.submit([task('dup'), task('dup')]);
     expect(twice.map((t) => t.existing)).toEqual([false, true]);
@@ -396,35 +393,34 @@ describe('rollout service: accepting a batch', () => {
     const fake = await policy({ script: () => ({ content: 'late', hang: true }) });
     const svc = await service({ backends: [fake.url] });
     await svc.submit([task('first'), task('second')]);
-    expect(svc.get('second')!.state).toBe('queued'); // accepted, its work not begun
-    svc.cancel('second');
+    expect((await svc.get('second'))!.state).toBe('queued'); // accepted, its work not begun
+    await svc.cancel('second');
     expect((await svc.wait('second')).state).toBe('cancelled');
     while (fake.requests.length === 0) await new Promise((r) => setTimeout(r, 5));
-    svc.cancel('first');
+    await svc.cancel('first');
     expect((await svc.wait('first')).state).toBe('cancelled');
     expect(fake.requests).toHaveLength(1); // the cancelled one never reached the policy
   });
 
-  it('journals the batch before answering: closed right after, a restart runs all of it', async () => {
-    const dir = await mkdtemp(join(tmpdir(), 'rollserve-journal-'));
+  it('stores the batch before answering: closed right after, a restart runs all of it', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'rollserve-store-'));
     cleanups.push(() => rm(dir, { recursive: true, force: true }));
-    const journalPath = join(dir, 'journal.jsonl');
+    const store = `sqlite://${join(dir, 'store.db')}`;
     const fake = await policy({ script: () => 'done' });
     const tasks = Array.from({ length: 200 }, (_, i) => task(`b${i}`, i));
-    const { service: first, close } = await startTestRolloutService({ environments: [counterEnvironment], backends: [fake.url], journalPath });
+    const { service: first, close } = await startTestRolloutService({ environments: [counterEnvironment], backends: [fake.url], store });
     await first.submit(tasks);
     await close(); // before the batch's work began: nothing of it is lost
-    const lines = (await readFile(journalPath, 'utf8')).split('\n').filter(Boolean).map((l) => JSON.parse(l) as { type: string });
-    expect(lines.filter((r) => r.type === 'task')).toHaveLength(200);
-    const done = lines.filter((r) => r.type === 'result').length;
+    const reader = await openStore(store);
+    const counts = await reader.counts();
+    await reader.close();
+    expect(counts.queued + counts.done).toBe(200);
+    const done = counts.done;
 
-    const second = await service({ backends: [fake.url], environments: [counterEnvironment], journalPath });
+    const second = await service({ backends: [fake.url], environments: [counterEnvironment], store });
     const results = await Promise.all(tasks.map((t) => second.wait(t.id!)));
     expect(results.every((r) => r.state === 'done' && r.reward === 1)).toBe(true);
-    const after = (await readFile(journalPath, 'utf8')).split('\n').filter(Boolean).map((l) => JSON.parse(l) as { type: string; result?: { id: string } });
-    const ids = after.filter((r) => r.type === 'result').map((r) => r.result!.id);
-    expect(new Set(ids).size).toBe(200);
-    expect(ids).toHaveLength(200); // each once
-    expect(fake.requests.length).toBe(200 - done);
+    expect(await second.store.counts()).toEqual({ queued: 0, leased: 0, done: 200, failed: 0, cancelled: 0 });
+    expect(fake.requests.length).toBe(200 - done); // each ran once
   });
 });

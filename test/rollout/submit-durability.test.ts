@@ -1,16 +1,16 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { readdirSync } from 'node:fs';
-import { chmod, mkdir, mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
+import { chmod, mkdir, mkdtemp, readdir, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { removeStaleSandboxDirs, type RolloutResult } from '@rollserve/core';
+import { openStore, removeStaleSandboxDirs, type RolloutResult } from '@rollserve/core';
 import { startFakePolicy, workspaceRoot } from '@rollserve/testing';
 import { request } from 'undici';
 import { afterEach, describe, expect, it } from 'vitest';
 
-// The 202 of POST /v1/rollouts means the batch is journaled: a service killed right after it runs
+// The 202 of POST /v1/rollouts means the batch is stored: a service killed right after it runs
 // every task of the batch after its restart, each rollout once.
 
 const cleanups: Array<() => Promise<void>> = [];
@@ -19,7 +19,7 @@ afterEach(async () => {
 });
 
 /** The service of fixtures/sandboxed-server.ts in a child process; resolves with its URL. */
-async function startChild(options: { journalPath: string; llm: string }, sandboxDir: string): Promise<{ url: string; child: ChildProcess }> {
+async function startChild(options: { store: string; llm: string }, sandboxDir: string): Promise<{ url: string; child: ChildProcess }> {
   const script = fileURLToPath(new URL('./fixtures/sandboxed-server.ts', import.meta.url));
   const child = spawn(process.execPath, ['--import', 'tsx', '--conditions=@rollserve/source', script, JSON.stringify(options)], {
     cwd: workspaceRoot(),
@@ -48,15 +48,23 @@ async function startChild(options: { journalPath: string; llm: string }, sandbox
   return { url, child };
 }
 
-async function journalLines(path: string): Promise<Array<{ type: string; taskId?: string; result?: RolloutResult }>> {
-  return (await readFile(path, 'utf8')).split('\n').filter(Boolean).map((line) => JSON.parse(line));
+/** What the store holds, read by a connection of its own. */
+async function stored(url: string): Promise<{ taskIds: string[]; resultIds: string[]; counts: Record<string, number> }> {
+  const store = await openStore(url);
+  try {
+    const rollouts = (await store.listRollouts({ limit: 10_000 })).items;
+    const results = (await store.listResults({ limit: 10_000 })).items;
+    return { taskIds: [...new Set(rollouts.map((r) => r.taskId))], resultIds: results.map((r) => r.id), counts: await store.counts() };
+  } finally {
+    await store.close();
+  }
 }
 
 describe('submitting to a sandboxed environment', () => {
   it('loses nothing when the service is killed right after the 202: every rollout runs once after the restart', async () => {
     const dir = await mkdtemp(join(tmpdir(), 'rollserve-submit-'));
     cleanups.push(() => rm(dir, { recursive: true, force: true }));
-    const journalPath = join(dir, 'journal.jsonl');
+    const store = `sqlite://${join(dir, 'store.db')}`;
     const sandboxDir = join(dir, 'sandboxes');
     await mkdir(sandboxDir);
     // the sandbox uid (nobody, under a root service) makes its mounts from there
@@ -74,17 +82,17 @@ describe('submitting to a sandboxed environment', () => {
     const ids = Array.from({ length: 64 }, (_, i) => `k${i}`);
     const tasks = ids.map((id) => ({ id, env: 'shell', row: { responses_create_params: { input: `print tag ${id}` }, tag: id }, policy: { model: 'fake-policy' } }));
 
-    const first = await startChild({ journalPath, llm: fake.url }, sandboxDir);
+    const first = await startChild({ store, llm: fake.url }, sandboxDir);
     const response = await request(`${first.url}/v1/rollouts`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ tasks }) });
     first.child.kill('SIGKILL'); // right after the 202, before the batch has done anything much
     expect(response.statusCode).toBe(202);
     const accepted = (await response.body.json()) as { tasks: Array<{ task_id: string; existing: boolean }> };
     expect(accepted.tasks.map((t) => t.task_id)).toEqual(ids);
     await once(first.child, 'exit');
-    expect((await journalLines(journalPath)).filter((r) => r.type === 'task').map((r) => r.taskId)).toEqual(ids);
+    expect((await stored(store)).taskIds).toEqual(ids);
 
     // The restart runs what the first process had accepted, by itself.
-    const second = await startChild({ journalPath, llm: fake.url }, sandboxDir);
+    const second = await startChild({ store, llm: fake.url }, sandboxDir);
     const stream = await request(`${second.url}/v1/rollouts/stream?ids=${ids.join(',')}`);
     const results = (await stream.body.text()).trim().split('\n').map((line) => JSON.parse(line) as RolloutResult);
     expect(results.map((r) => r.id).sort()).toEqual([...ids].sort());
@@ -96,10 +104,10 @@ describe('submitting to a sandboxed environment', () => {
     second.child.kill('SIGTERM');
     await once(second.child, 'exit');
 
-    const lines = await journalLines(journalPath);
-    expect(lines.filter((r) => r.type === 'task')).toHaveLength(ids.length);
-    const finished = lines.filter((r) => r.type === 'result').map((r) => r.result!.id);
-    expect(finished.sort()).toEqual([...ids].sort()); // each rollout finished exactly once
+    const after = await stored(store);
+    expect(after.taskIds).toHaveLength(ids.length);
+    expect(after.resultIds.sort()).toEqual([...ids].sort()); // each rollout finished exactly once
+    expect(after.counts).toMatchObject({ queued: 0, leased: 0, done: ids.length });
 
     // What the killed service left (its sandboxes died with it): the start-up sweep removes it
     const left = (await readdir(sandboxDir)).filter((name) => name.startsWith('rollserve-rs-')).map((name) => name.slice('rollserve-'.length));

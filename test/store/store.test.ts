@@ -224,6 +224,31 @@ describe.each(engines)('$name store', (engine) => {
     expect(await store.counts()).toMatchObject({ done: 1, leased: 0, queued: 0 });
   });
 
+  it('commits a batch with an outcome each, as if one after the other', async () => {
+    await store.putTasks([task('a'), task('b'), task('c')]);
+    const claimed = await store.claim({ workerId: 'n1', limit: 3, leaseMs: 10_000 });
+    const attempt = (id: string) => claimed.find((c) => c.id === id)!.attempt;
+    const outcomes = await store.commitMany([
+      { rolloutId: 'a', attempt: attempt('a'), result: result('a', 'a'), workerId: 'n1' },
+      { rolloutId: 'b', attempt: attempt('b') + 1, result: result('b', 'b'), workerId: 'n1' },
+      { rolloutId: 'nope', attempt: 1, result: result('nope', 'nope') },
+      { rolloutId: 'c', attempt: attempt('c'), result: result('c', 'c', 0, { state: 'failed', reward: 0 }), workerId: 'n1' },
+    ]);
+    expect(outcomes).toEqual([{ status: 'committed' }, { status: 'stale', currentAttempt: attempt('b'), state: 'leased' }, { status: 'not_found' }, { status: 'committed' }]);
+    expect(await store.counts()).toMatchObject({ done: 1, failed: 1, leased: 1 });
+    // the same batch again: what committed is a duplicate now
+    expect((await store.commitMany([{ rolloutId: 'a', attempt: attempt('a'), result: result('a', 'a') }])).map((o) => o.status)).toEqual(['duplicate']);
+    // an unfinished result fails the whole batch before anything is written
+    const error = await store
+      .commitMany([
+        { rolloutId: 'b', attempt: attempt('b'), result: result('b', 'b') },
+        { rolloutId: 'b', attempt: attempt('b'), result: result('b', 'b', 0, { state: 'run' }) },
+      ])
+      .catch((e: unknown) => e);
+    expect(RolloutError.isInstance(error) && error.code).toBe('BAD_REQUEST');
+    expect(await store.getRollout('b')).toMatchObject({ state: 'leased' });
+  });
+
   it('commits a cancelled result for a rollout never claimed (attempt 0), and rejects unfinished results', async () => {
     await store.putTasks([task('a'), task('b')]);
     expect(await store.commit({ rolloutId: 'a', attempt: 0, result: result('a', 'a', 0, { state: 'cancelled' }) })).toEqual({ status: 'committed' });

@@ -1,5 +1,6 @@
 export * from './errors.ts';
 export * from './gym/index.ts';
+export * from './node/index.ts';
 export * from './protocol/index.ts';
 export * from './rollout/index.ts';
 export * from './sandbox/index.ts';

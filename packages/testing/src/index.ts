@@ -8,3 +8,4 @@ export * from './expect-deep-close.ts';
 export * from './rollout-service.ts';
 export * from './sandbox-suite.ts';
 export * from './postgres.ts';
+export * from './slurm.ts';

@@ -46,10 +46,13 @@ export interface CollectSummary {
   errors: Array<{ message: string; count: number }>;
 }
 
-/** Paths beside the output, as NeMo Gym's collector names them. */
-export function sidecarPaths(output: string): { failures: string; metrics: string; journal: string } {
+/**
+ * Paths beside the output: failures and metrics as NeMo Gym's collector names them; the store of
+ * an in-process run (a run again resumes from it); the journal of runs before the store (imported).
+ */
+export function sidecarPaths(output: string): { failures: string; metrics: string; store: string; journal: string } {
   const stem = output.replace(/\.jsonl$/, '');
-  return { failures: `${stem}_failures.jsonl`, metrics: `${stem}_aggregate_metrics.json`, journal: `${stem}.journal.jsonl` };
+  return { failures: `${stem}_failures.jsonl`, metrics: `${stem}_aggregate_metrics.json`, store: `${stem}.store.db`, journal: `${stem}.journal.jsonl` };
 }
 
 /** One output line: the row and the verify response as NeMo Gym writes them, plus the result in the wire shape. */

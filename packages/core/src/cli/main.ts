@@ -1,5 +1,6 @@
 import { readFileSync } from 'node:fs';
 import { writeFile } from 'node:fs/promises';
+import { resolve } from 'node:path';
 import { stringify } from 'yaml';
 import { defineCommand, runMain } from 'citty';
 import { pino } from 'pino';
@@ -10,6 +11,7 @@ import { LlmBackendPool } from '../rollout/llm/index.ts';
 import { PoolModelProvider } from '../rollout/model-provider.ts';
 import { removeStaleSandboxDirs } from '../sandbox/staging.ts';
 import { startRolloutServer, type RolloutServer } from '../rollout/server.ts';
+import { startRolloutNode, type RolloutNode } from '../node/agent.ts';
 import { RolloutService } from '../rollout/service.ts';
 import { checkArgv, type CheckedCommand } from './argv-check.ts';
 import { DEMO_MODEL, prepareDemo, resultLine, summaryTable } from './demo.ts';
@@ -105,7 +107,13 @@ const start = defineCommand({
     port: { type: 'string', description: 'Port of the rollout service; the environments take the next ones', default: '8100' },
     llm: { type: 'string', description: 'Policy inference servers (OpenAI base URLs, comma-separated; also ROLLSERVE_LLM_BACKENDS)' },
     model: { type: 'string', description: 'Model name for requests that name none (ProRL-style /process)' },
-    journal: { type: 'string', description: 'JSONL journal of tasks and results', default: '.rollserve/journal.jsonl' },
+    store: { type: 'string', description: 'Where tasks and results are kept: sqlite:///path.db or postgres://… (also ROLLSERVE_STORE; default sqlite://.rollserve/store.db)' },
+    journal: { type: 'string', description: 'A JSONL journal of rollserve before the store, imported once if the file exists', default: '.rollserve/journal.jsonl' },
+    'keep-results': { type: 'string', description: 'Keep only the newest N results in the store' },
+    'keep-hours': { type: 'string', description: 'Forget results stored more than this many hours ago' },
+    'run-locally': { type: 'string', description: 'Run rollouts in this process: auto (while no rollout node is up), always or never', default: 'auto' },
+    'lease-s': { type: 'string', description: 'Lease of a rollout node on its work, renewed by heartbeats', default: '30' },
+    'node-timeout-s': { type: 'string', description: 'A node silent this long is lost and its work re-issued', default: '10' },
     ...tokenArgs,
   },
   async run({ args }) {
@@ -119,7 +127,12 @@ const start = defineCommand({
       host: access.host,
       port,
       llmBackends: list_(args.llm ?? process.env.ROLLSERVE_LLM_BACKENDS),
-      journalPath: args.journal,
+      store: args.store ?? process.env.ROLLSERVE_STORE ?? 'sqlite://.rollserve/store.db',
+      importJournal: args.journal,
+      ...retentionOf(args),
+      runLocally: runLocallyFlag(args['run-locally']),
+      leaseMs: numberFlag('lease-s', args['lease-s'], { min: 1 })! * 1000,
+      nodeTimeoutMs: numberFlag('node-timeout-s', args['node-timeout-s'], { min: 1 })! * 1000,
       allowNoToken: access.allowNoToken,
       ...(access.token ? { token: access.token } : {}),
       ...(args.model ? { defaultModel: args.model } : {}),
@@ -128,6 +141,18 @@ const start = defineCommand({
     await serveAll(installed, access, port === 0 ? 0 : port + 1, [server]);
   },
 });
+
+function runLocallyFlag(value: string): 'auto' | 'always' | 'never' {
+  if (value === 'auto' || value === 'always' || value === 'never') return value;
+  throw new RolloutError({ code: 'BAD_REQUEST', message: `--run-locally is auto, always or never, not "${value}"` });
+}
+
+function retentionOf(args: { 'keep-results'?: string | undefined; 'keep-hours'?: string | undefined }): { retention?: { keepLast?: number; maxAgeMs?: number } } {
+  const keepLast = numberFlag('keep-results', args['keep-results'], { integer: true, min: 1 });
+  const hours = numberFlag('keep-hours', args['keep-hours'], { min: 0 });
+  if (keepLast === undefined && hours === undefined) return {};
+  return { retention: { ...(keepLast !== undefined ? { keepLast } : {}), ...(hours !== undefined ? { maxAgeMs: hours * 3_600_000 } : {}) } };
+}
 
 /** A numeric flag, checked: a typo is an error that names the flag, not NaN sent on. */
 function numberFlag(name: string, value: string | undefined, { integer = false, min = 0 }: { integer?: boolean; min?: number } = {}): number | undefined {
@@ -206,7 +231,8 @@ const rollout = defineCommand({
       const models = new PoolModelProvider(pool);
       // failures are summed up at the end; the service's own log goes to stderr, errors only
       const logger = pino({ name: 'rollserve', level: process.env.ROLLSERVE_LOG_LEVEL ?? 'error' }, pino.destination(2));
-      const service = await RolloutService.create({ environments: [env], models, logger, journalPath: sidecarPaths(args.output).journal });
+      const sidecars = sidecarPaths(args.output);
+      const service = await RolloutService.create({ environments: [env], models, logger, store: `sqlite://${resolve(sidecars.store)}`, importJournal: sidecars.journal });
       try {
         summary = await collectRollouts(inProcessRunner(service), { ...options, ...extra, metricsHooks: env });
       } finally {
@@ -332,7 +358,70 @@ const nemoGym = defineCommand({
   },
 });
 
-const subCommands = { serve, list, start, rollout, demo, new: create, 'gym-config': gymConfig, 'nemo-gym': nemoGym };
+const node = defineCommand({
+  meta: { name: 'node', description: 'A rollout node: runs the INIT/RUN/EVAL pools and sandboxes of this machine for a central service (one per Slurm node)' },
+  args: {
+    service: { type: 'string', description: 'The central rollout service, http://host:8100 (also ROLLSERVE_SERVICE)' },
+    token: { type: 'string', description: 'Its bearer token (also ROLLSERVE_TOKEN)' },
+    id: { type: 'string', description: 'Node id, kept across re-registrations (default: <host>-<SLURM_JOB_ID or pid>-<random>)' },
+    init: { type: 'string', description: 'INIT worker slots (sandbox start-up)', default: '64' },
+    run: { type: 'string', description: 'RUN worker slots (agent loops)', default: '512' },
+    eval: { type: 'string', description: 'EVAL worker slots (verification)', default: '32' },
+    'max-rollouts': { type: 'string', description: 'Rollouts held at once (default: --init + --run)' },
+    'host-label': { type: 'string', description: 'Host name to register with (default: this host\'s name)' },
+  },
+  async run({ args }) {
+    const service = (args.service ?? process.env.ROLLSERVE_SERVICE) || undefined;
+    if (service === undefined) throw new RolloutError({ code: 'BAD_REQUEST', message: '--service is required (or ROLLSERVE_SERVICE): the central rollout service, http://host:8100' });
+    const installed = listInstalledEnvironments();
+    if (installed.length === 0) throw new Error('no environments installed');
+    const environments = await Promise.all(installed.map((env) => loadEnvironment(env.dir)));
+    const pools = {
+      init: numberFlag('init', args.init, { integer: true, min: 1 })!,
+      run: numberFlag('run', args.run, { integer: true, min: 1 })!,
+      eval: numberFlag('eval', args.eval, { integer: true, min: 1 })!,
+    };
+    const maxRollouts = numberFlag('max-rollouts', args['max-rollouts'], { integer: true, min: 1 });
+    const token = (args.token ?? process.env.ROLLSERVE_TOKEN) || undefined;
+    await sweepStaleSandboxes();
+    // stdout has the one line of registration; the log goes to stderr
+    const logger = pino({ name: 'rollserve-node', level: process.env.ROLLSERVE_LOG_LEVEL ?? 'warn' }, pino.destination(2));
+    // SIGTERM (Slurm's scancel, preemption) or SIGINT: leave cleanly, what the node held re-queued at once
+    let rolloutNode: RolloutNode | undefined;
+    const leave = (signal: NodeJS.Signals) => {
+      process.off('SIGINT', leave);
+      process.off('SIGTERM', leave);
+      if (rolloutNode === undefined) process.exit(0); // not registered yet: nothing held
+      rolloutNode.close().then(
+        () => process.exit(0),
+        (error: unknown) => {
+          console.error(`rollserve node: error while leaving on ${signal}:`, error);
+          process.exit(1);
+        },
+      );
+    };
+    process.on('SIGINT', leave);
+    process.on('SIGTERM', leave);
+    rolloutNode = await startRolloutNode({
+      serviceUrl: service,
+      logger,
+      environments,
+      pools,
+      version,
+      ...(token ? { token } : {}),
+      ...(args.id ? { nodeId: args.id } : {}),
+      ...(maxRollouts ? { maxRollouts } : {}),
+      ...(args['host-label'] ? { host: args['host-label'] } : {}),
+      onEvent: (event) => {
+        if (event.type === 'registered' && event.again) console.error(`node ${event.nodeId} registered again with ${service}`);
+      },
+    });
+    const { capacity, maxRollouts: held, environments: envs } = rolloutNode.registration;
+    console.log(`node ${rolloutNode.nodeId} registered with ${service} (init ${capacity.init}, run ${capacity.run}, eval ${capacity.eval}; up to ${held} rollouts; ${envs.join(', ')})`);
+  },
+});
+
+const subCommands = { serve, list, start, rollout, demo, node, new: create, 'gym-config': gymConfig, 'nemo-gym': nemoGym };
 
 // A mistake on the command line, or a failure of the command, is one line that says what went
 // wrong (exit 2 and 1), never a stack trace; ROLLSERVE_DEBUG=1 shows the trace.

@@ -23,7 +23,7 @@ export function inProcessRunner(service: RolloutService): RolloutRunner {
       await Promise.all(
         submitted.flatMap((task) =>
           task.rolloutIds.map(async (id) => {
-            const known = service.get(id)?.result ?? undefined; // null while it runs
+            const known = await service.result(id); // null while it runs
             onResult(toWireResult(known ?? (await service.wait(id))), known !== undefined);
           }),
         ),

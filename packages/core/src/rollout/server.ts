@@ -5,7 +5,7 @@ import type { Environment } from '../spec/environment.ts';
 import { createRolloutApi } from './http.ts';
 import { LlmBackendPool } from './llm/index.ts';
 import { PoolModelProvider } from './model-provider.ts';
-import { RolloutService, type StageName } from './service.ts';
+import { RolloutService, type RolloutServiceOptions, type StageName } from './service.ts';
 
 export interface RolloutServerOptions {
   environments: ReadonlyArray<Environment<any, any, any>>;
@@ -22,7 +22,14 @@ export interface RolloutServerOptions {
   llmBackends?: readonly string[];
   /** The model name `/process` uses when a request names none. */
   defaultModel?: string;
-  journalPath?: string;
+  /** The store (object or URL) and its options: see RolloutServiceOptions. */
+  store?: RolloutServiceOptions['store'];
+  importJournal?: string;
+  retention?: RolloutServiceOptions['retention'];
+  runLocally?: RolloutServiceOptions['runLocally'];
+  leaseMs?: number;
+  heartbeatMs?: number;
+  nodeTimeoutMs?: number;
   pools?: Partial<Record<StageName, number>>;
   logger?: Logger;
 }
@@ -46,7 +53,13 @@ export async function startRolloutServer(options: RolloutServerOptions): Promise
     environments: options.environments,
     models,
     ...(options.environmentConfigs ? { environmentConfigs: options.environmentConfigs } : {}),
-    ...(options.journalPath ? { journalPath: options.journalPath } : {}),
+    ...(options.store !== undefined ? { store: options.store } : {}),
+    ...(options.importJournal !== undefined ? { importJournal: options.importJournal } : {}),
+    ...(options.retention !== undefined ? { retention: options.retention } : {}),
+    ...(options.runLocally !== undefined ? { runLocally: options.runLocally } : {}),
+    ...(options.leaseMs !== undefined ? { leaseMs: options.leaseMs } : {}),
+    ...(options.heartbeatMs !== undefined ? { heartbeatMs: options.heartbeatMs } : {}),
+    ...(options.nodeTimeoutMs !== undefined ? { nodeTimeoutMs: options.nodeTimeoutMs } : {}),
     ...(options.pools ? { pools: options.pools } : {}),
     ...(options.logger ? { logger: options.logger } : {}),
   });

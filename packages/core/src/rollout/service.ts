@@ -1,77 +1,73 @@
 import { randomUUID } from 'node:crypto';
 import { EventEmitter } from 'node:events';
-import PQueue from 'p-queue';
+import { existsSync } from 'node:fs';
 import { z } from 'zod';
 import { pino, type Logger } from 'pino';
 import { RolloutError } from '../errors.ts';
-import { createSandboxProvider } from '../sandbox/registry.ts';
-import type { SandboxProvider, SandboxResources, SandboxSpec } from '../sandbox/types.ts';
-import { createSessionTools, type SessionTools } from '../tools/session-tools.ts';
-import { SessionStore } from '../gym/session-store.ts';
-import { sandboxSpecOf, type Environment, type EnvironmentContext } from '../spec/environment.ts';
-import { runAgentLoop, type CallModel } from './agent-loop.ts';
-import { assignTaskGroupCredit, assignTaskSampleCredit, assignTurnRewards } from './credit.ts';
-import { Journal, type JournalRecord } from './journal.ts';
-import { buildResponse } from './messages.ts';
+import type { Environment } from '../spec/environment.ts';
+import { importJournal } from '../store/import-journal.ts';
+import { openStore } from '../store/open.ts';
+import type { CommitInput, RetentionPolicy, RolloutStore, StoredRollout, StoreRolloutState } from '../store/types.ts';
+import type { CallModel, ModelTurn } from './agent-loop.ts';
+import { assignTaskGroupCredit } from './credit.ts';
 import { createServiceMetrics, type ServiceMetrics } from './metrics.ts';
-import { RolloutTask, type CriticalError, type RolloutResult, type RolloutState, type RolloutTaskInput, type RolloutView, type StageTiming, type TurnRecord } from './types.ts';
+import type {
+  HeartbeatAnswer,
+  NodeClaim,
+  NodeCommit,
+  NodeCommitStatus,
+  NodeCoordinator,
+  NodeLease,
+  NodeModelRequest,
+  NodeRegistered,
+  NodeRegistration,
+  NodeView,
+} from './nodes.ts';
+import { goneSlurmJobs, slurmJobOf } from './slurm-watch.ts';
+import { RolloutRunner, STAGES, type ModelProvider, type RolloutRunnerOptions, type StageName } from './runner.ts';
+import { RolloutTask, type RolloutResult, type RolloutState, type RolloutTaskInput, type RolloutView } from './types.ts';
 
-export type StageName = 'init' | 'run' | 'eval';
-export const STAGES: readonly StageName[] = ['init', 'run', 'eval'];
+export { STAGES, type ModelProvider, type StageName } from './runner.ts';
 
-/** Where the policy's turns go: one sticky caller per rollout. */
-export interface ModelProvider {
-  forRollout(rolloutId: string, policy: RolloutTask['policy']): CallModel;
-  release(rolloutId: string): void;
-}
-
-export interface RolloutServiceOptions {
-  environments: ReadonlyArray<Environment<any, any, any>>;
-  models: ModelProvider;
-  /** Config block per environment name. */
-  environmentConfigs?: Record<string, Record<string, unknown>>;
-  /** Worker slots per stage. @default { init: 64, run: 512, eval: 32 } */
-  pools?: Partial<Record<StageName, number>>;
+export interface RolloutServiceOptions extends Omit<RolloutRunnerOptions, 'metrics' | 'logger'> {
   /**
-   * 'staged' (the default): each stage has its own pool and a job holds a slot only while in a
-   * stage. 'serial': one pool of `pools.run` slots, each job holding its slot from INIT to the end
-   * of EVAL, as rollout loops inside trainers do (the baseline the overlap is measured against).
+   * Where tasks, leases and results live: a store, or its URL (`sqlite:///path.db`,
+   * `sqlite::memory:`, `postgres://…`; see openStore). A store given as an object stays the
+   * caller's to close. @default 'sqlite::memory:' (nothing survives the process)
    */
-  pipeline?: 'staged' | 'serial';
+  store?: RolloutStore | string;
+  /** An old JSONL journal (rollserve before the store): imported once, when the file exists. */
+  importJournal?: string;
+  /** What results to keep; pruned at start and every `pruneEveryMs`. @default keep everything */
+  retention?: RetentionPolicy;
+  /** @default 60_000 */
+  pruneEveryMs?: number;
+  /** How long a lease lasts unless renewed. @default 30_000 */
+  leaseMs?: number;
+  /** How often nodes heartbeat (and the service sweeps expired leases and lost nodes). @default 2_000 */
+  heartbeatMs?: number;
+  /** A node silent this long is lost: what it holds is re-issued. @default 10_000 */
+  nodeTimeoutMs?: number;
   /**
-   * Creates the sandboxes of environments that declare `sandbox` (in INIT).
-   * @default createSandboxProvider() (bwrap on Linux)
+   * Whether the service runs rollouts itself: 'auto' while no rollout node is up (the default),
+   * 'always', or 'never' (only nodes run them).
    */
-  sandboxProvider?: SandboxProvider;
-  /** JSONL journal of tasks and results; omitted: results live in memory only. */
-  journalPath?: string;
+  runLocally?: 'auto' | 'always' | 'never';
   /**
-   * fdatasync each journal write: accepted tasks and results then survive the machine going down,
-   * not just the process (SIGKILL, OOM). Writes are grouped, so it costs one sync per write.
-   * @default false
+   * How many times a rollout is handed out before it fails: each claim counts (a node lost with
+   * it, a lease that ran out, a restart of the service while it ran the rollout itself). @default 5
    */
-  journalFsync?: boolean;
+  maxAttempts?: number;
+  /**
+   * Asks Slurm (`squeue`) every `everyMs` about the jobs of nodes that registered with Slurm ids:
+   * a node whose job is gone (requeued, cancelled, node failure, …) is lost at once, without
+   * waiting for its node timeout. Off when false; nothing is concluded while squeue cannot answer.
+   * @default { everyMs: 5_000 } (when any node has Slurm ids and squeue is on PATH)
+   */
+  slurmWatch?: false | { everyMs?: number; squeue?: string; env?: NodeJS.ProcessEnv };
+  /** Rollouts the service's own pools hold at most; the rest wait in the store. @default the sum of the pools */
+  localRollouts?: number;
   logger?: Logger;
-}
-
-interface Job {
-  id: string;
-  taskId: string;
-  sampleIndex: number;
-  task: RolloutTask;
-  env: Environment<any, any, any>;
-  state: RolloutState;
-  /** Holding a slot of its stage (else waiting for one). */
-  active: boolean;
-  abort: AbortController;
-  usedMs: number;
-  timing: Record<StageName, StageTiming>;
-  startedAt: number;
-  result?: RolloutResult;
-  /** Set the moment its result exists, before any await: the group's last sample is the one that sees all. */
-  completed?: RolloutResult;
-  done: Promise<RolloutResult>;
-  resolve: (result: RolloutResult) => void;
 }
 
 export interface SubmittedTask {
@@ -81,129 +77,176 @@ export interface SubmittedTask {
   existing: boolean;
 }
 
+/** The id under which the service leases what its own pools run. */
+const LOCAL = 'service';
 
-/** What a finished rollout's stages produced. */
-type Outcome = Pick<RolloutResult, 'state' | 'reward' | 'rewardComponents' | 'verifyExtras' | 'criticalError' | 'error' | 'response' | 'messages' | 'turns'>;
-
-/** The outcome of a rollout that did not get through its stages. */
-function failedOutcome(
-  error: unknown,
-  stage: StageName,
-  turns: TurnRecord[],
-  messages: Array<Record<string, unknown>>,
-  response: Record<string, unknown> | null,
-): Outcome {
-  const wrapped = RolloutError.from(error);
-  const criticalError: CriticalError = wrapped.code === 'CANCELLED' ? 'cancelled' : wrapped.code === 'TIMEOUT' ? 'timeout' : stage;
-  return {
-    state: criticalError === 'cancelled' ? 'cancelled' : 'failed',
-    reward: 0,
-    rewardComponents: null,
-    verifyExtras: {},
-    criticalError,
-    error: { code: wrapped.code, message: wrapped.message },
-    response,
-    messages,
-    turns,
-  };
+interface NodeState {
+  registration: NodeRegistration;
+  registeredAt: number;
+  lastSeen: number;
+  state: 'up' | 'lost' | 'left';
+  /** Why it was lost. */
+  lostReason?: string;
+  /** Results it committed. */
+  committed: number;
+  /** Leases it holds, as it last reported them or as it was handed them. */
+  leases: Map<string, { attempt: number; stage: NodeLease['stage'] }>;
 }
 
-/** The task's sandbox limits (API names) over the environment's spec. */
-function withTaskLimits(spec: SandboxSpec, limits: RolloutTask['limits']['sandbox']): SandboxSpec {
-  if (limits === undefined) return spec;
-  const names = {
-    total_memory_mib: 'totalMemoryMib',
-    memory_mib: 'memoryMib',
-    max_processes: 'maxProcesses',
-    workspace_mib: 'workspaceMib',
-    tmp_mib: 'tmpMib',
-    max_inodes: 'maxInodes',
-    max_file_size_mib: 'maxFileSizeMib',
-    output_mib: 'outputMib',
-    cpu_seconds: 'cpuSeconds',
-  } as const satisfies Record<keyof NonNullable<typeof limits>, keyof SandboxResources>;
-  const resources: SandboxResources = { ...spec.resources };
-  for (const [key, name] of Object.entries(names)) {
-    const value = limits[key as keyof typeof names];
-    if (value !== undefined) resources[name] = value;
-  }
-  return { ...spec, resources };
+/** A rollout leased to a node, as the service tracks it (its policy caller, its stage). */
+interface RemoteLease {
+  nodeId: string;
+  attempt: number;
+  policy: RolloutTask['policy'];
+  /** The task's samples. */
+  n: number;
+  caller?: CallModel;
 }
 
-interface KnownTask {
-  task: RolloutTask;
-  rolloutIds: string[];
-  fingerprint?: string;
-}
+const unavailable = () => new RolloutError({ code: 'UNAVAILABLE', message: 'the service is shutting down', retryable: true });
+const notFoundNode = (nodeId: string) => new RolloutError({ code: 'NOT_FOUND', message: `no node "${nodeId}" (register again)` });
 
-const TERMINAL: ReadonlySet<RolloutState> = new Set(['done', 'failed', 'cancelled']);
-
-function stableStringify(value: unknown): string {
-  return JSON.stringify(value, (_key, v: unknown) =>
-    v && typeof v === 'object' && !Array.isArray(v) ? Object.fromEntries(Object.entries(v).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))) : v,
-  );
+/** A promise that settles when `wake` is called or `ms` pass. */
+function sleepUntilWoken(ms: number, wakers: Set<() => void>, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    const done = () => {
+      clearTimeout(timer);
+      wakers.delete(done);
+      signal?.removeEventListener('abort', done);
+      resolve();
+    };
+    const timer = setTimeout(done, ms);
+    wakers.add(done);
+    signal?.addEventListener('abort', done, { once: true });
+  });
 }
 
 /**
- * The rollout service's engine: INIT (session and seedSession) → RUN (agent loop) → EVAL (verify),
- * each stage with its own bounded worker pool, so that a slow verifier never holds sandbox
- * start-up or generation. A job holds a slot only while it is in a stage, and its time limit
- * counts stage time only.
+ * The rollout service: accepts tasks, keeps them, their leases and their results in a store
+ * (results leave memory once stored), and has them run: by its own INIT/RUN/EVAL pools (a
+ * RolloutRunner) while no rollout node is up, else by the nodes, which pull leased work (see
+ * NodeCoordinator). A result commits only for the current attempt of its lease, so a retried or
+ * late commit (a node that lost its lease) changes nothing: every rollout ends with one result.
  */
-export class RolloutService {
+export class RolloutService implements NodeCoordinator {
   readonly metrics: ServiceMetrics;
   readonly logger: Logger;
+  readonly store: RolloutStore;
+  readonly #ownsStore: boolean;
+  readonly #runner: RolloutRunner;
   readonly #envs = new Map<string, Environment<any, any, any>>();
-  readonly #configs: Record<string, Record<string, unknown>>;
-  readonly #queues: Record<StageName, PQueue>;
-  readonly #serial: PQueue | undefined;
-  readonly #jobs = new Map<string, Job>();
-  /** Known tasks; a task's fingerprint (to tell a resubmission from a conflict) is made when it is resubmitted. */
-  readonly #tasks = new Map<string, KnownTask>();
-  readonly #order: string[] = [];
-  readonly #sessions: SessionStore;
   readonly #events = new EventEmitter();
-  readonly #counts = { done: 0, failed: 0, cancelled: 0 };
-  #journal: Journal | undefined;
-  #closed = false;
-  /** The providers sandboxes come from, each wrapped to count what it has open. */
-  readonly #counted = new Map<SandboxProvider, SandboxProvider>();
-  #defaultProvider: SandboxProvider | undefined;
-  /** What each environment's `setup` returned (started on its first rollout). */
-  readonly #setups = new Map<string, Promise<unknown>>();
-  #liveSandboxes = 0;
-  /** Accepted jobs not started yet (see #admit). */
-  #backlog: Job[] = [];
-  /** The submit being accepted (one at a time). */
+  readonly #options: RolloutServiceOptions;
+  readonly #leaseMs: number;
+  readonly #heartbeatMs: number;
+  readonly #nodeTimeoutMs: number;
+  readonly #localLimit: number;
+  /** Rollouts the service's own pools run, by id: their lease's attempt. */
+  readonly #local = new Map<string, number>();
+  /** Rollouts leased to nodes. */
+  readonly #remote = new Map<string, RemoteLease>();
+  readonly #nodes = new Map<string, NodeState>();
+  /** Cancels asked for rollouts leased to a node that has not heartbeaten since (delivered with its next heartbeat). */
+  readonly #cancelRequests = new Set<string>();
+  /** Who waits for a rollout's result. */
+  readonly #waiters = new Map<string, Array<{ resolve: (result: RolloutResult) => void; reject: (error: unknown) => void }>>();
+  /** Commits of one task run one at a time (the last sample of a group sees all the others). */
+  readonly #taskLocks = new Map<string, Promise<unknown>>();
+  /** Commits of the service's own results under way (a shutdown lets them finish). */
+  readonly #committing = new Set<Promise<unknown>>();
+  /** Commits waiting for the next batch (see #commitBatched). */
+  #commitBatch: Array<{ input: CommitInput; resolve: (status: NodeCommitStatus) => void; reject: (error: unknown) => void }> = [];
+  /** Results of groups (n > 1) not whole yet, by task (see #commit). */
+  readonly #openGroups = new Map<string, Map<string, RolloutResult>>();
+  /** Node claims waiting for work. */
+  readonly #claimWakers = new Set<() => void>();
+  /** Counts since the store was opened (read from it at start, kept up to date since). */
+  #counts = { total: 0, done: 0, failed: 0, cancelled: 0 };
+  #pumping = false;
+  /** After a restart with nodes holding work, the service waits for them before running anything itself. */
+  #localHoldUntil = 0;
+  #pumpAgain = false;
   #submitting: Promise<unknown> = Promise.resolve();
+  #timers: NodeJS.Timeout[] = [];
+  #closed = false;
 
-  private constructor(private readonly options: RolloutServiceOptions) {
+  private constructor(options: RolloutServiceOptions, store: RolloutStore, ownsStore: boolean) {
+    this.#options = options;
+    this.store = store;
+    this.#ownsStore = ownsStore;
     this.logger = options.logger ?? pino({ name: 'rollserve', level: process.env.ROLLSERVE_LOG_LEVEL ?? 'info' });
     for (const env of options.environments) this.#envs.set(env.name, env);
-    this.#configs = {};
-    for (const env of options.environments) {
-      const given = options.environmentConfigs?.[env.name] ?? {};
-      this.#configs[env.name] = (env.config ? env.config.parse(given) : given) as Record<string, unknown>;
-    }
-    const pools = { init: 64, run: 512, eval: 32, ...options.pools };
-    this.#serial = options.pipeline === 'serial' ? new PQueue({ concurrency: pools.run }) : undefined;
-    // In serial mode the stages run inside the job's one slot: their own queues never wait.
-    const unbounded = Number.POSITIVE_INFINITY;
-    this.#queues = {
-      init: new PQueue({ concurrency: this.#serial ? unbounded : pools.init }),
-      run: new PQueue({ concurrency: this.#serial ? unbounded : pools.run }),
-      eval: new PQueue({ concurrency: this.#serial ? unbounded : pools.eval }),
-    };
-    this.#sessions = new SessionStore({ idleTtlMs: 7 * 24 * 3_600_000, logger: this.logger });
+    this.#leaseMs = options.leaseMs ?? 30_000;
+    this.#heartbeatMs = options.heartbeatMs ?? 2_000;
+    this.#nodeTimeoutMs = options.nodeTimeoutMs ?? 10_000;
     this.#events.setMaxListeners(0);
     this.metrics = createServiceMetrics(() => this.status());
+    this.#runner = new RolloutRunner({ ...options, logger: this.logger, metrics: this.metrics });
+    const pools = this.#runner.capacity;
+    this.#localLimit = options.localRollouts ?? (options.pipeline === 'serial' ? pools.run : pools.init + pools.run + pools.eval);
   }
 
-  /** Creates the service; with a journal, stored results come back and unfinished samples run again. */
+  /**
+   * Creates the service on its store: an old journal is imported once, what the previous service
+   * ran itself is queued again (its work died with it), results are pruned by the retention
+   * policy, and queued work starts.
+   */
   static async create(options: RolloutServiceOptions): Promise<RolloutService> {
-    const service = new RolloutService(options);
-    if (options.journalPath) await service.#recover(options.journalPath, options.journalFsync ?? false);
+    const given = options.store ?? 'sqlite::memory:';
+    const store = typeof given === 'string' ? await openStore(given, options.retention ? { retention: options.retention } : {}) : given;
+    const service = new RolloutService(options, store, typeof given === 'string');
+    try {
+      await service.#recover();
+    } catch (error) {
+      if (service.#ownsStore) await store.close();
+      throw error;
+    }
     return service;
+  }
+
+  async #recover(): Promise<void> {
+    if (this.#options.importJournal && existsSync(this.#options.importJournal)) {
+      const imported = await importJournal(this.store, this.#options.importJournal);
+      if (imported.imported) this.logger.info({ journal: this.#options.importJournal, ...imported }, 'journal imported into the store');
+    }
+    const requeued = [...(await this.store.releaseWorker(LOCAL)), ...(await this.store.expireLeases())];
+    if (this.#options.retention) await this.#prune();
+    await this.#recount();
+    // Nodes holding leases from before a restart get a node timeout to come back, else their work is re-issued.
+    const holders = new Set<string>();
+    for (let cursor: string | null = null; ; ) {
+      const page = await this.store.listRollouts({ state: 'leased', cursor, limit: 10_000 });
+      for (const rollout of page.items) if (rollout.workerId) holders.add(rollout.workerId);
+      if (!(cursor = page.cursor)) break;
+    }
+    const now = Date.now();
+    for (const nodeId of holders) {
+      // a placeholder (no capacity, so it is not "up" for claims) until the node registers again
+      const registration: NodeRegistration = { nodeId, host: '', pid: 0, capacity: { init: 0, run: 0, eval: 0 }, maxRollouts: 0, environments: [] };
+      this.#nodes.set(nodeId, { registration, registeredAt: now, lastSeen: now, state: 'up', leases: new Map(), committed: 0 });
+    }
+    // their nodes get a node timeout to come back before the service runs anything itself
+    if (holders.size > 0) this.#localHoldUntil = now + this.#nodeTimeoutMs;
+    this.logger.info({ ...this.#counts, rerun: requeued.length, nodes: holders.size }, 'store opened');
+    this.#timers.push(setInterval(() => void this.#sweep(), this.#heartbeatMs).unref());
+    if (this.#options.retention) this.#timers.push(setInterval(() => void this.#prune().then(() => this.#recount()), this.#options.pruneEveryMs ?? 60_000).unref());
+    this.#timers.push(setInterval(() => void this.#renewLocal(), Math.max(1_000, Math.floor(this.#leaseMs / 3))).unref());
+    if (this.#options.slurmWatch !== false) this.#timers.push(setInterval(() => void this.#watchSlurm(), this.#options.slurmWatch?.everyMs ?? 5_000).unref());
+    this.#pump();
+  }
+
+  async #recount(): Promise<void> {
+    const counts = await this.store.counts();
+    this.#counts = { total: counts.queued + counts.leased + counts.done + counts.failed + counts.cancelled, done: counts.done, failed: counts.failed, cancelled: counts.cancelled };
+  }
+
+  async #prune(): Promise<void> {
+    try {
+      const pruned = await this.store.prune(this.#options.retention);
+      if (pruned.results > 0) this.logger.info(pruned, 'old results pruned');
+    } catch (error) {
+      this.logger.error({ err: error }, 'pruning results failed');
+    }
   }
 
   get environments(): string[] {
@@ -215,40 +258,16 @@ export class RolloutService {
     return this.#envs.get(name);
   }
 
-  async #recover(path: string, fsync: boolean): Promise<void> {
-    const { journal, contents } = await Journal.open(path, { fsync });
-    this.#journal = journal;
-    let rerun = 0;
-    for (const record of contents.tasks.values()) {
-      const env = this.#envs.get(record.task.env);
-      this.#tasks.set(record.taskId, { task: record.task, rolloutIds: record.rolloutIds });
-      record.rolloutIds.forEach((id, sampleIndex) => {
-        const stored = contents.results.get(id);
-        if (stored) {
-          const job = this.#newJob(id, record.taskId, sampleIndex, record.task, env);
-          this.#finish(job, stored, false);
-        } else if (env) {
-          this.#admit(this.#newJob(id, record.taskId, sampleIndex, record.task, env));
-          rerun++;
-        }
-      });
-    }
-    if (contents.skippedLines > 0) this.logger.warn({ skipped: contents.skippedLines }, 'journal lines cut short were skipped');
-    this.logger.info({ results: contents.results.size, rerun }, 'journal recovered');
-  }
-
   /**
-   * Accepts tasks: the new ones are journaled in one write, then answered with their rollout ids;
-   * their work starts in the background. A batch is accepted whole or not at all.
+   * Accepts tasks: the new ones are stored in one transaction, then answered with their rollout
+   * ids; their work starts in the background. A batch is accepted whole or not at all.
    */
   async submit(inputs: readonly RolloutTaskInput[]): Promise<SubmittedTask[]> {
-    if (this.#closed) throw new RolloutError({ code: 'UNAVAILABLE', message: 'the service is shutting down', retryable: true });
+    if (this.#closed) throw unavailable();
     const tasks = inputs.map((input) => RolloutTask.parse(input));
     for (const task of tasks) {
-      if (!this.#envs.has(task.env)) {
-        throw new RolloutError({ code: 'NOT_FOUND', message: `unknown environment "${task.env}" (served: ${this.environments.join(', ') || 'none'})` });
-      }
-      const env = this.#envs.get(task.env)!;
+      const env = this.#envs.get(task.env);
+      if (!env) throw new RolloutError({ code: 'NOT_FOUND', message: `unknown environment "${task.env}" (served: ${this.environments.join(', ') || 'none'})` });
       for (const schema of env.seedRow ? [env.row, env.seedRow] : [env.row]) {
         const parsed = schema.safeParse(task.row);
         if (!parsed.success) {
@@ -256,344 +275,433 @@ export class RolloutService {
         }
       }
     }
-    // One batch at a time from here, so that a task id is known to the next batch once journaled.
-    const accepted = this.#submitting.then(() => this.#accept(tasks));
+    const withIds = tasks.map((task) => (task.id ? task : { ...task, id: randomUUID() }));
+    // One batch at a time, so a task id is known to the next batch once stored.
+    const accepted = this.#submitting.then(async () => {
+      if (this.#closed) throw unavailable();
+      const outcomes = await this.store.putTasks(withIds);
+      // an id repeated in the batch is new once, then known
+      const seen = new Set<string>();
+      const submitted = outcomes.map(({ taskId, rolloutIds, existing }) => {
+        const repeated = seen.has(taskId);
+        seen.add(taskId);
+        return { taskId, rolloutIds, existing: existing || repeated };
+      });
+      for (const task of submitted) if (!task.existing) this.#counts.total += task.rolloutIds.length;
+      if (submitted.some((task) => !task.existing)) this.#workArrived();
+      return submitted;
+    });
     this.#submitting = accepted.catch(() => undefined);
     return accepted;
   }
 
-  async #accept(tasks: readonly RolloutTask[]): Promise<SubmittedTask[]> {
-    const unavailable = () => new RolloutError({ code: 'UNAVAILABLE', message: 'the service is shutting down', retryable: true });
-    if (this.#closed) throw unavailable();
-    const submitted: SubmittedTask[] = [];
-    const fresh = new Map<string, KnownTask>();
-    const records: JournalRecord[] = [];
-    const at = new Date().toISOString();
-    for (const task of tasks) {
-      const taskId = task.id ?? randomUUID();
-      const known = this.#tasks.get(taskId) ?? fresh.get(taskId);
-      if (known) {
-        if ((known.fingerprint ??= stableStringify(known.task)) !== stableStringify({ ...task, id: taskId })) {
-          throw new RolloutError({ code: 'CONFLICT', message: `task id "${taskId}" was already submitted with a different body` });
-        }
-        submitted.push({ taskId, rolloutIds: known.rolloutIds, existing: true });
-        continue;
+  /** New or re-queued work: the service's own pools and waiting node claims take it. */
+  #workArrived(): void {
+    for (const wake of [...this.#claimWakers]) wake();
+    this.#pump();
+  }
+
+  #nodesUp(): number {
+    let up = 0;
+    for (const node of this.#nodes.values()) if (node.state === 'up' && node.registration.maxRollouts > 0) up++;
+    return up;
+  }
+
+  #runsLocally(): boolean {
+    const mode = this.#options.runLocally ?? 'auto';
+    return mode === 'always' || (mode === 'auto' && this.#nodesUp() === 0 && Date.now() >= this.#localHoldUntil);
+  }
+
+  /** Leases queued work to the service's own pools while they have room. */
+  #pump(): void {
+    if (this.#pumping) {
+      this.#pumpAgain = true;
+      return;
+    }
+    this.#pumping = true;
+    void (async () => {
+      try {
+        do {
+          this.#pumpAgain = false;
+          while (!this.#closed && this.#runsLocally()) {
+            const room = this.#localLimit - this.#local.size;
+            if (room <= 0) break;
+            const claimed = await this.store.claim({ workerId: LOCAL, limit: Math.min(room, 1_000), leaseMs: this.#leaseMs });
+            for (const work of await this.#withinAttempts(LOCAL, claimed)) this.#runLocal(work);
+            if (claimed.length < room) break;
+          }
+        } while (this.#pumpAgain && !this.#closed);
+      } catch (error) {
+        if (!this.#closed) this.logger.error({ err: error }, 'leasing work failed; trying again at the next sweep');
+      } finally {
+        this.#pumping = false;
       }
-      const rolloutIds = Array.from({ length: task.n }, (_, k) => (task.n === 1 ? taskId : `${taskId}:${k}`));
-      const normalised = { ...task, id: taskId };
-      fresh.set(taskId, { rolloutIds, task: normalised });
-      records.push({ type: 'task', taskId, task: normalised, rolloutIds, at });
-      submitted.push({ taskId, rolloutIds, existing: false });
-    }
-    // Journaled before it is known, in one write: a batch that could not be written was never
-    // accepted; once written, a restart runs it even if the service dies before answering.
-    if (records.length > 0) await this.#journal?.append(records);
-    if (this.#closed) throw unavailable(); // journaled: it runs after the restart
-    for (const [taskId, known] of fresh) {
-      this.#tasks.set(taskId, known);
-      const { rolloutIds, task } = known;
-      const env = this.#envs.get(task.env)!;
-      rolloutIds.forEach((id, k) => this.#admit(this.#newJob(id, taskId, k, task, env)));
-    }
-    return submitted;
+    })();
   }
 
-  #newJob(id: string, taskId: string, sampleIndex: number, task: RolloutTask, env: Environment<any, any, any> | undefined): Job {
-    let resolve!: (result: RolloutResult) => void;
-    const done = new Promise<RolloutResult>((r) => (resolve = r));
-    const job: Job = {
-      id,
-      taskId,
-      sampleIndex,
-      task,
-      env: env ?? ({ name: task.env } as Environment<any, any, any>),
-      state: 'queued',
-      active: false,
-      abort: new AbortController(),
-      usedMs: 0,
-      timing: { init: { queuedMs: 0, activeMs: 0 }, run: { queuedMs: 0, activeMs: 0 }, eval: { queuedMs: 0, activeMs: 0 } },
-      startedAt: performance.now(),
-      done,
-      resolve,
-    };
-    this.#jobs.set(id, job);
-    this.#order.push(id);
-    return job;
-  }
-
-  /**
-   * Queues a job to start soon, off the caller's path: starting one runs the synchronous part of
-   * its first stage (a sandbox's creation, for one), so the backlog is started a slice of the
-   * event loop at a time and a big batch neither delays its own 202 nor stalls other requests.
-   */
-  #admit(job: Job): void {
-    this.#backlog.push(job);
-    if (this.#backlog.length === 1) setImmediate(() => this.#startBacklog());
-  }
-
-  #startBacklog(): void {
-    const until = performance.now() + 10;
-    let started = 0;
-    while (started < this.#backlog.length && performance.now() < until) this.#start(this.#backlog[started++]!);
-    this.#backlog.splice(0, started);
-    if (this.#backlog.length > 0) setImmediate(() => this.#startBacklog());
-  }
-
-  #start(job: Job): void {
-    // Serial mode: one slot from INIT to the end of EVAL. A rollout cancelled while it waits for
-    // its slot ends as cancelled as soon as it gets one (its first stage sees the aborted signal).
-    const run = this.#serial ? this.#serial.add(() => this.#run(job)) : this.#run(job);
-    void run.catch((error: unknown) => this.logger.error({ err: error, rollout: job.id }, 'rollout bookkeeping failed'));
-  }
-
-  /**
-   * The environment's sandbox provider (else the service's), counting what it has open
-   * (GET /v1/status, /metrics).
-   */
-  #sandboxes(given?: SandboxProvider): SandboxProvider {
-    const inner = given ?? (this.#defaultProvider ??= this.options.sandboxProvider ?? createSandboxProvider());
-    const known = this.#counted.get(inner);
-    if (known) return known;
-    const counted: SandboxProvider = {
-      name: inner.name,
-      create: async (spec) => {
-        const sandbox = await inner.create(spec);
-        this.#liveSandboxes++;
-        let open = true;
-        const close = sandbox.close.bind(sandbox);
-        return Object.assign(sandbox, {
-          close: async () => {
-            if (open) {
-              open = false;
-              this.#liveSandboxes--;
-            }
-            await close();
-          },
-        });
-      },
-    };
-    this.#counted.set(inner, counted);
-    return counted;
-  }
-
-  /** The environment's `setup`, run once (on its first rollout); a failed one is tried again. */
-  #setupOf(env: Environment<any, any, any>): Promise<unknown> {
-    if (!env.setup) return Promise.resolve(undefined);
-    let started = this.#setups.get(env.name);
-    if (!started) {
-      const run = Promise.resolve().then(() => env.setup!(this.#configs[env.name] ?? {}));
-      run.catch(() => {
-        if (this.#setups.get(env.name) === run) this.#setups.delete(env.name);
+  #runLocal(work: { id: string; taskId: string; sampleIndex: number; attempt: number; task: RolloutTask }): void {
+    if (this.#closed) return;
+    this.#local.set(work.id, work.attempt);
+    void this.#runner
+      .run({ id: work.id, taskId: work.taskId, sampleIndex: work.sampleIndex, attempt: work.attempt, task: work.task })
+      .then(async (result) => {
+        // a lease lost (or a shutdown) while it ran: someone else has, or will have, its result
+        if (this.#local.get(work.id) !== work.attempt || this.#closed) return;
+        const committing = this.#commitWithRetry(LOCAL, work.attempt, result, work.task.n);
+        this.#committing.add(committing);
+        await committing.finally(() => this.#committing.delete(committing));
+      })
+      .catch((error: unknown) => this.logger.error({ err: error, rollout: work.id }, 'rollout bookkeeping failed'))
+      .finally(() => {
+        if (this.#local.get(work.id) === work.attempt) this.#local.delete(work.id);
+        this.#pump();
       });
-      this.#setups.set(env.name, run);
-      started = run;
-    }
-    return started;
   }
 
-  /** Runs one stage of a job in that stage's pool, within what is left of the job's time budget. */
-  async #stage<T>(name: StageName, job: Job, work: (signal: AbortSignal) => Promise<T>): Promise<T> {
-    const enqueued = performance.now();
-    job.state = name;
-    job.active = false;
-    return this.#queues[name].add(
-      async () => {
-        job.timing[name].queuedMs = performance.now() - enqueued;
-        const budget = job.task.limits.time_limit_s * 1000 - job.usedMs;
-        if (budget <= 0) throw new RolloutError({ code: 'TIMEOUT', message: `time limit of ${job.task.limits.time_limit_s} s reached before ${name}` });
-        job.active = true;
-        // The stage's time limit aborts the job's own signal (a timed-out rollout ends there), so a
-        // stage costs one timer, not a timeout signal and a composite one (AbortSignal.timeout's
-        // timers live until the signal is collected).
-        const signal = job.abort.signal;
-        const timeout = () => new RolloutError({ code: 'TIMEOUT', message: `time limit of ${job.task.limits.time_limit_s} s reached in ${name}` });
-        const deadline = setTimeout(() => job.abort.abort(timeout()), Math.ceil(budget));
-        const started = performance.now();
-        try {
-          return await new Promise<T>((resolve, reject) => {
-            const onAbort = () => reject(RolloutError.isInstance(signal.reason) && signal.reason.code === 'TIMEOUT' ? timeout() : new RolloutError({ code: 'CANCELLED', message: 'rollout cancelled' }));
-            if (signal.aborted) return onAbort();
-            signal.addEventListener('abort', onAbort, { once: true });
-            work(signal).then(resolve, reject).finally(() => signal.removeEventListener('abort', onAbort));
-          });
-        } finally {
-          clearTimeout(deadline);
-          const elapsed = performance.now() - started;
-          job.active = false;
-          job.usedMs += elapsed;
-          job.timing[name].activeMs = elapsed;
-          this.metrics.stageLatency.observe({ stage: name }, elapsed / 1000);
-        }
-      },
-      { signal: job.abort.signal },
-    ) as Promise<T>;
-  }
-
-  async #run(job: Job): Promise<void> {
-    const { task, env } = job;
-    const session = this.#sessions.get(job.id);
-    const config = this.#configs[env.name] ?? {};
-    const logger = this.logger.child({ rollout: job.id, env: env.name });
-    // made first thing in INIT: the one session's tools and the environment's resources
-    let tools!: SessionTools;
-    let resources: unknown;
-    const ctx = (signal: AbortSignal): EnvironmentContext => ({ session, config, logger, signal, tools, resources });
-    const row = { ...task.row } as Record<string, unknown> & { responses_create_params: { input: unknown } };
-    let stage: StageName = 'init';
-    let turns: TurnRecord[] = [];
-    let messages: Array<Record<string, unknown>> = [];
-    let response: Record<string, unknown> | null = null;
-    let outcome: Outcome;
-    try {
-      await this.#stage('init', job, async (signal) => {
-        resources = await this.#setupOf(env);
-        const sandboxRow = env.sandbox?.spec ? { ...row, ...(env.row.parse(row) as object) } : undefined;
-        const spec = withTaskLimits(sandboxSpecOf(env.sandbox, sandboxRow, config), task.limits.sandbox);
-        tools = createSessionTools(session, { provider: this.#sandboxes(env.sandbox?.provider?.(config, resources)), spec });
-        if (env.sandbox) await tools.sandbox();
-        const seedRow = env.seedRow ? env.seedRow.parse(row) : row;
-        if (env.seedSession) await env.seedSession({ ...row, ...(seedRow as object) }, ctx(signal));
-      });
-      stage = 'run';
-      const callModel = this.options.models.forRollout(job.id, task.policy);
-      const loop = await this.#stage('run', job, (signal) =>
-        runAgentLoop({
-          env,
-          row: row as never,
-          ctx: { session, config, logger, tools, resources },
-          callModel: async (request, s) => {
-            const stop = this.metrics.llmLatency.startTimer();
-            try {
-              return await callModel(request, s);
-            } finally {
-              stop();
-            }
-          },
-          maxTurns: task.limits.max_turns,
-          toolTimeoutMs: task.limits.tool_timeout_s * 1000,
-          signal,
-          onToolCall: (call) => this.metrics.toolLatency.observe({ tool: call.name, status: call.status }, call.durationMs / 1000),
-          checkLimits: () => tools.limitExceeded(),
-        }),
-      );
-      turns = loop.turns;
-      messages = loop.messages as Array<Record<string, unknown>>;
-      response = buildResponse({ id: job.id, model: task.policy.model, turns, tools: loop.offeredTools, usage: loop.usage });
-      if (loop.stop === 'resource_limit') {
-        throw new RolloutError({ code: 'RESOURCE_LIMIT', message: `the rollout's sandbox went past a limit and was ended: ${loop.limit}` });
+  /** A commit the store could not take (the database restarting) is tried again until the service closes. */
+  async #commitWithRetry(workerId: string, attempt: number, result: RolloutResult, groupSize?: number): Promise<NodeCommitStatus> {
+    for (let delay = 100, tries = 0; ; delay = Math.min(delay * 2, 5_000), tries++) {
+      try {
+        return await this.#commit(workerId, attempt, result, groupSize);
+      } catch (error) {
+        // while shutting down: a few tries (the store may be restarting), then the lease lapses and it runs again
+        if (this.#closed && tries >= 3) throw error;
+        this.logger.warn({ err: error, rollout: result.id }, 'storing a result failed; trying again');
+        await new Promise((resolve) => setTimeout(resolve, delay));
       }
-      this.options.models.release(job.id);
-      stage = 'eval';
-      // The agent's resources (sandbox, kernels) are freed before EVAL unless the environment
-      // evaluates in them; the session's state stays for verify.
-      if (!env.sandbox?.keepForVerify) await this.#sessions.releaseResources(job.id);
-      const verified = await this.#stage('eval', job, async (signal) => {
-        const verifyRow = env.row.parse(row) as object;
-        return env.verify({ ...row, ...verifyRow }, response as never, ctx(signal));
-      });
-      const { reward, reward_components, ...extras } = verified as { reward: number; reward_components?: Record<string, number> };
-      const score = typeof reward === 'number' && Number.isFinite(reward) ? reward : 0;
-      assignTurnRewards(turns, score, task.turn_rewards, task.gamma);
-      outcome = { state: 'done', reward: score, rewardComponents: reward_components ?? null, verifyExtras: extras, criticalError: null, error: null, response, messages, turns };
-    } catch (error) {
-      outcome = failedOutcome(error, stage, turns, messages, response);
-      if (outcome.criticalError !== 'cancelled') logger.warn({ err: error, stage }, 'rollout failed');
-      assignTurnRewards(turns, 0, task.turn_rewards, task.gamma);
     }
-    // Everything the rollout held is freed before anyone hears of its result.
-    this.options.models.release(job.id);
-    await this.#sessions.end(job.id);
-    await this.complete(job, outcome);
   }
 
   /**
-   * Journals a finished rollout and tells its waiters. Results finishing together share the
-   * journal's next write (and fsync): see Journal.
+   * Stores a result if `attempt` is the rollout's current one. The last sample of a group to
+   * finish gets the group's credit computed and the others' results amended, in the same
+   * transaction. Then its waiters and listeners hear of it.
    */
-  private async complete(job: Job, outcome: Outcome): Promise<void> {
-    const result: RolloutResult = {
-      id: job.id,
-      taskId: job.taskId,
-      sampleIndex: job.sampleIndex,
-      env: job.task.env,
-      ...outcome,
-      // a sandbox limit the policy ran into is the policy's doing: a real 0, to train on
-      filter: outcome.criticalError !== null && outcome.error?.code !== 'RESOURCE_LIMIT',
-      advantage: null,
-      credit: null,
-      timing: { ...job.timing, totalMs: performance.now() - job.startedAt },
-      ...(job.task.metadata ? { metadata: job.task.metadata } : {}),
-      finishedAt: new Date().toISOString(),
+  #commit(workerId: string, attempt: number, result: RolloutResult, groupSize?: number): Promise<NodeCommitStatus> {
+    const commit = async (): Promise<NodeCommitStatus> => {
+      let amend: RolloutResult[] = [];
+      let whole = true;
+      // a single sample (the common case) needs no look at its task
+      const stored = groupSize === 1 ? undefined : await this.store.getTask(result.taskId);
+      const held = this.#openGroups.get(result.taskId);
+      if (stored && stored.rolloutIds.length > 1) {
+        const others = await Promise.all(stored.rolloutIds.filter((id) => id !== result.id).map((id) => held?.get(id) ?? this.store.getResult(id)));
+        whole = others.every((other) => other !== undefined);
+        if (whole) {
+          const group = [...(others as RolloutResult[]), result].sort((a, b) => a.sampleIndex - b.sampleIndex);
+          await assignTaskGroupCredit(group, stored.task);
+          amend = others as RolloutResult[];
+        }
+      }
+      const outcome = await this.store.commit({ rolloutId: result.id, attempt, result, workerId, amend });
+      if (outcome.status === 'committed') {
+        // The results of a group not yet whole stay here until it is: its credit, computed when the
+        // last sample finishes, then reaches the very results their waiters were given.
+        if (whole) this.#openGroups.delete(result.taskId);
+        else this.#openGroups.set(result.taskId, (held ?? new Map()).set(result.id, result));
+        this.#finished(result);
+      }
+      else if (outcome.status === 'stale') this.logger.info({ rollout: result.id, attempt, worker: workerId, current: outcome.currentAttempt }, 'late result of a lost lease ignored');
+      return outcome.status;
     };
-    // Turn credit (rewards/): the sample's own now; shaping and advantages need every sample of
-    // the task, so they are done when the last one finishes.
-    assignTaskSampleCredit(result, job.task);
-    job.completed = result;
-    const group = this.#tasks.get(job.taskId)?.rolloutIds.map((id) => {
-      const other = this.#jobs.get(id);
-      return other?.completed ?? other?.result; // (a result read back from the journal at start)
+    // a single sample has no group to see whole: it joins the next batch of commits
+    if (groupSize === 1) return this.#commitBatched({ rolloutId: result.id, attempt, result, workerId });
+    const run = (this.#taskLocks.get(result.taskId) ?? Promise.resolve()).then(commit);
+    const settled = run.catch(() => undefined);
+    this.#taskLocks.set(result.taskId, settled);
+    void settled.then(() => {
+      if (this.#taskLocks.get(result.taskId) === settled) this.#taskLocks.delete(result.taskId);
     });
-    const records: Array<{ type: 'result'; result: RolloutResult }> = [{ type: 'result', result }];
-    if (group && group.length > 1 && group.every((r) => r !== undefined)) {
-      await assignTaskGroupCredit(group as RolloutResult[], job.task);
-      // the others were journaled before their group was whole: again, with their group's credit
-      // (the journal keeps a rollout's last record)
-      for (const other of group as RolloutResult[]) if (other !== result) records.push({ type: 'result', result: other });
-    }
-    try {
-      await this.#journal?.append(records);
-    } catch (error) {
-      this.logger.error({ err: error, rollout: job.id }, 'journal write failed: the result is kept in memory only');
-    }
-    this.#finish(job, result, true);
+    return run;
   }
 
-  #finish(job: Job, result: RolloutResult, fresh: boolean): void {
-    job.result = result;
-    job.state = result.state;
+  /**
+   * Commits that arrive in the same turn of the event loop go to the store together: with SQLite,
+   * a transaction per result cost more than everything else a rollout does.
+   */
+  #commitBatched(input: CommitInput): Promise<NodeCommitStatus> {
+    return new Promise((resolve, reject) => {
+      this.#commitBatch.push({ input, resolve, reject });
+      if (this.#commitBatch.length === 1) setImmediate(() => void this.#flushCommits());
+    });
+  }
+
+  async #flushCommits(): Promise<void> {
+    const batch = this.#commitBatch;
+    this.#commitBatch = [];
+    try {
+      const outcomes = await this.store.commitMany(batch.map((item) => item.input));
+      batch.forEach(({ input, resolve }, index) => {
+        const outcome = outcomes[index]!;
+        if (outcome.status === 'committed') this.#finished(input.result);
+        else if (outcome.status === 'stale') this.logger.info({ rollout: input.rolloutId, attempt: input.attempt, worker: input.workerId, current: outcome.currentAttempt }, 'late result of a lost lease ignored');
+        resolve(outcome.status);
+      });
+    } catch (error) {
+      for (const { reject } of batch) reject(error);
+    }
+  }
+
+  #finished(result: RolloutResult): void {
     this.#counts[result.state === 'done' ? 'done' : result.state === 'cancelled' ? 'cancelled' : 'failed']++;
-    if (fresh) this.metrics.finished.inc({ state: result.state, critical_error: result.criticalError ?? 'none' });
-    job.resolve(result);
+    this.metrics.finished.inc({ state: result.state, critical_error: result.criticalError ?? 'none' });
+    const remote = this.#remote.get(result.id);
+    if (remote) {
+      this.#remote.delete(result.id);
+      if (remote.caller) this.#options.models.release(result.id);
+      this.#nodes.get(remote.nodeId)?.leases.delete(result.id);
+    }
+    this.#cancelRequests.delete(result.id);
+    const waiters = this.#waiters.get(result.id);
+    if (waiters) {
+      this.#waiters.delete(result.id);
+      for (const waiter of waiters) waiter.resolve(result);
+    }
     this.#events.emit('result', result);
   }
 
-  get(id: string): RolloutView | undefined {
-    const job = this.#jobs.get(id);
-    if (!job) return undefined;
-    return { id: job.id, taskId: job.taskId, sampleIndex: job.sampleIndex, env: job.task.env, state: job.state, active: job.active, result: job.result ?? null };
+  /** Keeps the leases of what the service's own pools run; a lease found lost ends its rollout here. */
+  async #renewLocal(): Promise<void> {
+    if (this.#closed || this.#local.size === 0) return;
+    try {
+      const leases = [...this.#local].map(([rolloutId, attempt]) => ({ rolloutId, attempt }));
+      const { lost } = await this.store.renewLeases(LOCAL, leases, this.#leaseMs);
+      for (const id of lost) {
+        this.#local.delete(id);
+        this.#runner.abort(id, 'lease lost');
+      }
+    } catch (error) {
+      this.logger.warn({ err: error }, 'renewing leases failed');
+    }
+  }
+
+  /** Expired leases and silent nodes: their work goes back to the queue. */
+  async #sweep(): Promise<void> {
+    if (this.#closed) return;
+    try {
+      let released = (await this.store.expireLeases()).length;
+      const now = Date.now();
+      for (const [nodeId, node] of this.#nodes) {
+        if (node.state !== 'up' || now - node.lastSeen <= this.#nodeTimeoutMs) continue;
+        released += await this.#lose(nodeId, node, `no heartbeat for ${now - node.lastSeen} ms`);
+      }
+      if (released > 0) this.#workArrived();
+      else this.#pump();
+    } catch (error) {
+      this.logger.warn({ err: error }, 'lease sweep failed');
+    }
+  }
+
+  /** A node is lost: what it holds goes back to the queue. Returns how many rollouts. */
+  async #lose(nodeId: string, node: NodeState, reason: string): Promise<number> {
+    node.state = 'lost';
+    node.lostReason = reason;
+    const ids = await this.store.releaseWorker(nodeId);
+    this.#dropRemote(nodeId);
+    this.logger.warn({ node: nodeId, released: ids.length, reason }, 'node lost: its work is re-issued');
+    return ids.length;
+  }
+
+  /** Slurm jobs seen gone: a node of one of them is not taken back. */
+  readonly #goneJobs = new Set<string>();
+  #slurmUnavailable = false;
+
+  /** Nodes whose Slurm job is gone are lost now, not at their node timeout. */
+  async #watchSlurm(): Promise<void> {
+    if (this.#closed || this.#slurmUnavailable || this.#options.slurmWatch === false) return;
+    const byJob = new Map<string, string[]>();
+    for (const [nodeId, node] of this.#nodes) {
+      const job = node.state === 'up' ? slurmJobOf(node.registration) : undefined;
+      if (job) byJob.set(job, [...(byJob.get(job) ?? []), nodeId]);
+    }
+    if (byJob.size === 0) return;
+    try {
+      const options = this.#options.slurmWatch || {};
+      const gone = await goneSlurmJobs([...byJob.keys()], { ...(options.squeue ? { squeue: options.squeue } : {}), ...(options.env ? { env: options.env } : {}) });
+      if (gone === undefined) return;
+      let released = 0;
+      for (const job of gone) {
+        this.#goneJobs.add(job);
+        for (const nodeId of byJob.get(job) ?? []) {
+          const node = this.#nodes.get(nodeId);
+          if (node?.state === 'up') released += await this.#lose(nodeId, node, `Slurm job ${job} is gone`);
+        }
+      }
+      if (released > 0) this.#workArrived();
+    } catch (error) {
+      if ((error as { code?: unknown }).code === 'ENOENT') this.#slurmUnavailable = true;
+      else this.logger.warn({ err: error }, 'asking Slurm about node jobs failed');
+    }
+  }
+
+  /** Forgets what a node held (its policy callers freed). */
+  #dropRemote(nodeId: string): void {
+    for (const [id, lease] of this.#remote) {
+      if (lease.nodeId !== nodeId) continue;
+      this.#remote.delete(id);
+      if (lease.caller) this.#options.models.release(id);
+    }
+    this.#nodes.get(nodeId)?.leases.clear();
+  }
+
+  // ----- reading -----------------------------------------------------------------------------
+
+  /** A rollout's state as the API shows it: the stage it is in, or its result. */
+  async get(id: string): Promise<RolloutView | undefined> {
+    const rollout = await this.store.getRollout(id);
+    if (!rollout) return undefined;
+    return this.#view(rollout);
+  }
+
+  async #view(rollout: StoredRollout): Promise<RolloutView> {
+    const env = (await this.#taskEnv(rollout.taskId)) ?? '';
+    const base = { id: rollout.id, taskId: rollout.taskId, sampleIndex: rollout.sampleIndex, env };
+    if (rollout.state === 'done' || rollout.state === 'failed' || rollout.state === 'cancelled') {
+      const result = (await this.store.getResult(rollout.id)) ?? null;
+      return { ...base, env: result?.env ?? env, state: result?.state ?? rollout.state, active: false, result };
+    }
+    const local = this.#runner.running(rollout.id);
+    if (local) return { ...base, state: local.stage, active: local.active, result: null };
+    if (rollout.state === 'leased') {
+      const stage = this.#nodes.get(rollout.workerId ?? '')?.leases.get(rollout.id)?.stage ?? 'queued';
+      return { ...base, state: stage, active: stage !== 'queued', result: null };
+    }
+    return { ...base, state: 'queued', active: false, result: null };
+  }
+
+  /** Task envs, remembered (a task's env never changes). */
+  readonly #envOfTask = new Map<string, string>();
+  async #taskEnv(taskId: string): Promise<string | undefined> {
+    const known = this.#envOfTask.get(taskId);
+    if (known !== undefined) return known;
+    const task = await this.store.getTask(taskId);
+    if (!task) return undefined;
+    if (this.#envOfTask.size > 100_000) this.#envOfTask.clear();
+    this.#envOfTask.set(taskId, task.task.env);
+    return task.task.env;
   }
 
   /** The rollout ids of a task, if it is known. */
-  taskRollouts(taskId: string): string[] | undefined {
-    return this.#tasks.get(taskId)?.rolloutIds;
+  async taskRollouts(taskId: string): Promise<string[] | undefined> {
+    return (await this.store.getTask(taskId))?.rolloutIds;
+  }
+
+  /** A finished rollout's result, if it has one. */
+  result(id: string): Promise<RolloutResult | undefined> {
+    return this.store.getResult(id);
   }
 
   /** Rollouts in submission order, after `cursor` (an opaque position), at most `limit`. */
-  list(options: { cursor?: string; limit?: number; state?: RolloutState; taskId?: string } = {}): { items: RolloutView[]; nextCursor: string | null } {
+  async list(options: { cursor?: string; limit?: number; state?: RolloutState; taskId?: string } = {}): Promise<{ items: RolloutView[]; nextCursor: string | null }> {
     const limit = Math.min(Math.max(options.limit ?? 100, 1), 1_000);
-    let index = options.cursor ? Number.parseInt(Buffer.from(options.cursor, 'base64url').toString(), 10) : 0;
-    if (!Number.isInteger(index) || index < 0) throw new RolloutError({ code: 'BAD_REQUEST', message: 'invalid cursor' });
+    const stage = options.state === 'init' || options.state === 'run' || options.state === 'eval' || options.state === 'queued' ? options.state : undefined;
+    const storeState: StoreRolloutState | readonly StoreRolloutState[] | undefined = stage ? ['queued', 'leased'] : (options.state as 'done' | 'failed' | 'cancelled' | undefined);
     const items: RolloutView[] = [];
-    while (index < this.#order.length && items.length < limit) {
-      const view = this.get(this.#order[index++]!)!;
-      if ((options.state === undefined || view.state === options.state) && (options.taskId === undefined || view.taskId === options.taskId)) items.push(view);
-    }
-    return { items, nextCursor: index < this.#order.length ? Buffer.from(String(index)).toString('base64url') : null };
+    let cursor: string | null = options.cursor ?? null;
+    do {
+      const page = await this.store.listRollouts({ cursor, limit: limit - items.length, ...(storeState ? { state: storeState } : {}), ...(options.taskId !== undefined ? { taskId: options.taskId } : {}) });
+      for (const rollout of page.items) {
+        const view = await this.#view(rollout);
+        if (!stage || view.state === stage) items.push(view);
+      }
+      cursor = page.cursor;
+    } while (cursor && items.length < limit);
+    return { items, nextCursor: cursor };
   }
 
   /** Resolves with the rollout's result once it is finished. */
   async wait(id: string): Promise<RolloutResult> {
-    const job = this.#jobs.get(id);
-    if (!job) throw new RolloutError({ code: 'NOT_FOUND', message: `no rollout "${id}"` });
-    return job.done;
+    // listening before looking, so a result stored in between is not missed
+    let waiter!: { resolve: (result: RolloutResult) => void; reject: (error: unknown) => void };
+    const finished = new Promise<RolloutResult>((resolve, reject) => (waiter = { resolve, reject }));
+    const list = this.#waiters.get(id) ?? [];
+    list.push(waiter);
+    this.#waiters.set(id, list);
+    const forget = () => {
+      const rest = (this.#waiters.get(id) ?? []).filter((w) => w !== waiter);
+      if (rest.length > 0) this.#waiters.set(id, rest);
+      else this.#waiters.delete(id);
+    };
+    try {
+      const [rollout, stored] = await Promise.all([this.store.getRollout(id), this.store.getResult(id)]);
+      if (stored) {
+        forget();
+        return stored;
+      }
+      if (!rollout) {
+        forget();
+        throw new RolloutError({ code: 'NOT_FOUND', message: `no rollout "${id}"` });
+      }
+    } catch (error) {
+      forget();
+      throw error;
+    }
+    return finished;
   }
 
   /** Cancels a rollout: it leaves its queue or stage, its session and sandbox are freed. */
-  cancel(id: string): RolloutView {
-    const job = this.#jobs.get(id);
-    if (!job) throw new RolloutError({ code: 'NOT_FOUND', message: `no rollout "${id}"` });
-    if (!TERMINAL.has(job.state)) job.abort.abort(new RolloutError({ code: 'CANCELLED', message: 'rollout cancelled' }));
-    return this.get(id)!;
+  async cancel(id: string): Promise<RolloutView> {
+    for (let tries = 0; ; tries++) {
+      const rollout = await this.store.getRollout(id);
+      if (!rollout) throw new RolloutError({ code: 'NOT_FOUND', message: `no rollout "${id}"` });
+      if (rollout.state === 'done' || rollout.state === 'failed' || rollout.state === 'cancelled') return this.#view(rollout);
+      if (this.#runner.abort(id)) return this.#view(rollout);
+      if (rollout.state === 'leased') {
+        // on a node: it aborts at its next heartbeat and commits the cancelled result
+        this.#cancelRequests.add(id);
+        return this.#view(rollout);
+      }
+      const result = await this.#endedResult(rollout, { state: 'cancelled', code: 'CANCELLED', message: 'rollout cancelled' });
+      const status = await this.#commit(LOCAL, rollout.attempt, result);
+      if (status === 'committed' || status === 'duplicate' || tries >= 5) return (await this.get(id))!;
+      // claimed in between: look again
+    }
+  }
+
+  /** The result of a rollout that ends without running (cancelled while queued, or out of attempts). */
+  async #endedResult(rollout: { id: string; taskId: string; sampleIndex: number }, how: { state: 'cancelled' | 'failed'; code: RolloutError['code']; message: string }): Promise<RolloutResult> {
+    const task = await this.store.getTask(rollout.taskId);
+    return {
+      id: rollout.id,
+      taskId: rollout.taskId,
+      sampleIndex: rollout.sampleIndex,
+      env: task?.task.env ?? '',
+      state: how.state,
+      reward: 0,
+      rewardComponents: null,
+      verifyExtras: {},
+      criticalError: how.state === 'cancelled' ? 'cancelled' : 'init',
+      error: { code: how.code, message: how.message },
+      response: null,
+      messages: [],
+      turns: [],
+      filter: true,
+      advantage: null,
+      credit: null,
+      timing: { init: { queuedMs: 0, activeMs: 0 }, run: { queuedMs: 0, activeMs: 0 }, eval: { queuedMs: 0, activeMs: 0 }, totalMs: 0 },
+      ...(task?.task.metadata ? { metadata: task.task.metadata } : {}),
+      finishedAt: new Date().toISOString(),
+    };
+  }
+
+  /**
+   * Work handed out again and again (its node died or lost its lease each time: a rollout that
+   * brings its node down, say) ends failed after `maxAttempts` instead of going round for ever.
+   * Returns the claims to run.
+   */
+  async #withinAttempts<T extends { id: string; taskId: string; sampleIndex: number; attempt: number; task: RolloutTask }>(workerId: string, claimed: T[]): Promise<T[]> {
+    const max = this.#options.maxAttempts ?? 5;
+    const runnable: T[] = [];
+    for (const work of claimed) {
+      if (work.attempt <= max) {
+        runnable.push(work);
+        continue;
+      }
+      const result = await this.#endedResult(work, { state: 'failed', code: 'UNAVAILABLE', message: `rollout lost its worker ${work.attempt - 1} times (a node died, or its lease ran out, each time); not tried again after ${max} attempts` });
+      this.logger.warn({ rollout: work.id, attempts: work.attempt - 1 }, 'rollout out of attempts: failed');
+      await this.#commit(workerId, work.attempt, result, work.task.n);
+    }
+    return runnable;
   }
 
   /** Calls `listener` with every result as it completes; returns the unsubscribe function. */
@@ -607,39 +715,163 @@ export class RolloutService {
     rollouts: { total: number; done: number; failed: number; cancelled: number; inFlight: number };
     liveSessions: number;
     liveSandboxes: number;
+    nodes: number;
   } {
-    const stages = Object.fromEntries(
-      STAGES.map((name) => [name, { queued: this.#queues[name].size, active: this.#queues[name].pending, pool: this.#queues[name].concurrency }]),
-    ) as Record<StageName, { queued: number; active: number; pool: number }>;
-    stages.init.queued += this.#backlog.length; // accepted, about to join INIT's queue
-    if (this.#serial) {
-      stages.init.queued += this.#serial.size;
-      for (const stage of STAGES) stages[stage].pool = this.#serial.concurrency;
-    }
+    const local = this.#runner.status();
     const finished = this.#counts.done + this.#counts.failed + this.#counts.cancelled;
-    return { stages, rollouts: { total: this.#jobs.size, ...this.#counts, inFlight: this.#jobs.size - finished }, liveSessions: this.#sessions.size, liveSandboxes: this.#liveSandboxes };
+    const inFlight = Math.max(0, this.#counts.total - finished);
+    // waiting in the store for a slot here or on a node
+    local.stages.init.queued += Math.max(0, inFlight - this.#local.size - this.#remote.size);
+    return { ...local, rollouts: { ...this.#counts, inFlight }, nodes: this.#nodesUp() };
   }
 
-  /** Stops accepting work, cancels what is in flight, frees every session and closes the journal. */
+  // ----- rollout nodes (NodeCoordinator) -----------------------------------------------------
+
+  async registerNode(registration: NodeRegistration): Promise<NodeRegistered> {
+    if (this.#closed) throw unavailable();
+    const missing = this.environments.filter((name) => !registration.environments.includes(name));
+    if (missing.length > 0) {
+      throw new RolloutError({ code: 'UNPROCESSABLE', message: `node "${registration.nodeId}" does not serve environment${missing.length === 1 ? '' : 's'} ${missing.join(', ')} that the service does` });
+    }
+    const job = slurmJobOf(registration);
+    if (job && this.#goneJobs.has(job)) {
+      throw new RolloutError({ code: 'CONFLICT', message: `node "${registration.nodeId}" belongs to Slurm job ${job}, which Slurm reported gone: this process should exit (a requeued job starts a new node)` });
+    }
+    const now = Date.now();
+    const known = this.#nodes.get(registration.nodeId);
+    this.#nodes.set(registration.nodeId, { registration, registeredAt: known?.registeredAt ?? now, lastSeen: now, state: 'up', leases: known?.state === 'up' ? known.leases : new Map(), committed: known?.committed ?? 0 });
+    this.logger.info({ node: registration.nodeId, host: registration.host, capacity: registration.capacity, slurm: registration.slurm }, known ? 'node registered again' : 'node registered');
+    return { nodeId: registration.nodeId, leaseMs: this.#leaseMs, heartbeatMs: this.#heartbeatMs, nodeTimeoutMs: this.#nodeTimeoutMs };
+  }
+
+  #node(nodeId: string): NodeState {
+    const node = this.#nodes.get(nodeId);
+    if (!node || node.state === 'left' || node.registration.maxRollouts === 0) throw notFoundNode(nodeId);
+    return node;
+  }
+
+  async heartbeat(nodeId: string, leases: readonly NodeLease[]): Promise<HeartbeatAnswer> {
+    if (this.#closed) throw unavailable();
+    const node = this.#node(nodeId);
+    if (node.state === 'lost') {
+      // declared lost: its work was re-issued. It hears so, and must register again.
+      return { renewed: [], lost: leases.map((lease) => lease.rolloutId), cancel: [] };
+    }
+    node.lastSeen = Date.now();
+    const { renewed, lost } = await this.store.renewLeases(nodeId, leases.map(({ rolloutId, attempt }) => ({ rolloutId, attempt })), this.#leaseMs);
+    const stages = new Map(leases.map((lease) => [lease.rolloutId, lease]));
+    node.leases = new Map(renewed.map((id) => [id, { attempt: stages.get(id)!.attempt, stage: stages.get(id)!.stage }]));
+    for (const id of lost) {
+      const remote = this.#remote.get(id);
+      if (remote?.nodeId === nodeId) {
+        this.#remote.delete(id);
+        if (remote.caller) this.#options.models.release(id);
+      }
+    }
+    const cancel = renewed.filter((id) => this.#cancelRequests.has(id));
+    return { renewed, lost, cancel };
+  }
+
+  async claimForNode(nodeId: string, limit: number, waitMs: number, signal?: AbortSignal): Promise<NodeClaim[]> {
+    const until = Date.now() + Math.max(0, waitMs);
+    for (;;) {
+      if (this.#closed) throw unavailable();
+      const node = this.#node(nodeId);
+      if (node.state === 'lost') throw notFoundNode(nodeId);
+      node.lastSeen = Date.now();
+      const claimed = limit > 0 ? await this.#withinAttempts(nodeId, await this.store.claim({ workerId: nodeId, limit, leaseMs: this.#leaseMs })) : [];
+      if (claimed.length > 0) {
+        for (const work of claimed) {
+          node.leases.set(work.id, { attempt: work.attempt, stage: 'queued' });
+          this.#remote.set(work.id, { nodeId, attempt: work.attempt, policy: work.task.policy, n: work.task.n });
+        }
+        return claimed.map((work) => ({ rolloutId: work.id, taskId: work.taskId, sampleIndex: work.sampleIndex, attempt: work.attempt, leaseExpiresAt: work.leaseExpiresAt, task: work.task }));
+      }
+      const left = until - Date.now();
+      if (left <= 0 || signal?.aborted) return [];
+      await sleepUntilWoken(Math.min(left, this.#heartbeatMs), this.#claimWakers, signal);
+    }
+  }
+
+  async commitFromNode(nodeId: string, commits: readonly NodeCommit[]): Promise<NodeCommitStatus[]> {
+    const node = this.#nodes.get(nodeId);
+    if (node?.state === 'up') node.lastSeen = Date.now();
+    const outcomes: NodeCommitStatus[] = [];
+    for (const { rolloutId, attempt, result } of commits) {
+      if (result.id !== rolloutId) throw new RolloutError({ code: 'UNPROCESSABLE', message: `result id "${result.id}" is not rollout "${rolloutId}"` });
+      const lease = this.#remote.get(rolloutId);
+      const status = await this.#commit(nodeId, attempt, result, lease?.attempt === attempt ? lease.n : undefined);
+      if (status === 'committed' && node) node.committed++;
+      outcomes.push(status);
+    }
+    return outcomes;
+  }
+
+  async modelTurn(nodeId: string, call: NodeModelRequest, signal: AbortSignal): Promise<ModelTurn> {
+    let lease = this.#remote.get(call.rolloutId);
+    if (!lease && this.#nodes.get(nodeId)?.state === 'up') {
+      // a lease from before a restart of the service: the store knows who holds it
+      const rollout = await this.store.getRollout(call.rolloutId);
+      const task = rollout ? await this.store.getTask(rollout.taskId) : undefined;
+      if (rollout?.state === 'leased' && rollout.workerId === nodeId && rollout.attempt === call.attempt && task) {
+        lease = { nodeId, attempt: call.attempt, policy: task.task.policy, n: task.task.n };
+        this.#remote.set(call.rolloutId, lease);
+      }
+    }
+    if (!lease || lease.nodeId !== nodeId || lease.attempt !== call.attempt) {
+      throw new RolloutError({ code: 'CONFLICT', message: `node "${nodeId}" does not hold rollout "${call.rolloutId}" at attempt ${call.attempt}: its lease was lost` });
+    }
+    lease.caller ??= this.#options.models.forRollout(call.rolloutId, lease.policy);
+    return lease.caller(call.request, signal);
+  }
+
+  async deregisterNode(nodeId: string): Promise<{ released: number }> {
+    const node = this.#node(nodeId);
+    node.state = 'left';
+    const ids = await this.store.releaseWorker(nodeId);
+    this.#dropRemote(nodeId);
+    this.logger.info({ node: nodeId, released: ids.length }, 'node left');
+    if (ids.length > 0 || this.#runsLocally()) this.#workArrived();
+    return { released: ids.length };
+  }
+
+  nodes(): NodeView[] {
+    return [...this.#nodes.values()]
+      .filter((node) => node.registration.maxRollouts > 0)
+      .map((node) => ({
+        ...node.registration,
+        registeredAt: new Date(node.registeredAt).toISOString(),
+        lastSeenAt: new Date(node.lastSeen).toISOString(),
+        leases: node.leases.size,
+        committed: node.committed,
+        state: node.state,
+        ...(node.lostReason ? { lostReason: node.lostReason } : {}),
+      }));
+  }
+
+  /**
+   * Stops accepting work and stops what the service runs itself, without storing results for it:
+   * its leases are released, so the next start runs it again. Closes the store if it opened it.
+   */
   async close(): Promise<void> {
     if (this.#closed) return;
     this.#closed = true;
-    // In-flight rollouts are not journaled as cancelled: after a restart they run again.
-    const pending = [...this.#jobs.values()].filter((job) => !job.result);
-    const journal = this.#journal;
-    this.#journal = undefined;
-    for (const job of pending) job.abort.abort(new RolloutError({ code: 'CANCELLED', message: 'service shutting down' }));
-    await Promise.all(pending.map((job) => job.done));
-    await this.#sessions.close();
-    await journal?.close();
-    await Promise.all(
-      this.options.environments.map(async (env) => {
-        if (!env.setup) return env.close?.(undefined);
-        const started = this.#setups.get(env.name);
-        if (started === undefined) return;
-        const ran = await started.then((value) => ({ value }), () => undefined);
-        if (ran) await env.close?.(ran.value);
-      }),
-    );
+    for (const timer of this.#timers) clearInterval(timer);
+    for (const wake of [...this.#claimWakers]) wake();
+    await this.#submitting;
+    // results that finished before the shutdown are stored; what it stops is not (it runs again)
+    await Promise.allSettled([...this.#committing]);
+    await this.#runner.close('service shutting down');
+    await Promise.all([...this.#taskLocks.values()]);
+    try {
+      await this.store.releaseWorker(LOCAL);
+    } catch (error) {
+      this.logger.warn({ err: error }, 'releasing the service\'s own leases failed: they expire instead');
+    }
+    for (const [id, waiters] of this.#waiters) {
+      this.#waiters.delete(id);
+      for (const waiter of waiters) waiter.reject(unavailable());
+    }
+    if (this.#ownsStore) await this.store.close();
   }
 }

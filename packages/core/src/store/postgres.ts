@@ -308,6 +308,23 @@ export class PostgresStore implements RolloutStore {
     return rows.map((row) => row.id);
   }
 
+  async commitMany(inputs: readonly CommitInput[]): Promise<CommitOutcome[]> {
+    for (const input of inputs) {
+      checkResult(input.result);
+      for (const other of input.amend ?? []) checkResult(other);
+    }
+    // one rollout's commits in order (a repeat sees the first); different rollouts concurrently
+    const outcomes: CommitOutcome[] = new Array(inputs.length);
+    const byRollout = new Map<string, number[]>();
+    inputs.forEach((input, index) => byRollout.set(input.rolloutId, [...(byRollout.get(input.rolloutId) ?? []), index]));
+    await Promise.all(
+      [...byRollout.values()].map(async (indexes) => {
+        for (const index of indexes) outcomes[index] = await this.commit(inputs[index]!);
+      }),
+    );
+    return outcomes;
+  }
+
   async commit({ rolloutId, attempt, result, workerId, amend = [] }: CommitInput): Promise<CommitOutcome> {
     checkResult(result);
     for (const other of amend) checkResult(other);

@@ -278,25 +278,34 @@ export class SqliteStore implements RolloutStore {
     return this.#statements.release.all(workerId).map((row) => row.id);
   }
 
-  async commit({ rolloutId, attempt, result, workerId, amend = [] }: CommitInput): Promise<CommitOutcome> {
-    checkResult(result);
-    for (const other of amend) checkResult(other);
+  async commit(input: CommitInput): Promise<CommitOutcome> {
+    checkResult(input.result);
+    for (const other of input.amend ?? []) checkResult(other);
+    return this.#db.transaction(() => this.#commitOne(input)).immediate();
+  }
+
+  async commitMany(inputs: readonly CommitInput[]): Promise<CommitOutcome[]> {
+    for (const input of inputs) {
+      checkResult(input.result);
+      for (const other of input.amend ?? []) checkResult(other);
+    }
+    return this.#db.transaction(() => inputs.map((input) => this.#commitOne(input))).immediate();
+  }
+
+  /** One commit, inside the caller's transaction. */
+  #commitOne({ rolloutId, attempt, result, workerId, amend = [] }: CommitInput): CommitOutcome {
     const s = this.#statements;
     const now = this.#now();
-    return this.#db
-      .transaction((): CommitOutcome => {
-        const finished = s.finish.get(result.state, workerId ?? null, rolloutId, attempt);
-        if (!finished) {
-          const row = s.rollout.get(rolloutId);
-          if (!row) return { status: 'not_found' };
-          if (row.committed_attempt === attempt) return { status: 'duplicate' };
-          return { status: 'stale', currentAttempt: row.attempt, state: row.state };
-        }
-        s.insertResult.run(rolloutId, finished.task_id, result.state, now, JSON.stringify(result));
-        for (const other of amend) if (other.id !== rolloutId) s.amendResult.run(JSON.stringify(other), other.state, other.id, finished.task_id);
-        return { status: 'committed' };
-      })
-      .immediate();
+    const finished = s.finish.get(result.state, workerId ?? null, rolloutId, attempt);
+    if (!finished) {
+      const row = s.rollout.get(rolloutId);
+      if (!row) return { status: 'not_found' };
+      if (row.committed_attempt === attempt) return { status: 'duplicate' };
+      return { status: 'stale', currentAttempt: row.attempt, state: row.state };
+    }
+    s.insertResult.run(rolloutId, finished.task_id, result.state, now, JSON.stringify(result));
+    for (const other of amend) if (other.id !== rolloutId) s.amendResult.run(JSON.stringify(other), other.state, other.id, finished.task_id);
+    return { status: 'committed' };
   }
 
   async getResult(rolloutId: string): Promise<RolloutResult | undefined> {

@@ -189,6 +189,11 @@ export interface RolloutStore {
 
   /** Stores a result in one transaction if `attempt` is current and the rollout unfinished. */
   commit(input: CommitInput): Promise<CommitOutcome>;
+  /**
+   * Several commits, each with its own outcome, as if made one after the other (SQLite: in one
+   * transaction, which is where its time goes; PostgreSQL: concurrently over the pool).
+   */
+  commitMany(inputs: readonly CommitInput[]): Promise<CommitOutcome[]>;
   getResult(rolloutId: string): Promise<RolloutResult | undefined>;
   getRollout(rolloutId: string): Promise<StoredRollout | undefined>;
   /** Rollouts in the order they were put. */

@@ -11,6 +11,7 @@ import type { ApiContext, RolloutApiOptions } from './context.ts';
 import { docsApi } from './docs.ts';
 import { errorResponses } from './wire.ts';
 import { gymAgentApi } from './gym-agent.ts';
+import { nodesApi } from './nodes.ts';
 import { prorlApi } from './prorl.ts';
 import { BackendWarnings, rolloutsApi } from './rollouts.ts';
 import { statusApi } from './status.ts';
@@ -92,6 +93,7 @@ export function createRolloutApi(service: RolloutService, options: RolloutApiOpt
   app.route('/', docsApi());
   app.route('/', prorlApi(ctx));
   app.route('/', gymAgentApi(ctx));
+  app.route('/', nodesApi(ctx));
 
   // bearerAuth guards every route but the public ones, so each of them answers 401 too.
   const unauthorized = errorResponses(401)[401];

@@ -312,15 +312,15 @@ export function prorlApi({ service, options }: ApiContext): OpenAPIHono {
   app.post('/stop', (c) => {
     requireRunning();
     accepting = false;
-    for (const rolloutId of jobs.values()) service.cancel(rolloutId);
+    for (const rolloutId of jobs.values()) void service.cancel(rolloutId).catch(() => undefined);
     return c.json({ status: 'Server stopped successfully' });
   });
 
-  app.get('/status', (c) => {
+  app.get('/status', async (c) => {
     requireRunning();
     const counts = { init: 0, run: 0, eval: 0 };
     for (const rolloutId of jobs.values()) {
-      const state = service.get(rolloutId)?.state;
+      const state = (await service.get(rolloutId))?.state;
       if (state === 'init' || state === 'run' || state === 'eval') counts[state]++;
     }
     return c.json({ status: 'running', pending_jobs: jobs.size, running: true, jobs: jobs.size, ...counts });
@@ -329,9 +329,9 @@ export function prorlApi({ service, options }: ApiContext): OpenAPIHono {
   app.post('/cancel', async (c) => {
     const { value } = await readFastApiBody(c, CancelRequest);
     requireRunning();
-    const rolloutId = jobs.get(value.job_id) ?? (service.get(value.job_id) ? value.job_id : undefined);
+    const rolloutId = jobs.get(value.job_id) ?? ((await service.get(value.job_id)) ? value.job_id : undefined);
     if (rolloutId === undefined) throw new FastApiReply(404, { detail: `Job ${value.job_id} not found` });
-    service.cancel(rolloutId);
+    await service.cancel(rolloutId);
     return c.json({ status: `Cancel requested for job ${value.job_id}` });
   });
 

@@ -28,7 +28,8 @@ export class BackendWarnings {
   /** Notes a submission; answers the warnings of its 202. */
   submitted(tasks: readonly RolloutTask[], submitted: readonly SubmittedTask[]): string[] {
     if (!this.#none()) return [];
-    const needy = submitted.filter((s, i) => !tasks[i]!.policy.base_url && s.rolloutIds.some((id) => !this.ctx.service.get(id)?.result));
+    // a known task may have finished already: it is checked at the next /v1/status
+    const needy = submitted.filter((_, i) => !tasks[i]!.policy.base_url);
     for (const s of needy) for (const id of s.rolloutIds) this.#waiting.add(id);
     if (needy.length === 0) return [];
     const names = needy.map((s) => s.taskId);
@@ -37,9 +38,9 @@ export class BackendWarnings {
   }
 
   /** The warnings of `/v1/status`. */
-  current(): string[] {
+  async current(): Promise<string[]> {
     for (const id of this.#waiting) {
-      const view = this.ctx.service.get(id);
+      const view = await this.ctx.service.get(id);
       if (!view || view.result) this.#waiting.delete(id);
     }
     if (this.#waiting.size === 0 || !this.#none()) return [];
@@ -193,9 +194,9 @@ export function rolloutsApi({ service }: ApiContext, warnings: BackendWarnings):
     },
   );
 
-  app.openapi(listRoute, (c) => {
+  app.openapi(listRoute, async (c) => {
     const query = c.req.valid('query');
-    const page = service.list({
+    const page = await service.list({
       ...(query.cursor ? { cursor: query.cursor } : {}),
       ...(query.limit ? { limit: query.limit } : {}),
       ...(query.state ? { state: query.state } : {}),
@@ -204,39 +205,32 @@ export function rolloutsApi({ service }: ApiContext, warnings: BackendWarnings):
     return c.json({ items: page.items.map(toWireView), next_cursor: page.nextCursor }, 200);
   });
 
-  app.openapi(getRoute, (c) => {
+  app.openapi(getRoute, async (c) => {
     const { id } = c.req.valid('param');
     const viewName = c.req.valid('query').view;
     if (viewName !== undefined && viewName !== 'training') throw new RolloutError({ code: 'BAD_REQUEST', message: `view is "training" or omitted, not "${viewName}"` });
     const training = viewName === 'training';
-    const view = service.get(id);
+    const view = await service.get(id);
     if (view) {
       if (!training) return c.json(toWireView(view), 200);
       if (!view.result) throw new RolloutError({ code: 'CONFLICT', message: `rollout "${id}" has not finished (state ${view.state})`, retryable: true });
       return c.json(trainingView(view.result), 200);
     }
-    const members = service.taskRollouts(id);
+    const members = await service.taskRollouts(id);
     if (!members) throw new RolloutError({ code: 'NOT_FOUND', message: `no rollout or task "${id}"` });
-    if (!training) return c.json({ task_id: id, rollouts: members.map((m) => toWireView(service.get(m)!)) }, 200);
-    return c.json(
-      {
-        task_id: id,
-        rollouts: members.map((m) => {
-          const result = service.get(m)?.result;
-          return result ? trainingView(result) : null;
-        }),
-      },
-      200,
-    );
+    const views = await Promise.all(members.map(async (m) => (await service.get(m))!));
+    if (!training) return c.json({ task_id: id, rollouts: views.map(toWireView) }, 200);
+    return c.json({ task_id: id, rollouts: views.map((v) => (v.result ? trainingView(v.result) : null)) }, 200);
   });
 
   app.openapi(deleteRoute, async (c) => {
     const { id } = c.req.valid('param');
-    const ids = service.taskRollouts(id) ?? [id];
-    const views = ids.map((m) => service.cancel(m));
+    const ids = (await service.taskRollouts(id)) ?? [id];
+    await Promise.all(ids.map((m) => service.cancel(m)));
     if (c.req.valid('query').wait !== 'false') await Promise.all(ids.map((m) => service.wait(m)));
-    if (ids.length === 1) return c.json(toWireView(service.get(ids[0]!)!), 200);
-    return c.json({ task_id: id, rollouts: views.map((v) => toWireView(service.get(v.id)!)) }, 200);
+    const views = await Promise.all(ids.map(async (m) => toWireView((await service.get(m))!)));
+    if (ids.length === 1) return c.json(views[0]!, 200);
+    return c.json({ task_id: id, rollouts: views }, 200);
   });
 
   return app;

@@ -35,8 +35,8 @@ const healthRoute = createRoute({
 export function statusApi({ service, options }: ApiContext, warnings: BackendWarnings): OpenAPIHono {
   const app = new OpenAPIHono();
   app.openapi(healthRoute, (c) => c.json({ status: 'ok' as const }, 200));
-  app.openapi(statusRoute, (c) =>
-    c.json(toWireStatus(service.status(), { environments: service.environments, backends: options.backends?.list() ?? [], warnings: warnings.current() }), 200),
+  app.openapi(statusRoute, async (c) =>
+    c.json(toWireStatus(service.status(), { environments: service.environments, backends: options.backends?.list() ?? [], warnings: await warnings.current() }), 200),
   );
   app.openapi(metricsRoute, async (c) => c.text(await service.metrics.registry.metrics(), 200, { 'content-type': service.metrics.registry.contentType }));
   return app;

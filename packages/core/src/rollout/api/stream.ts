@@ -116,7 +116,7 @@ async function pumpResults(service: RolloutService, wanted: Set<string>, write: 
   aborted.addEventListener('abort', signal.wake, { once: true });
   try {
     for (const id of wanted) {
-      const done = service.get(id)?.result;
+      const done = await service.result(id);
       if (done) queue.push(done);
     }
     const remaining = new Set(wanted);
@@ -148,17 +148,20 @@ async function pumpGroups(
   for (const [taskId, members] of tasks) for (const member of members) byRollout.set(member, taskId);
   const ready: string[] = [];
   const signal = waiter();
-  const whole = (taskId: string) => tasks.get(taskId)!.every((id) => service.get(id)?.result);
-  const unsubscribe = service.onResult((result) => {
-    const taskId = byRollout.get(result.id);
-    if (taskId !== undefined && tasks.has(taskId) && whole(taskId)) {
-      ready.push(taskId);
-      signal.wake();
-    }
-  });
+  // the members of each task still unfinished
+  const open = new Map<string, Set<string>>([...tasks].map(([taskId, members]) => [taskId, new Set(members)]));
+  const finished = (id: string) => {
+    const taskId = byRollout.get(id);
+    const members = taskId === undefined ? undefined : open.get(taskId);
+    if (!members || !members.delete(id) || members.size > 0) return;
+    open.delete(taskId!);
+    ready.push(taskId!);
+    signal.wake();
+  };
+  const unsubscribe = service.onResult((result) => finished(result.id));
   aborted.addEventListener('abort', signal.wake, { once: true });
   try {
-    for (const taskId of tasks.keys()) if (whole(taskId)) ready.push(taskId);
+    for (const id of byRollout.keys()) if (await service.result(id)) finished(id);
     while (!aborted.aborted && tasks.size > 0) {
       const taskId = ready.shift();
       if (taskId === undefined) {
@@ -168,7 +171,9 @@ async function pumpGroups(
       const members = tasks.get(taskId);
       if (members === undefined) continue; // sent already
       tasks.delete(taskId);
-      await write({ taskId, results: members.map((id) => service.get(id)!.result!) }, tasks.size === 0);
+      // read back from the store: the group's credit was added when its last sample was stored
+      const results = await Promise.all(members.map(async (id) => (await service.result(id))!));
+      await write({ taskId, results }, tasks.size === 0);
     }
   } finally {
     aborted.removeEventListener('abort', signal.wake);
@@ -210,12 +215,12 @@ export function streamApi({ service }: ApiContext): OpenAPIHono {
 
   // `ids` (rollout or task ids) narrows the stream and ends it once all of them are finished,
   // results already finished included.
-  app.openapi(streamRoute, (c) => {
+  app.openapi(streamRoute, async (c) => {
     const query = c.req.valid('query');
     const format = formatOf(c, query.format);
     const wanted = new Set<string>();
     for (const id of (query.ids ?? '').split(',').filter(Boolean)) {
-      const members = service.taskRollouts(id) ?? (service.get(id) ? [id] : undefined);
+      const members = (await service.taskRollouts(id)) ?? ((await service.get(id)) ? [id] : undefined);
       if (!members) throw new RolloutError({ code: 'NOT_FOUND', message: `no rollout or task "${id}"` });
       members.forEach((m) => wanted.add(m));
     }
@@ -224,12 +229,12 @@ export function streamApi({ service }: ApiContext): OpenAPIHono {
   });
 
   // Whole groups, with the group's advantages and credit filled in (what a GRPO/GTPO trainer consumes).
-  app.openapi(groupsRoute, (c) => {
+  app.openapi(groupsRoute, async (c) => {
     const query = c.req.valid('query');
     const format = formatOf(c, query.format);
     const tasks = new Map<string, string[]>();
     for (const id of query.ids.split(',').filter(Boolean)) {
-      const members = service.taskRollouts(id);
+      const members = await service.taskRollouts(id);
       if (!members) throw new RolloutError({ code: 'NOT_FOUND', message: `no task "${id}"` });
       tasks.set(id, members);
     }

@@ -261,6 +261,8 @@ export const WireStatus = z
     rollouts: z.strictObject({ total: z.number().int(), done: z.number().int(), failed: z.number().int(), cancelled: z.number().int(), in_flight: z.number().int() }),
     live_sessions: z.number().int(),
     live_sandboxes: z.number().int(),
+    /** Rollout nodes up (GET /v1/nodes); 0: the service runs rollouts itself. Stages and sessions are the service's own. */
+    nodes: z.number().int(),
     environments: z.array(z.string()),
     llm_backends: z.array(WireBackend),
     /** What stops work from going on now, e.g. rollouts waiting for a policy backend when there is none. */
@@ -277,6 +279,7 @@ export function toWireStatus(status: ReturnType<RolloutService['status']>, extra
     rollouts: { ...rollouts, in_flight: inFlight },
     live_sessions: status.liveSessions,
     live_sandboxes: status.liveSandboxes,
+    nodes: status.nodes,
     environments: extra.environments,
     llm_backends: extra.backends.map(toWireBackend),
     warnings: extra.warnings,

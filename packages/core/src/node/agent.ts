@@ -1,0 +1,444 @@
+import { randomBytes } from 'node:crypto';
+import { hostname } from 'node:os';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { pino, type Logger } from 'pino';
+import { RolloutError } from '../errors.ts';
+import type { NodeClaim, NodeCommit, NodeCommitStatus, NodeLease, NodeRegistered, NodeRegistration } from '../rollout/nodes.ts';
+import { RolloutRunner, type StageName } from '../rollout/runner.ts';
+import type { RolloutResult } from '../rollout/types.ts';
+import type { SandboxProvider } from '../sandbox/types.ts';
+import type { Environment } from '../spec/environment.ts';
+import { isRetryable, NodeClient, withRetry } from './client.ts';
+import { RemoteModelProvider } from './remote-models.ts';
+
+export interface RolloutNodeOptions {
+  /** The central service, `http://host:8100`. */
+  serviceUrl: string;
+  /** Its bearer token. */
+  token?: string;
+  /** @default `${host}-${SLURM_JOB_ID or pid}-${random}` */
+  nodeId?: string;
+  /** The environments this node runs (the service refuses a node that lacks one of its own). */
+  environments: ReadonlyArray<Environment<any, any, any>>;
+  environmentConfigs?: Record<string, Record<string, unknown>>;
+  /** Worker slots per stage. @default the runner's: { init: 64, run: 512, eval: 32 } */
+  pools?: Partial<Record<StageName, number>>;
+  /** Rollouts held at most at once (claimed, running or waiting to be committed). @default pools.init + pools.run */
+  maxRollouts?: number;
+  /** The host name the node registers with. @default os.hostname() */
+  host?: string;
+  /** @default slurmFromEnv(process.env) */
+  slurm?: NodeRegistration['slurm'];
+  version?: string;
+  /** How long a claim waits for work (the service's long poll). @default 5_000 */
+  claimWaitMs?: number;
+  sandboxProvider?: SandboxProvider;
+  logger?: Logger;
+  /** What the node does, as it happens (the CLI's line on registration, tests). */
+  onEvent?: (event: NodeEvent) => void;
+}
+
+export type NodeEvent =
+  | { type: 'registered'; nodeId: string; timings: NodeRegistered; again: boolean }
+  | { type: 'claimed'; rolloutId: string; attempt: number }
+  | { type: 'committed'; rolloutId: string; attempt: number; status: NodeCommitStatus; state: RolloutResult['state'] }
+  /** A lease the node stopped: the service said so, or the node could not reach it for longer than the node timeout. */
+  | { type: 'lost'; rolloutId: string; attempt: number; reason: 'service' | 'timeout' }
+  /** The run of a lost lease has ended here (its sandbox is gone); nothing of it is committed. */
+  | { type: 'dropped'; rolloutId: string; attempt: number }
+  | { type: 'cancel'; rolloutId: string }
+  | { type: 'left'; released: number };
+
+/** Slurm's ids of the task the node runs as (`registration.slurm`); undefined outside Slurm. */
+export function slurmFromEnv(env: NodeJS.ProcessEnv = process.env): NodeRegistration['slurm'] {
+  const names = {
+    jobId: 'SLURM_JOB_ID',
+    arrayJobId: 'SLURM_ARRAY_JOB_ID',
+    arrayTaskId: 'SLURM_ARRAY_TASK_ID',
+    stepId: 'SLURM_STEP_ID',
+    nodeName: 'SLURMD_NODENAME',
+    procId: 'SLURM_PROCID',
+  } as const;
+  const slurm: NonNullable<NodeRegistration['slurm']> = {};
+  for (const [key, name] of Object.entries(names) as Array<[keyof typeof names, string]>) if (env[name]) slurm[key] = env[name];
+  return Object.keys(slurm).length > 0 ? slurm : undefined;
+}
+
+/** `${host}-${SLURM_JOB_ID or pid}-${random}`, in the characters a node id allows. */
+export function defaultNodeId(host = hostname(), env: NodeJS.ProcessEnv = process.env): string {
+  const id = `${host}-${env.SLURM_JOB_ID ?? process.pid}-${randomBytes(3).toString('hex')}`.replace(/[^A-Za-z0-9._:-]/g, '-').replace(/^[^A-Za-z0-9]+/, '');
+  return id.slice(-128);
+}
+
+/** A lease the node holds, from its claim until its commit is answered (or it is lost). */
+interface Held {
+  claim: NodeClaim;
+  lost: boolean;
+  /** Set when the rollout has finished: waiting to be committed. */
+  result?: RolloutResult;
+  /** Its run here, until the runner lets go of it. */
+  done?: Promise<unknown>;
+}
+
+const DEFAULT_TIMINGS = { leaseMs: 30_000, heartbeatMs: 2_000, nodeTimeoutMs: 10_000 };
+
+/**
+ * A rollout node (`rollserve node`): runs the INIT/RUN/EVAL pools and sandboxes of this machine
+ * for a central service. It registers, pulls work while it has free slots (each rollout under a
+ * lease), heartbeats the leases it holds, runs each rollout's whole session here, and commits the
+ * results. A lease it loses (the service says so, or it could not reach the service for longer
+ * than the node timeout, after which the service has given the work to another node) is aborted
+ * here, sandbox and all, and never committed.
+ */
+export class RolloutNode {
+  readonly nodeId: string;
+  readonly runner: RolloutRunner;
+  readonly logger: Logger;
+  readonly #client: NodeClient;
+  readonly #options: RolloutNodeOptions;
+  readonly #registration: NodeRegistration;
+  readonly #held = new Map<string, Held>();
+  /** Rollouts aborted here whose runner has not let go yet (a re-issued claim of one waits for it). */
+  readonly #draining = new Map<string, Promise<unknown>>();
+  /** Finished rollouts waiting for a commit. */
+  #pending: Held[] = [];
+  #committing: Promise<void> | undefined;
+  #timings: NodeRegistered;
+  #registering: Promise<void> | undefined;
+  #registeredOnce = false;
+  /** When the service last answered a heartbeat or a registration (performance.now()). */
+  #lastContact = performance.now();
+  readonly #stop = new AbortController();
+  #slotFreed: (() => void) | undefined;
+  #loops: Promise<unknown>[] = [];
+  #closing: Promise<void> | undefined;
+
+  private constructor(options: RolloutNodeOptions) {
+    this.#options = options;
+    this.logger = options.logger ?? pino({ name: 'rollserve-node', level: process.env.ROLLSERVE_LOG_LEVEL ?? 'info' });
+    this.nodeId = options.nodeId ?? defaultNodeId(options.host);
+    this.#client = new NodeClient({ serviceUrl: options.serviceUrl, ...(options.token ? { token: options.token } : {}) });
+    const models = new RemoteModelProvider({
+      client: this.#client,
+      nodeId: this.nodeId,
+      attemptOf: (id) => {
+        const held = this.#held.get(id);
+        return held && !held.lost ? held.claim.attempt : undefined;
+      },
+      reregister: () => this.#reregister(),
+      leaseLost: (id) => {
+        const held = this.#held.get(id);
+        if (held) this.#lose(held, 'service');
+      },
+    });
+    this.runner = new RolloutRunner({
+      environments: options.environments,
+      models,
+      logger: this.logger,
+      ...(options.environmentConfigs ? { environmentConfigs: options.environmentConfigs } : {}),
+      ...(options.pools ? { pools: options.pools } : {}),
+      ...(options.sandboxProvider ? { sandboxProvider: options.sandboxProvider } : {}),
+    });
+    const capacity = this.runner.capacity;
+    const slurm = options.slurm ?? slurmFromEnv();
+    this.#registration = {
+      nodeId: this.nodeId,
+      host: options.host ?? hostname(),
+      pid: process.pid,
+      capacity,
+      maxRollouts: options.maxRollouts ?? capacity.init + capacity.run,
+      environments: this.runner.environments,
+      ...(slurm ? { slurm } : {}),
+      ...(options.version ? { version: options.version } : {}),
+    };
+    this.#timings = { nodeId: this.nodeId, ...DEFAULT_TIMINGS };
+  }
+
+  /**
+   * Starts a node: resolves once it is registered (retrying while the service cannot be reached);
+   * a refusal (a missing environment, a wrong token) rejects.
+   */
+  static async start(options: RolloutNodeOptions): Promise<RolloutNode> {
+    const node = new RolloutNode(options);
+    try {
+      await node.#reregister();
+    } catch (error) {
+      await node.runner.close();
+      await node.#client.close();
+      throw error;
+    }
+    node.#loops = [node.#claimLoop(), node.#heartbeatLoop()].map((loop) =>
+      loop.catch((error: unknown) => node.logger.error({ err: error }, 'node loop failed')),
+    );
+    return node;
+  }
+
+  get registration(): NodeRegistration {
+    return this.#registration;
+  }
+
+  get timings(): NodeRegistered {
+    return this.#timings;
+  }
+
+  /** Leases held now (running or waiting to be committed). */
+  get held(): number {
+    return this.#held.size;
+  }
+
+  #emit(event: NodeEvent): void {
+    try {
+      this.#options.onEvent?.(event);
+    } catch (error) {
+      this.logger.error({ err: error }, 'node event listener failed');
+    }
+  }
+
+  /**
+   * Registers (again, under the same id); one registration at a time. `leaveFirst`: deregister
+   * before (the service then releases at once whatever it still counts as this node's).
+   */
+  #reregister(leaveFirst = false): Promise<void> {
+    this.#registering ??= (async () => {
+      try {
+        if (leaveFirst) await this.#client.deregister(this.nodeId).catch(() => undefined);
+        let tries = 0;
+        const register = () =>
+          this.#client.register(this.#registration, this.#stop.signal).catch((error: unknown) => {
+            if (tries++ === 0 && isRetryable(error)) this.logger.warn({ err: error, service: this.#client.serviceUrl }, 'cannot register with the service yet; trying again');
+            throw error;
+          });
+        const timings = await withRetry(register, { signal: this.#stop.signal, maxMs: 5_000 });
+        this.#timings = timings;
+        this.#lastContact = performance.now();
+        this.#emit({ type: 'registered', nodeId: this.nodeId, timings, again: this.#registeredOnce });
+        this.#registeredOnce = true;
+      } finally {
+        this.#registering = undefined;
+      }
+    })();
+    return this.#registering;
+  }
+
+  #freeSlot(): void {
+    const wake = this.#slotFreed;
+    this.#slotFreed = undefined;
+    wake?.();
+  }
+
+  #leases(): NodeLease[] {
+    return [...this.#held.values()].map(({ claim, result }) => ({
+      rolloutId: claim.rolloutId,
+      attempt: claim.attempt,
+      stage: result ? 'eval' : (this.runner.running(claim.rolloutId)?.stage ?? 'queued'),
+    }));
+  }
+
+  async #claimLoop(): Promise<void> {
+    const signal = this.#stop.signal;
+    let failures = 0;
+    while (!signal.aborted) {
+      const free = this.#registration.maxRollouts - this.#held.size;
+      if (free <= 0) {
+        await new Promise<void>((resolve) => {
+          this.#slotFreed = resolve;
+          signal.addEventListener('abort', () => resolve(), { once: true });
+        });
+        continue;
+      }
+      try {
+        if (this.#registering) await this.#registering;
+        const claims = await this.#client.claim(this.nodeId, free, this.#options.claimWaitMs ?? 5_000, signal);
+        failures = 0;
+        for (const claim of claims) this.#start(claim);
+      } catch (error) {
+        if (signal.aborted) break;
+        if (RolloutError.isInstance(error) && error.code === 'NOT_FOUND') {
+          await this.#reregister().catch(() => undefined);
+          continue;
+        }
+        if (!isRetryable(error)) this.logger.error({ err: error }, 'claim refused');
+        else this.logger.debug({ err: error }, 'claim failed');
+        const wait = Math.min(5_000, 100 * 2 ** Math.min(failures++, 10));
+        await sleep(wait, undefined, { signal }).catch(() => undefined);
+      }
+    }
+  }
+
+  #start(claim: NodeClaim): void {
+    const id = claim.rolloutId;
+    const previous = this.#held.get(id);
+    if (previous) this.#lose(previous, 'service'); // re-issued to this node: the old attempt is over
+    const held: Held = { claim, lost: false };
+    this.#held.set(id, held);
+    this.#emit({ type: 'claimed', rolloutId: id, attempt: claim.attempt });
+    const draining = this.#draining.get(id);
+    const run = async () => {
+      await draining;
+      if (held.lost) return;
+      const result = await this.runner.run({ id, taskId: claim.taskId, sampleIndex: claim.sampleIndex, attempt: claim.attempt, task: claim.task });
+      if (held.lost || this.#held.get(id) !== held) {
+        this.#emit({ type: 'dropped', rolloutId: id, attempt: claim.attempt });
+        return;
+      }
+      held.result = result;
+      this.#pending.push(held);
+      this.#flush();
+    };
+    held.done = run().catch((error: unknown) => {
+      // the runner refused the job (it is closing): the lease is left for the service to re-issue
+      this.logger.warn({ err: error, rollout: id }, 'rollout not run');
+      if (this.#held.get(id) === held) this.#held.delete(id);
+      this.#freeSlot();
+    });
+  }
+
+  /** Stops a lease: its rollout is aborted (sandbox killed), and its result never committed. */
+  #lose(held: Held, reason: 'service' | 'timeout'): void {
+    if (held.lost) return;
+    held.lost = true;
+    const id = held.claim.rolloutId;
+    if (this.#held.get(id) === held) this.#held.delete(id);
+    this.#pending = this.#pending.filter((p) => p !== held);
+    if (!held.result && held.done) {
+      const done = held.done;
+      this.#draining.set(id, done);
+      void done.then(() => {
+        if (this.#draining.get(id) === done) this.#draining.delete(id);
+      });
+      if (this.runner.running(id)?.attempt === held.claim.attempt) {
+        this.runner.abort(id, reason === 'timeout' ? 'the node lost contact with the service: its lease was given to another node' : 'the lease was lost');
+      }
+    }
+    this.#emit({ type: 'lost', rolloutId: id, attempt: held.claim.attempt, reason });
+    this.#freeSlot();
+  }
+
+  /** Commits what has finished, in batches, until each is answered or its lease is lost. */
+  #flush(): void {
+    if (this.#committing) return;
+    this.#committing = (async () => {
+      let failures = 0;
+      await new Promise((resolve) => setImmediate(resolve)); // what finished together goes together
+      while (this.#pending.length > 0 && !this.#stop.signal.aborted) {
+        const batch = this.#pending.slice(0, 256);
+        const commits: NodeCommit[] = batch.map((held) => ({ rolloutId: held.claim.rolloutId, attempt: held.claim.attempt, result: held.result! }));
+        try {
+          const statuses = await this.#client.commit(this.nodeId, commits);
+          failures = 0;
+          batch.forEach((held, i) => this.#committed(held, statuses[i] ?? 'not_found'));
+        } catch (error) {
+          if (RolloutError.isInstance(error) && error.code === 'NOT_FOUND') {
+            await this.#reregister().catch(() => undefined);
+            continue;
+          }
+          if (!isRetryable(error)) {
+            // a commit the service refuses as malformed will not get better: drop it (its lease expires)
+            this.logger.error({ err: error, rollouts: commits.map((c) => c.rolloutId) }, 'commit refused');
+            for (const held of batch) this.#committed(held, 'not_found');
+            continue;
+          }
+          this.logger.debug({ err: error }, 'commit failed; retrying');
+          const wait = Math.min(5_000, 100 * 2 ** Math.min(failures++, 10));
+          await sleep(wait, undefined, { signal: this.#stop.signal }).catch(() => undefined);
+        }
+      }
+    })().finally(() => {
+      this.#committing = undefined;
+      if (this.#pending.length > 0 && !this.#stop.signal.aborted) this.#flush();
+    });
+  }
+
+  #committed(held: Held, status: NodeCommitStatus): void {
+    this.#pending = this.#pending.filter((p) => p !== held);
+    const id = held.claim.rolloutId;
+    if (this.#held.get(id) === held) this.#held.delete(id);
+    if (!held.lost) this.#emit({ type: 'committed', rolloutId: id, attempt: held.claim.attempt, status, state: held.result!.state });
+    held.lost = true; // done with
+    this.#freeSlot();
+  }
+
+  /**
+   * Past the node timeout without an answer, the service has declared this node lost and given its
+   * work to others: everything held is aborted, and the node leaves and registers again (so that
+   * whatever the service still counts as this node's is released at once).
+   */
+  #checkContact(): void {
+    if (performance.now() - this.#lastContact <= this.#timings.nodeTimeoutMs) return;
+    const held = [...this.#held.values()];
+    if (held.length > 0) this.logger.warn({ held: held.length }, 'no answer from the service for longer than the node timeout: aborting every lease');
+    for (const lease of held) this.#lose(lease, 'timeout');
+    this.#lastContact = performance.now(); // (not again until another timeout has passed)
+    void this.#reregister(held.length > 0).catch(() => undefined);
+  }
+
+  async #heartbeatLoop(): Promise<void> {
+    const signal = this.#stop.signal;
+    const watchdog = setInterval(() => this.#checkContact(), 250);
+    try {
+      while (!signal.aborted) {
+        await sleep(this.#timings.heartbeatMs, undefined, { signal }).catch(() => undefined);
+        if (signal.aborted) break;
+        this.#checkContact();
+        if (this.#registering) continue;
+        const leases = this.#leases();
+        const sent = performance.now();
+        try {
+          const answer = await this.#client.heartbeat(this.nodeId, leases, AbortSignal.any([signal, AbortSignal.timeout(this.#timings.nodeTimeoutMs)]));
+          this.#lastContact = Math.max(this.#lastContact, sent);
+          for (const id of answer.lost) {
+            const held = this.#held.get(id);
+            if (held) this.#lose(held, 'service');
+          }
+          for (const id of answer.cancel) {
+            if (this.runner.abort(id, 'cancelled by a client')) this.#emit({ type: 'cancel', rolloutId: id });
+          }
+        } catch (error) {
+          if (signal.aborted) break;
+          if (RolloutError.isInstance(error) && error.code === 'NOT_FOUND') await this.#reregister().catch(() => undefined);
+          else this.logger.debug({ err: error }, 'heartbeat failed');
+        }
+      }
+    } finally {
+      clearInterval(watchdog);
+    }
+  }
+
+  /**
+   * Leaves: stops claiming, aborts what runs here (sandboxes killed, nothing of it committed),
+   * commits what had already finished (one try), and deregisters, so the service re-queues the
+   * rest at once.
+   */
+  close(): Promise<void> {
+    this.#closing ??= (async () => {
+      for (const held of this.#held.values()) if (!held.result) held.lost = true;
+      this.#stop.abort();
+      this.#freeSlot();
+      await Promise.all(this.#loops);
+      await this.runner.close('the node is leaving');
+      await this.#committing;
+      const finished = this.#pending.filter((held) => !held.lost);
+      if (finished.length > 0) {
+        const commits = finished.map((held) => ({ rolloutId: held.claim.rolloutId, attempt: held.claim.attempt, result: held.result! }));
+        await this.#client.commit(this.nodeId, commits).then(
+          (statuses) => finished.forEach((held, i) => this.#committed(held, statuses[i] ?? 'not_found')),
+          (error: unknown) => this.logger.warn({ err: error }, 'finished results not committed on leaving'),
+        );
+      }
+      this.#held.clear();
+      try {
+        const { released } = await this.#client.deregister(this.nodeId);
+        this.#emit({ type: 'left', released });
+      } catch (error) {
+        this.logger.warn({ err: error }, 'could not deregister (the service re-issues the work after the node timeout)');
+      }
+      await this.#client.close();
+    })();
+    return this.#closing;
+  }
+}
+
+/** Starts a rollout node (see RolloutNode). */
+export function startRolloutNode(options: RolloutNodeOptions): Promise<RolloutNode> {
+  return RolloutNode.start(options);
+}

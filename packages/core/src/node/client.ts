@@ -1,0 +1,173 @@
+import { setTimeout as sleep } from 'node:timers/promises';
+import { Agent, request, type Dispatcher } from 'undici';
+import { ERROR_CODES, RolloutError, type RolloutErrorCode } from '../errors.ts';
+import type { ModelTurn } from '../rollout/agent-loop.ts';
+import {
+  fromWireClaim,
+  fromWireModelTurn,
+  fromWireRegistered,
+  toWireCommit,
+  toWireLease,
+  toWireModelRequest,
+  toWireRegistration,
+  WireClaims,
+  WireCommitAnswer,
+  WireHeartbeatAnswer,
+  WireModelTurn,
+  WireNodeRegistered,
+  WireNodeView,
+} from '../rollout/api/nodes.ts';
+import type { HeartbeatAnswer, NodeClaim, NodeCommit, NodeCommitStatus, NodeLease, NodeModelRequest, NodeRegistered, NodeRegistration } from '../rollout/nodes.ts';
+import { z } from 'zod';
+
+export interface NodeClientOptions {
+  /** The central service, `http://host:8100`. */
+  serviceUrl: string;
+  /** Its bearer token. */
+  token?: string;
+  /** A call's limit (the long poll and model turns add their own wait). @default 30_000 */
+  timeoutMs?: number;
+}
+
+/** Whether a failed call may succeed if made again: the service unreachable, restarting or busy. */
+export function isRetryable(error: unknown): boolean {
+  if (!RolloutError.isInstance(error)) return false;
+  if (error.code === 'CANCELLED') return false;
+  return error.retryable || error.status >= 500;
+}
+
+/**
+ * Calls `attempt` until it succeeds, waiting between tries (exponential, with jitter) while the
+ * error is retryable and `signal` is not aborted; other errors are thrown at once.
+ */
+export async function withRetry<T>(
+  attempt: () => Promise<T>,
+  { signal, minMs = 100, maxMs = 2_000, retryable = isRetryable }: { signal?: AbortSignal; minMs?: number; maxMs?: number; retryable?: (error: unknown) => boolean } = {},
+): Promise<T> {
+  for (let tries = 0; ; tries++) {
+    try {
+      return await attempt();
+    } catch (error) {
+      if (signal?.aborted || !retryable(error)) throw error;
+      const wait = Math.min(maxMs, minMs * 2 ** Math.min(tries, 10));
+      await sleep(wait / 2 + Math.random() * (wait / 2), undefined, signal ? { signal } : undefined).catch(() => undefined);
+      if (signal?.aborted) throw error;
+    }
+  }
+}
+
+const Released = z.object({ released: z.number().int() });
+const NodeList = z.object({ nodes: z.array(WireNodeView) });
+
+const isCode = (code: unknown): code is RolloutErrorCode => typeof code === 'string' && code in ERROR_CODES;
+
+/**
+ * The node's side of /v1/nodes over HTTP: one keep-alive connection pool to the service, the
+ * bearer token, a time limit per call, and every failure a RolloutError (the service's own error,
+ * or a retryable UNAVAILABLE when it cannot be reached).
+ */
+export class NodeClient {
+  readonly #base: string;
+  readonly #headers: Record<string, string>;
+  readonly #timeoutMs: number;
+  readonly #agent: Agent;
+
+  constructor(options: NodeClientOptions) {
+    this.#base = options.serviceUrl.replace(/\/+$/, '');
+    this.#headers = { 'content-type': 'application/json', ...(options.token ? { authorization: `Bearer ${options.token}` } : {}) };
+    this.#timeoutMs = options.timeoutMs ?? 30_000;
+    this.#agent = new Agent({ keepAliveTimeout: 30_000, keepAliveMaxTimeout: 300_000, connect: { timeout: 10_000 } });
+  }
+
+  get serviceUrl(): string {
+    return this.#base;
+  }
+
+  async #call<T extends z.ZodType>(method: Dispatcher.HttpMethod, path: string, schema: T, body?: unknown, { signal, extraMs = 0 }: { signal?: AbortSignal; extraMs?: number } = {}): Promise<z.output<T>> {
+    const timeout = this.#timeoutMs + extraMs;
+    let response: Dispatcher.ResponseData;
+    try {
+      response = await request(`${this.#base}${path}`, {
+        method,
+        dispatcher: this.#agent,
+        headers: this.#headers,
+        headersTimeout: timeout,
+        bodyTimeout: timeout,
+        ...(body === undefined ? {} : { body: JSON.stringify(body) }),
+        ...(signal ? { signal } : {}),
+      });
+    } catch (error) {
+      if (signal?.aborted) throw new RolloutError({ code: 'CANCELLED', message: `${method} ${path} aborted`, cause: error });
+      throw new RolloutError({ code: 'UNAVAILABLE', message: `the service at ${this.#base} is unreachable: ${(error as Error).message}`, retryable: true, cause: error });
+    }
+    let text: string;
+    try {
+      text = await response.body.text();
+    } catch (error) {
+      if (signal?.aborted) throw new RolloutError({ code: 'CANCELLED', message: `${method} ${path} aborted`, cause: error });
+      throw new RolloutError({ code: 'UNAVAILABLE', message: `the service's answer to ${method} ${path} broke off: ${(error as Error).message}`, retryable: true, cause: error });
+    }
+    let value: unknown;
+    try {
+      value = JSON.parse(text);
+    } catch {
+      value = undefined;
+    }
+    if (response.statusCode >= 400) {
+      const error = (value as { error?: { code?: unknown; message?: unknown; retryable?: unknown; details?: unknown } } | undefined)?.error;
+      const code = isCode(error?.code) ? error.code : response.statusCode >= 500 ? 'UNAVAILABLE' : 'BAD_REQUEST';
+      throw new RolloutError({
+        code,
+        message: typeof error?.message === 'string' ? error.message : `${method} ${path} answered ${response.statusCode}: ${text.slice(0, 200)}`,
+        retryable: error?.retryable === true || response.statusCode >= 500,
+        details: error?.details,
+      });
+    }
+    const parsed = schema.safeParse(value);
+    if (!parsed.success) {
+      throw new RolloutError({ code: 'INTERNAL', message: `the service's answer to ${method} ${path} is not what this node expects (version skew?): ${text.slice(0, 200)}` });
+    }
+    return parsed.data;
+  }
+
+  #node(nodeId: string): string {
+    return `/v1/nodes/${encodeURIComponent(nodeId)}`;
+  }
+
+  async register(registration: NodeRegistration, signal?: AbortSignal): Promise<NodeRegistered> {
+    return fromWireRegistered(await this.#call('POST', '/v1/nodes', WireNodeRegistered, toWireRegistration(registration), signal ? { signal } : {}));
+  }
+
+  heartbeat(nodeId: string, leases: readonly NodeLease[], signal?: AbortSignal): Promise<HeartbeatAnswer> {
+    return this.#call('POST', `${this.#node(nodeId)}/heartbeat`, WireHeartbeatAnswer, { leases: leases.map(toWireLease) }, signal ? { signal } : {});
+  }
+
+  /** A long poll: answers within `waitMs` (plus the call's limit). */
+  async claim(nodeId: string, limit: number, waitMs: number, signal?: AbortSignal): Promise<NodeClaim[]> {
+    const answer = await this.#call('POST', `${this.#node(nodeId)}/claim`, WireClaims, { limit, wait_ms: waitMs }, { extraMs: waitMs, ...(signal ? { signal } : {}) });
+    return answer.claims.map(fromWireClaim);
+  }
+
+  async commit(nodeId: string, commits: readonly NodeCommit[], signal?: AbortSignal): Promise<NodeCommitStatus[]> {
+    const answer = await this.#call('POST', `${this.#node(nodeId)}/results`, WireCommitAnswer, { results: commits.map(toWireCommit) }, signal ? { signal } : {});
+    return answer.results.map((r) => r.status);
+  }
+
+  /** One policy turn; no time limit of its own (generation takes what it takes): aborting `signal` ends it. */
+  async modelTurn(nodeId: string, call: NodeModelRequest, signal: AbortSignal): Promise<ModelTurn> {
+    const turn: z.infer<typeof WireModelTurn> = await this.#call('POST', `${this.#node(nodeId)}/model`, WireModelTurn, toWireModelRequest(call), { signal, extraMs: 24 * 3_600_000 });
+    return fromWireModelTurn(turn);
+  }
+
+  deregister(nodeId: string): Promise<{ released: number }> {
+    return this.#call('DELETE', this.#node(nodeId), Released);
+  }
+
+  async nodes(): Promise<Array<z.infer<typeof WireNodeView>>> {
+    return (await this.#call('GET', '/v1/nodes', NodeList)).nodes;
+  }
+
+  async close(): Promise<void> {
+    await this.#agent.close();
+  }
+}

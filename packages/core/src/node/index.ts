@@ -1,0 +1,3 @@
+export * from './agent.ts';
+export * from './client.ts';
+export * from './remote-models.ts';

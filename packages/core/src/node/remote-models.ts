@@ -1,0 +1,58 @@
+import { RolloutError } from '../errors.ts';
+import type { CallModel } from '../rollout/agent-loop.ts';
+import type { ModelProvider } from '../rollout/runner.ts';
+import type { RolloutTask } from '../rollout/types.ts';
+import { isRetryable, withRetry, type NodeClient } from './client.ts';
+
+export interface RemoteModelsOptions {
+  client: NodeClient;
+  /** The node's id (fixed for its life). */
+  nodeId: string;
+  /** The attempt of the lease under which the node runs a rollout (undefined: not held). */
+  attemptOf(rolloutId: string): number | undefined;
+  /** Called when the service does not know the node (it restarted): resolves once registered again. */
+  reregister(): Promise<void>;
+  /** Called when the service says the node does not hold the rollout (409): its lease is lost. */
+  leaseLost(rolloutId: string): void;
+}
+
+/**
+ * The policy of a rollout node: each turn goes to the central service (POST /v1/nodes/{id}/model),
+ * which routes it through its LLM backends, least in flight and sticky per rollout. A turn the
+ * service could not be reached for is sent again until the rollout is aborted (lease loss aborts
+ * it); aborting the rollout aborts the request, and with it the service's call to the backend.
+ */
+export class RemoteModelProvider implements ModelProvider {
+  constructor(private readonly options: RemoteModelsOptions) {}
+
+  forRollout(rolloutId: string, _policy: RolloutTask['policy']): CallModel {
+    const { client, nodeId } = this.options;
+    return (request, signal) => {
+      let registeredAgain = false;
+      return withRetry(
+        async () => {
+          const attempt = this.options.attemptOf(rolloutId);
+          if (attempt === undefined) throw new RolloutError({ code: 'CANCELLED', message: `rollout "${rolloutId}" is no longer held by this node` });
+          try {
+            return await client.modelTurn(nodeId, { rolloutId, attempt, request }, signal);
+          } catch (error) {
+            // an unknown node (the service restarted): register again, then try once more
+            if (RolloutError.isInstance(error) && error.code === 'NOT_FOUND' && !registeredAgain) {
+              registeredAgain = true;
+              await this.options.reregister();
+              throw new RolloutError({ code: 'UNAVAILABLE', message: 'registered again', retryable: true });
+            }
+            if (RolloutError.isInstance(error) && error.code === 'CONFLICT') this.options.leaseLost(rolloutId);
+            throw error;
+          }
+        },
+        // a backend's own failure (502/504) is the service's answer after its retries: the turn's error
+        { signal, retryable: (error) => isRetryable(error) && RolloutError.isInstance(error) && error.code === 'UNAVAILABLE' },
+      );
+    };
+  }
+
+  release(_rolloutId: string): void {
+    // The service forgets a rollout's backend when its lease ends.
+  }
+}

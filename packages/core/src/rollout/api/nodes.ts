@@ -1,0 +1,384 @@
+import { createRoute, OpenAPIHono, z } from '@hono/zod-openapi';
+import type { ModelTurn } from '../agent-loop.ts';
+import type { ChatMessage, ChatTool } from '../messages.ts';
+import type { HeartbeatAnswer, NodeClaim, NodeCommit, NodeCommitStatus, NodeCoordinator, NodeLease, NodeModelRequest, NodeRegistered, NodeRegistration, NodeView } from '../nodes.ts';
+import { RolloutResult, RolloutTask } from '../types.ts';
+import type { ApiContext } from './context.ts';
+import { errorResponses } from './wire.ts';
+
+// The rollout-node protocol on HTTP (see ../nodes.ts). Wire names are snake_case like the rest of
+// the API, except the results a node commits: those are RolloutResult as the runner made it
+// (camelCase, the journal's form), passed through whole. `rollserve node` (src/node/client.ts)
+// speaks this with the same mappers.
+
+const NodeId = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$/, 'node ids are 1-128 of [A-Za-z0-9._:-], starting alphanumeric');
+const Slots = z.number().int().positive().max(100_000);
+const Stage = z.enum(['queued', 'init', 'run', 'eval']);
+
+const WireSlurm = z.strictObject({
+  job_id: z.string().optional(),
+  array_job_id: z.string().optional(),
+  array_task_id: z.string().optional(),
+  step_id: z.string().optional(),
+  node_name: z.string().optional(),
+  proc_id: z.string().optional(),
+});
+
+export const WireNodeRegistration = z
+  .strictObject({
+    /** Chosen by the node and kept across re-registrations. */
+    node_id: NodeId,
+    host: z.string().min(1),
+    pid: z.number().int().nonnegative(),
+    /** Worker slots per stage. */
+    capacity: z.strictObject({ init: Slots, run: Slots, eval: Slots }),
+    /** Rollouts the node holds at most at once. */
+    max_rollouts: Slots,
+    /** The environments it runs; one the service has and the node lacks is a 422 that names it. */
+    environments: z.array(z.string().min(1)),
+    /** From the Slurm job environment (SLURM_JOB_ID, SLURM_ARRAY_JOB_ID, …). */
+    slurm: WireSlurm.optional(),
+    version: z.string().optional(),
+  })
+  .openapi('NodeRegistration');
+export type WireNodeRegistration = z.infer<typeof WireNodeRegistration>;
+
+export const WireNodeRegistered = z
+  .strictObject({ node_id: z.string(), lease_ms: z.number(), heartbeat_ms: z.number(), node_timeout_ms: z.number() })
+  .openapi('NodeRegistered');
+export type WireNodeRegistered = z.infer<typeof WireNodeRegistered>;
+
+export const WireNodeView = WireNodeRegistration.extend({
+  node_id: z.string(),
+  registered_at: z.string(),
+  last_seen_at: z.string(),
+  /** Leases held now. */
+  leases: z.number().int(),
+  /** Results it committed since the service started. */
+  committed: z.number().int(),
+  state: z.enum(['up', 'lost', 'left']),
+  /** Why a lost node was lost: no heartbeat for its timeout, or its Slurm job gone. */
+  lost_reason: z.string().optional(),
+}).openapi('NodeView');
+export type WireNodeView = z.infer<typeof WireNodeView>;
+
+const WireLease = z.strictObject({ rollout_id: z.string().min(1), attempt: z.number().int().nonnegative(), stage: Stage });
+
+export const WireHeartbeat = z.strictObject({ leases: z.array(WireLease).max(100_000) }).openapi('NodeHeartbeat');
+export const WireHeartbeatAnswer = z
+  .strictObject({
+    /** Leases extended. */
+    renewed: z.array(z.string()),
+    /** Leases no longer held: stop their work, kill their sandboxes, do not commit them. */
+    lost: z.array(z.string()),
+    /** Rollouts a client cancelled: abort them and commit their cancelled results. */
+    cancel: z.array(z.string()),
+  })
+  .openapi('NodeHeartbeatAnswer');
+
+export const WireClaimRequest = z
+  .strictObject({
+    /** Free slots: rollouts the node takes at most. */
+    limit: z.number().int().positive().max(10_000),
+    /** With no work ready, wait this long for some before answering an empty list (a long poll). */
+    wait_ms: z.number().int().nonnegative().max(60_000).default(5_000),
+  })
+  .openapi('NodeClaimRequest');
+
+const WireClaim = z.strictObject({
+  rollout_id: z.string(),
+  task_id: z.string(),
+  sample_index: z.number().int(),
+  /** The lease's fencing number: quoted back in heartbeats, model turns and the commit. */
+  attempt: z.number().int(),
+  /** Epoch milliseconds. */
+  lease_expires_at: z.number(),
+  /** The task as submitted (a RolloutTask, its defaults filled in). */
+  task: z.record(z.string(), z.unknown()),
+});
+export const WireClaims = z.strictObject({ claims: z.array(WireClaim) }).openapi('NodeClaims');
+
+export const WireCommits = z
+  .strictObject({
+    results: z
+      .array(
+        z.strictObject({
+          rollout_id: z.string().min(1),
+          attempt: z.number().int().nonnegative(),
+          /** RolloutResult as the node's runner made it: camelCase (internal form), not the API's snake_case results. */
+          result: RolloutResult.meta({ id: 'NodeRolloutResult' }),
+        }),
+      )
+      .min(1)
+      .max(10_000),
+  })
+  .openapi('NodeCommits');
+
+const CommitStatus = z.enum(['committed', 'duplicate', 'stale', 'not_found']);
+export const WireCommitAnswer = z
+  .strictObject({ results: z.array(z.strictObject({ rollout_id: z.string(), status: CommitStatus })) })
+  .openapi('NodeCommitAnswer');
+
+export const WireModelRequest = z
+  .strictObject({
+    rollout_id: z.string().min(1),
+    attempt: z.number().int().nonnegative(),
+    /** OpenAI chat messages, as the agent loop built them. */
+    messages: z.array(z.looseObject({ role: z.string() })),
+    /** OpenAI chat tools. */
+    tools: z.array(z.looseObject({ type: z.string() })),
+  })
+  .openapi('NodeModelRequest');
+
+export const WireModelTurn = z
+  .strictObject({
+    content: z.string().nullable(),
+    reasoning: z.string().nullable(),
+    tool_calls: z.array(z.strictObject({ id: z.string(), name: z.string(), arguments: z.string() })),
+    finish_reason: z.string().nullable(),
+    prompt_token_ids: z.array(z.number().int()).nullable(),
+    generation_token_ids: z.array(z.number().int()).nullable(),
+    generation_logprobs: z.array(z.number()).nullable(),
+    usage: z.strictObject({ prompt_tokens: z.number(), completion_tokens: z.number() }),
+    backend: z.string().nullable(),
+    latency_ms: z.number(),
+  })
+  .openapi('NodeModelTurn');
+export type WireModelTurn = z.infer<typeof WireModelTurn>;
+
+// The mappers both sides use (the routes here, the node's client in src/node/client.ts).
+
+const SLURM_KEYS = [
+  ['jobId', 'job_id'],
+  ['arrayJobId', 'array_job_id'],
+  ['arrayTaskId', 'array_task_id'],
+  ['stepId', 'step_id'],
+  ['nodeName', 'node_name'],
+  ['procId', 'proc_id'],
+] as const;
+
+type Slurm = NonNullable<NodeRegistration['slurm']>;
+type WireSlurm = z.infer<typeof WireSlurm>;
+
+function renamed<From extends object, To extends object>(value: From, pairs: ReadonlyArray<readonly [string, string]>): To {
+  const out: Record<string, string> = {};
+  for (const [from, to] of pairs) {
+    const v = (value as Record<string, string | undefined>)[from];
+    if (v !== undefined) out[to] = v;
+  }
+  return out as To;
+}
+
+export function toWireRegistration(r: NodeRegistration): WireNodeRegistration {
+  return {
+    node_id: r.nodeId,
+    host: r.host,
+    pid: r.pid,
+    capacity: { ...r.capacity },
+    max_rollouts: r.maxRollouts,
+    environments: r.environments,
+    ...(r.slurm ? { slurm: renamed<Slurm, WireSlurm>(r.slurm, SLURM_KEYS) } : {}),
+    ...(r.version !== undefined ? { version: r.version } : {}),
+  };
+}
+
+export function fromWireRegistration(w: WireNodeRegistration): NodeRegistration {
+  return {
+    nodeId: w.node_id,
+    host: w.host,
+    pid: w.pid,
+    capacity: { ...w.capacity },
+    maxRollouts: w.max_rollouts,
+    environments: w.environments,
+    ...(w.slurm ? { slurm: renamed<WireSlurm, Slurm>(w.slurm, SLURM_KEYS.map(([a, b]) => [b, a] as const)) } : {}),
+    ...(w.version !== undefined ? { version: w.version } : {}),
+  };
+}
+
+export const toWireRegistered = (r: NodeRegistered): WireNodeRegistered => ({ node_id: r.nodeId, lease_ms: r.leaseMs, heartbeat_ms: r.heartbeatMs, node_timeout_ms: r.nodeTimeoutMs });
+export const fromWireRegistered = (w: WireNodeRegistered): NodeRegistered => ({ nodeId: w.node_id, leaseMs: w.lease_ms, heartbeatMs: w.heartbeat_ms, nodeTimeoutMs: w.node_timeout_ms });
+
+export const toWireNodeView = (v: NodeView): WireNodeView => ({
+  ...toWireRegistration(v),
+  registered_at: v.registeredAt,
+  last_seen_at: v.lastSeenAt,
+  leases: v.leases,
+  committed: v.committed,
+  state: v.state,
+  ...(v.lostReason !== undefined ? { lost_reason: v.lostReason } : {}),
+});
+
+export const toWireLease = (l: NodeLease) => ({ rollout_id: l.rolloutId, attempt: l.attempt, stage: l.stage });
+
+export const toWireClaim = (c: NodeClaim): z.infer<typeof WireClaim> => ({
+  rollout_id: c.rolloutId,
+  task_id: c.taskId,
+  sample_index: c.sampleIndex,
+  attempt: c.attempt,
+  lease_expires_at: c.leaseExpiresAt,
+  task: c.task as unknown as Record<string, unknown>,
+});
+
+/** A claim as the node reads it; the task is checked against RolloutTask (a version skew shows here, not mid-rollout). */
+export const fromWireClaim = (w: z.infer<typeof WireClaim>): NodeClaim => ({
+  rolloutId: w.rollout_id,
+  taskId: w.task_id,
+  sampleIndex: w.sample_index,
+  attempt: w.attempt,
+  leaseExpiresAt: w.lease_expires_at,
+  task: RolloutTask.parse(w.task),
+});
+
+export const toWireCommit = (c: NodeCommit) => ({ rollout_id: c.rolloutId, attempt: c.attempt, result: c.result });
+
+export const toWireModelRequest = (r: NodeModelRequest) => ({ rollout_id: r.rolloutId, attempt: r.attempt, messages: r.request.messages, tools: r.request.tools });
+
+export const toWireModelTurn = (t: ModelTurn): WireModelTurn => ({
+  content: t.content,
+  reasoning: t.reasoning,
+  tool_calls: t.toolCalls,
+  finish_reason: t.finishReason,
+  prompt_token_ids: t.promptTokenIds,
+  generation_token_ids: t.generationTokenIds,
+  generation_logprobs: t.generationLogprobs,
+  usage: { prompt_tokens: t.usage.promptTokens, completion_tokens: t.usage.completionTokens },
+  backend: t.backend,
+  latency_ms: t.latencyMs,
+});
+
+export const fromWireModelTurn = (w: WireModelTurn): ModelTurn => ({
+  content: w.content,
+  reasoning: w.reasoning,
+  toolCalls: w.tool_calls,
+  finishReason: w.finish_reason,
+  promptTokenIds: w.prompt_token_ids,
+  generationTokenIds: w.generation_token_ids,
+  generationLogprobs: w.generation_logprobs,
+  usage: { promptTokens: w.usage.prompt_tokens, completionTokens: w.usage.completion_tokens },
+  backend: w.backend,
+  latencyMs: w.latency_ms,
+});
+
+const NodeParam = z.object({ node_id: NodeId.openapi({ param: { name: 'node_id', in: 'path' } }) });
+const json = <T extends z.ZodType>(schema: T) => ({ 'application/json': { schema } });
+
+const registerRoute = createRoute({
+  method: 'post',
+  path: '/v1/nodes',
+  summary: 'Register a rollout node (`rollserve node`), or register it again under the same id; answers the timings it must keep',
+  request: { body: { required: true, content: json(WireNodeRegistration) } },
+  responses: {
+    201: { description: 'Registered', content: json(WireNodeRegistered) },
+    ...errorResponses(400, 401, 422, 503),
+  },
+});
+
+const listRoute = createRoute({
+  method: 'get',
+  path: '/v1/nodes',
+  summary: 'The rollout nodes: registration, last heartbeat, leases held, state (up, lost, left)',
+  responses: {
+    200: { description: 'Nodes', content: json(z.strictObject({ nodes: z.array(WireNodeView) }).openapi('NodeList')) },
+    ...errorResponses(401),
+  },
+});
+
+const heartbeatRoute = createRoute({
+  method: 'post',
+  path: '/v1/nodes/{node_id}/heartbeat',
+  summary: "A node's heartbeat with every lease it holds: renews them, names those it lost and those to cancel. 404: unknown node (register again)",
+  request: { params: NodeParam, body: { required: true, content: json(WireHeartbeat) } },
+  responses: {
+    200: { description: 'What the node keeps, loses and cancels', content: json(WireHeartbeatAnswer) },
+    ...errorResponses(400, 401, 404, 422, 503),
+  },
+});
+
+const claimRoute = createRoute({
+  method: 'post',
+  path: '/v1/nodes/{node_id}/claim',
+  summary: "Lease up to `limit` queued rollouts of the node's environments; with none, a long poll of up to `wait_ms`",
+  request: { params: NodeParam, body: { required: true, content: json(WireClaimRequest) } },
+  responses: {
+    200: { description: 'Leased rollouts (maybe none)', content: json(WireClaims) },
+    ...errorResponses(400, 401, 404, 422, 503),
+  },
+});
+
+const resultsRoute = createRoute({
+  method: 'post',
+  path: '/v1/nodes/{node_id}/results',
+  summary:
+    "Commit finished rollouts, each with its lease's attempt; each answers committed, duplicate, stale (the lease was re-issued: nothing changed) or not_found. The results are RolloutResult in the runner's internal camelCase form (NodeRolloutResult), not the API's snake_case",
+  request: { params: NodeParam, body: { required: true, content: json(WireCommits) } },
+  responses: {
+    200: { description: 'One status per result, in order', content: json(WireCommitAnswer) },
+    ...errorResponses(400, 401, 404, 422, 503),
+  },
+});
+
+const modelRoute = createRoute({
+  method: 'post',
+  path: '/v1/nodes/{node_id}/model',
+  summary: "One policy turn of a rollout the node holds, through the service's LLM backends (least in flight, sticky per rollout); closing the request aborts it",
+  request: { params: NodeParam, body: { required: true, content: json(WireModelRequest) } },
+  responses: {
+    200: { description: 'The turn', content: json(WireModelTurn) },
+    ...errorResponses(400, 401, 404, 409, 422, 503),
+    502: { description: 'Every LLM backend failed the turn', content: errorResponses(400)[400].content },
+    504: { description: 'The turn timed out', content: errorResponses(400)[400].content },
+  },
+});
+
+const deregisterRoute = createRoute({
+  method: 'delete',
+  path: '/v1/nodes/{node_id}',
+  summary: 'A node leaving: what it still holds is re-queued at once',
+  request: { params: NodeParam },
+  responses: {
+    200: { description: 'Left', content: json(z.strictObject({ released: z.number().int() }).openapi('NodeLeft')) },
+    ...errorResponses(401, 404, 422),
+  },
+});
+
+/** /v1/nodes: the rollout-node protocol (register, heartbeat, claim, commit, model turns, leave). */
+export function nodesApi({ service }: ApiContext): OpenAPIHono {
+  const nodes: NodeCoordinator = service;
+  const app = new OpenAPIHono();
+
+  app.openapi(registerRoute, async (c) => c.json(toWireRegistered(await nodes.registerNode(fromWireRegistration(c.req.valid('json')))), 201));
+
+  app.openapi(listRoute, (c) => c.json({ nodes: nodes.nodes().map(toWireNodeView) }, 200));
+
+  app.openapi(heartbeatRoute, async (c) => {
+    const leases = c.req.valid('json').leases.map((l) => ({ rolloutId: l.rollout_id, attempt: l.attempt, stage: l.stage }));
+    const answer: HeartbeatAnswer = await nodes.heartbeat(c.req.valid('param').node_id, leases);
+    return c.json({ renewed: answer.renewed, lost: answer.lost, cancel: answer.cancel }, 200);
+  });
+
+  app.openapi(claimRoute, async (c) => {
+    const { limit, wait_ms } = c.req.valid('json');
+    const claims = await nodes.claimForNode(c.req.valid('param').node_id, limit, wait_ms, c.req.raw.signal);
+    return c.json({ claims: claims.map(toWireClaim) }, 200);
+  });
+
+  app.openapi(resultsRoute, async (c) => {
+    const commits = c.req.valid('json').results.map((r) => ({ rolloutId: r.rollout_id, attempt: r.attempt, result: r.result }));
+    const statuses: NodeCommitStatus[] = await nodes.commitFromNode(c.req.valid('param').node_id, commits);
+    return c.json({ results: commits.map((commit, i) => ({ rollout_id: commit.rolloutId, status: statuses[i]! })) }, 200);
+  });
+
+  app.openapi(modelRoute, async (c) => {
+    const body = c.req.valid('json');
+    const call: NodeModelRequest = {
+      rolloutId: body.rollout_id,
+      attempt: body.attempt,
+      request: { messages: body.messages as unknown as ChatMessage[], tools: body.tools as unknown as ChatTool[] },
+    };
+    return c.json(toWireModelTurn(await nodes.modelTurn(c.req.valid('param').node_id, call, c.req.raw.signal)), 200);
+  });
+
+  app.openapi(deregisterRoute, async (c) => c.json(await nodes.deregisterNode(c.req.valid('param').node_id), 200));
+
+  return app;
+}

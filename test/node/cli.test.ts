@@ -1,0 +1,101 @@
+import { spawn } from 'node:child_process';
+import { join } from 'node:path';
+import { createRolloutApi, LlmBackendPool, PoolModelProvider, RolloutService, serveFetch, type Environment } from '@rollserve/core';
+import math from '@rollserve/env-math';
+import { startFakePolicy, workspaceRoot } from '@rollserve/testing';
+import { afterEach, describe, expect, it } from 'vitest';
+import { shellEnvironment } from './fixtures/shell-environment.ts';
+import { getJson, Resources, sandboxDir, until } from './helpers.ts';
+
+// `rollserve node` as users and the Slurm templates run it (the built CLI: `npx tsc -b` first).
+
+const resources = new Resources();
+afterEach(() => resources.cleanup());
+const TOKEN = 'cli-node-token';
+
+async function startService(environments: Array<Environment<any, any, any>>): Promise<string> {
+  const fake = await startFakePolicy({ script: () => 'The sum is \\boxed{8}.' });
+  resources.add(() => fake.close());
+  const backends = new LlmBackendPool();
+  backends.add({ baseUrl: fake.url });
+  const models = new PoolModelProvider(backends);
+  const service = await RolloutService.create({ environments, models, runLocally: 'never', heartbeatMs: 250, nodeTimeoutMs: 3_000 });
+  const running = await serveFetch(createRolloutApi(service, { backends, token: TOKEN }));
+  resources.add(async () => {
+    await running.close();
+    await service.close();
+    await models.close();
+  });
+  return running.url;
+}
+
+function startCli(args: string[], env: Record<string, string>) {
+  const child = spawn(process.execPath, [join(workspaceRoot(), 'packages', 'core', 'bin', 'rollserve.js'), 'node', ...args], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+    env: { ...process.env, ROLLSERVE_LOG_LEVEL: 'silent', ...env },
+  });
+  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => child.once('exit', (code, signal) => resolve({ code, signal })));
+  resources.add(async () => {
+    if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+    await exited;
+  });
+  const out = { stdout: '', stderr: '' };
+  child.stdout!.on('data', (chunk: Buffer) => (out.stdout += chunk));
+  child.stderr!.on('data', (chunk: Buffer) => (out.stderr += chunk));
+  return { child, exited, out };
+}
+
+describe('rollserve node', () => {
+  it('registers with its Slurm ids, runs the rollouts it claims, and leaves on SIGTERM with exit 0', async () => {
+    const url = await startService([math]);
+    const sandboxes = await sandboxDir(resources);
+    const slurm = { SLURM_JOB_ID: '42', SLURM_ARRAY_JOB_ID: '40', SLURM_ARRAY_TASK_ID: '2', SLURM_STEP_ID: '0', SLURMD_NODENAME: 'n3', SLURM_PROCID: '0' };
+    const cli = startCli(['--id', 'cli-node', '--init', '1', '--run', '2', '--eval', '1', '--max-rollouts', '2', '--host-label', 'n3.cluster'], {
+      ROLLSERVE_SERVICE: url,
+      ROLLSERVE_TOKEN: TOKEN,
+      TMPDIR: sandboxes,
+      ...slurm,
+    });
+    await until(() => cli.out.stdout.includes('\n') || cli.child.exitCode !== null);
+    expect(cli.out.stdout).toMatch(new RegExp(`^node cli-node registered with ${url} \\(init 1, run 2, eval 1; up to 2 rollouts; .*math.*\\)\\n$`));
+
+    const auth = { authorization: `Bearer ${TOKEN}` };
+    const { json } = await getJson(url, '/v1/nodes', { headers: auth });
+    expect(json.nodes).toMatchObject([
+      {
+        node_id: 'cli-node',
+        host: 'n3.cluster',
+        pid: cli.child.pid,
+        capacity: { init: 1, run: 2, eval: 1 },
+        max_rollouts: 2,
+        slurm: { job_id: '42', array_job_id: '40', array_task_id: '2', step_id: '0', node_name: 'n3', proc_id: '0' },
+        state: 'up',
+      },
+    ]);
+    expect(json.nodes[0].environments).toContain('math');
+
+    const task = { id: 'via-node', env: 'math', row: { responses_create_params: { input: 'What is 3+5?' }, question: 'What is 3+5?', expected_answer: '8' }, policy: { model: 'fake-policy' } };
+    expect((await getJson(url, '/v1/rollouts', { body: task, headers: auth })).status).toBe(202);
+    const stream = await getJson(url, '/v1/rollouts/stream?ids=via-node', { headers: auth });
+    expect(stream.json).toMatchObject({ id: 'via-node', state: 'done', reward: 1 });
+
+    cli.child.kill('SIGTERM');
+    expect(await cli.exited).toEqual({ code: 0, signal: null });
+    const after = await getJson(url, '/v1/nodes', { headers: auth });
+    expect(after.json.nodes).toMatchObject([{ node_id: 'cli-node', state: 'left' }]);
+  }, 120_000);
+
+  it('is refused by a service with an environment it lacks: one line naming it, exit 1', async () => {
+    const url = await startService([math, shellEnvironment]);
+    const cli = startCli(['--service', url, '--token', TOKEN, '--run', '1'], {});
+    expect(await cli.exited).toEqual({ code: 1, signal: null });
+    expect(cli.out.stderr).toMatch(/^rollserve node: .*shell/m);
+    expect(cli.out.stdout).toBe('');
+  }, 120_000);
+
+  it('without --service or ROLLSERVE_SERVICE: one line that says so, exit 1', async () => {
+    const cli = startCli([], { ROLLSERVE_SERVICE: '' });
+    expect(await cli.exited).toEqual({ code: 1, signal: null });
+    expect(cli.out.stderr).toMatch(/--service is required/);
+  });
+});

@@ -1,0 +1,67 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { getJson, Resources, startService, startShellPolicy } from './helpers.ts';
+
+// The node routes refuse what is wrong with a 4xx in the API's one error shape, never a 500.
+
+const resources = new Resources();
+let url: string;
+const TOKEN = 'node-routes-token';
+const auth = { authorization: `Bearer ${TOKEN}` };
+const registration = { node_id: 'n1', host: 'h1', pid: 1, capacity: { init: 1, run: 1, eval: 1 }, max_rollouts: 1, environments: ['shell'] };
+
+beforeAll(async () => {
+  const fake = await startShellPolicy(resources);
+  url = (await startService(resources, fake.url, { token: TOKEN })).url;
+}, 60_000);
+afterAll(() => resources.cleanup());
+
+const call = (path: string, init: { method?: string; body?: unknown; raw?: string; token?: boolean } = {}) =>
+  getJson(url, path, { ...init, headers: init.token === false ? {} : auth });
+
+function expectError(answer: { status: number; json: any }, status: number, code: string, says?: RegExp): void {
+  expect(answer.status, JSON.stringify(answer.json)).toBe(status);
+  expect(answer.json).toMatchObject({ error: { code, retryable: false } });
+  expect(typeof answer.json.error.message).toBe('string');
+  if (says) expect(answer.json.error.message).toMatch(says);
+}
+
+describe('node routes: bad requests', () => {
+  it('registration: the token, the schema, and every environment of the service', async () => {
+    expectError(await call('/v1/nodes', { body: registration, token: false }), 401, 'UNAUTHORIZED');
+    expectError(await call('/v1/nodes', { raw: '{nope' }), 400, 'BAD_REQUEST');
+    expectError(await call('/v1/nodes', { body: {} }), 422, 'UNPROCESSABLE', /node_id/);
+    expectError(await call('/v1/nodes', { body: { ...registration, capacity: { init: 0, run: 1, eval: 1 } } }), 422, 'UNPROCESSABLE', /capacity/);
+    expectError(await call('/v1/nodes', { body: { ...registration, node_id: 'a b/c' } }), 422, 'UNPROCESSABLE', /node_id/);
+    expectError(await call('/v1/nodes', { body: { ...registration, environments: ['math'] } }), 422, 'UNPROCESSABLE', /shell/);
+    const ok = await call('/v1/nodes', { body: { ...registration, slurm: { job_id: '7', node_name: 'n1' } } });
+    expect(ok.status).toBe(201);
+    expect(ok.json).toMatchObject({ node_id: 'n1' });
+    const listed = await call('/v1/nodes');
+    expect(listed.json.nodes).toMatchObject([{ node_id: 'n1', slurm: { job_id: '7', node_name: 'n1' }, state: 'up', leases: 0 }]);
+  });
+
+  it('unknown nodes are a 404 (register again); bad bodies a 422 or 400', async () => {
+    expectError(await call('/v1/nodes/ghost/heartbeat', { body: { leases: [] } }), 404, 'NOT_FOUND', /ghost/);
+    expectError(await call('/v1/nodes/ghost/claim', { body: { limit: 1, wait_ms: 0 } }), 404, 'NOT_FOUND');
+    expectError(await call('/v1/nodes/ghost', { method: 'DELETE' }), 404, 'NOT_FOUND');
+    expectError(await call('/v1/nodes/n1/heartbeat', { body: { leases: [{ rollout_id: 'x', attempt: -1, stage: 'run' }] } }), 422, 'UNPROCESSABLE', /attempt/);
+    expectError(await call('/v1/nodes/n1/heartbeat', { body: { leases: [{ rollout_id: 'x', attempt: 1, stage: 'flying' }] } }), 422, 'UNPROCESSABLE', /stage/);
+    expectError(await call('/v1/nodes/n1/claim', { body: { limit: 0 } }), 422, 'UNPROCESSABLE', /limit/);
+    expectError(await call('/v1/nodes/n1/claim', { raw: 'limit=1' }), 400, 'BAD_REQUEST');
+    expectError(await call('/v1/nodes/n1/results', { body: { results: [] } }), 422, 'UNPROCESSABLE', /results/);
+    expectError(await call('/v1/nodes/n1/results', { body: { results: [{ rollout_id: 'x', attempt: 1, result: { id: 'x' } }] } }), 422, 'UNPROCESSABLE', /taskId/);
+    expectError(await call('/v1/nodes/n1/model', { body: { rollout_id: 'x', attempt: 1, messages: 'hi', tools: [] } }), 422, 'UNPROCESSABLE', /messages/);
+    // a turn for a rollout the node does not hold
+    expectError(await call('/v1/nodes/n1/model', { body: { rollout_id: 'x', attempt: 1, messages: [{ role: 'user', content: 'hi' }], tools: [] } }), 409, 'CONFLICT', /x/);
+  });
+
+  it('a node that leaves is answered 404 until it registers again', async () => {
+    expect(await call('/v1/nodes', { body: { ...registration, node_id: 'n2' } })).toMatchObject({ status: 201 });
+    expect(await call('/v1/nodes/n2/heartbeat', { body: { leases: [] } })).toEqual({ status: 200, json: { renewed: [], lost: [], cancel: [] } });
+    expect(await call('/v1/nodes/n2/claim', { body: { limit: 1, wait_ms: 0 } })).toEqual({ status: 200, json: { claims: [] } });
+    expect(await call('/v1/nodes/n2', { method: 'DELETE' })).toEqual({ status: 200, json: { released: 0 } });
+    expectError(await call('/v1/nodes/n2/heartbeat', { body: { leases: [] } }), 404, 'NOT_FOUND');
+    expect(await call('/v1/nodes', { body: { ...registration, node_id: 'n2' } })).toMatchObject({ status: 201 });
+    expect((await call('/v1/nodes/n2/heartbeat', { body: { leases: [] } })).status).toBe(200);
+  });
+});
