@@ -12,6 +12,9 @@ const BENCHES: Record<string, () => Promise<{ default: () => Promise<void> }>> =
   start: () => import('./start.ts'),
   images: () => import('./images.ts'),
   store: () => import('./store.ts'),
+  'service-memory': () => import('./service-memory.ts'),
+  nodes: () => import('./nodes.ts'),
+  'node-loss': () => import('./node-loss.ts'),
 };
 
 const chosen = process.argv.slice(2);

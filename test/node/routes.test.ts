@@ -1,4 +1,6 @@
+import { startRolloutNode, type NodeEvent } from '@rollserve/core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { shellEnvironment } from './fixtures/shell-environment.ts';
 import { getJson, Resources, startService, startShellPolicy } from './helpers.ts';
 
 // The node routes refuse what is wrong with a 4xx in the API's one error shape, never a 500.
@@ -64,4 +66,25 @@ describe('node routes: bad requests', () => {
     expect(await call('/v1/nodes', { body: { ...registration, node_id: 'n2' } })).toMatchObject({ status: 201 });
     expect((await call('/v1/nodes/n2/heartbeat', { body: { leases: [] } })).status).toBe(200);
   });
+});
+
+describe('a node the service will not take back', () => {
+  it('leaves instead of spinning when re-registering is refused (here: the restarted service wants another token)', async () => {
+    const own = new Resources();
+    try {
+      const fake = await startShellPolicy(own);
+      const first = await startService(own, fake.url, { token: 'old-token', heartbeatMs: 100, nodeTimeoutMs: 1_000 });
+      const events: NodeEvent[] = [];
+      const node = await startRolloutNode({ serviceUrl: first.url, token: 'old-token', nodeId: 'stale-token', environments: [shellEnvironment], pools: { init: 1, run: 1, eval: 1 }, onEvent: (e) => events.push(e) });
+      own.add(() => node.close());
+      await first.close();
+      await startService(own, fake.url, { token: 'new-token', heartbeatMs: 100, nodeTimeoutMs: 1_000, port: Number(new URL(first.url).port) });
+      const { refused } = await node.ended();
+      expect(refused).toMatchObject({ code: 'UNAUTHORIZED' });
+      expect(events.filter((e) => e.type === 'refused')).toEqual([{ type: 'refused', code: 'UNAUTHORIZED', message: expect.any(String) }]);
+      expect(node.held).toBe(0);
+    } finally {
+      await own.cleanup();
+    }
+  }, 60_000);
 });

@@ -41,6 +41,7 @@ interface WireNode {
   pid: number;
   leases: number;
   state: 'up' | 'lost' | 'left';
+  lost_reason?: string;
   slurm?: { node_name?: string; job_id?: string; array_task_id?: string };
 }
 
@@ -102,7 +103,8 @@ describe.skipIf(missing !== undefined)('rollout nodes on Slurm, under failures',
     const child = spawn(
       process.execPath,
       [ROLLSERVE, 'start', '--port', String(port), '--llm', fake.url, '--store', storeUrl, '--journal', join(dir, 'no-journal.jsonl'), '--run-locally', 'never'],
-      { cwd: dir, stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ROLLSERVE_LOG_LEVEL: 'warn', TMPDIR: sandboxTmp } },
+      // with this cluster's SLURM_CONF: the service asks squeue about its nodes' jobs
+      { cwd: dir, stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...slurm.env, ROLLSERVE_LOG_LEVEL: 'warn', TMPDIR: sandboxTmp } },
     );
     let output = '';
     child.stdout!.on('data', (c: Buffer) => (output = (output + c).slice(-20_000)));
@@ -266,15 +268,21 @@ describe.skipIf(missing !== undefined)('rollout nodes on Slurm, under failures',
     await restoreFleet();
   }, 600_000);
 
-  it('a slurmd killed mid-batch: the node goes DOWN, its orphaned agent dies when slurmd returns', async () => {
+  it('a slurmd killed mid-batch: the node goes DOWN, the service learns from Slurm that the job is gone, the orphaned agent leaves', async () => {
     await batchSurvives('slurmd-kill', async (victim) => {
       const host = victim.slurm!.node_name!;
       await slurm.killSlurmd(host);
       await slurm.waitFor(`${host} DOWN`, async () => (await slurm.nodeState(host)).base === 'DOWN', { timeoutMs: 120_000 });
-      // Slurm has given up on the node, but the agent there still runs (its slurmstepd lives on).
-      expect(readProc(String(victim.pid), 'cmdline')).toContain('rollserve.js');
+      // Slurm has given up on the node and requeued its job, but the agent there still runs (its
+      // slurmstepd lives on) and still heartbeats: the service hears from squeue that its job is
+      // gone, takes its work back, and refuses to take the node back, so the orphan leaves.
+      const lost = await slurm.waitFor('the service to drop the orphan', async () => {
+        const node = (await nodes()).find((n) => n.node_id === victim.node_id);
+        return node?.state === 'lost' && node;
+      }, { timeoutMs: 60_000 });
+      expect(lost.lost_reason).toMatch(/^Slurm job \d+_\d+ is gone$/);
+      await slurm.waitFor('the orphaned agent to exit', () => readProc(String(victim.pid), 'cmdline') === undefined, { timeoutMs: 60_000 });
       await slurm.restartSlurmd(host);
-      await slurm.waitFor('the orphaned agent to be killed by the returning slurmd', () => readProc(String(victim.pid), 'cmdline') === undefined, { timeoutMs: 60_000 });
     });
     await restoreFleet();
   }, 600_000);

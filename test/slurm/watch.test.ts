@@ -25,14 +25,20 @@ describe.skipIf(missing !== undefined)('asking Slurm whether node jobs are gone'
     await waitFor(async () => (await slurm.jobs(running))[0]?.state === 'RUNNING');
     const first = slurmJobOf({ slurm: { arrayJobId: array, arrayTaskId: '0', jobId: 'ignored' } })!;
     expect(first).toBe(`${array}_0`);
-    await waitFor(async () => (await goneSlurmJobs([running, first], { env }))?.size === 0);
+    const node = (await slurm.jobs(running))[0]!.nodeList;
+    const refs = [{ id: running, node }, { id: first }];
+    await waitFor(async () => (await goneSlurmJobs(refs, { env }))?.size === 0);
+    // the same job id running on another Slurm node than the one a node registered from: a new run
+    expect([...(await goneSlurmJobs([{ id: running, node: 'elsewhere' }], { env }))!]).toEqual([running]);
 
     await slurm.cancel(running);
-    await waitFor(async () => (await goneSlurmJobs([running, first], { env }))?.has(running) === true);
-    expect((await goneSlurmJobs([running, first], { env }))!.has(first)).toBe(false);
+    await waitFor(async () => (await goneSlurmJobs(refs, { env }))?.has(running) === true);
+    expect((await goneSlurmJobs(refs, { env }))!.has(first)).toBe(false);
     // a job id the controller never knew (or purged): gone, and it does not hide the others' state
-    expect([...(await goneSlurmJobs(['999999', first], { env }))!]).toEqual(['999999']);
-    expect(await goneSlurmJobs([first], { env, squeue: '/nonexistent/squeue' })).toBeUndefined();
+    expect([...(await goneSlurmJobs([{ id: '999999' }, { id: first }], { env }))!]).toEqual(['999999']);
+    // a controller that does not answer: nothing concluded; no squeue at all: an error
+    expect(await goneSlurmJobs([{ id: first }], { env: { ...env, SLURM_CONF: '/nonexistent/slurm.conf' } })).toBeUndefined();
+    await expect(goneSlurmJobs([{ id: first }], { env, squeue: '/nonexistent/squeue' })).rejects.toMatchObject({ code: 'ENOENT' });
     await slurm.cancel(array);
   }, 120_000);
 });

@@ -418,6 +418,12 @@ const node = defineCommand({
     });
     const { capacity, maxRollouts: held, environments: envs } = rolloutNode.registration;
     console.log(`node ${rolloutNode.nodeId} registered with ${service} (init ${capacity.init}, run ${capacity.run}, eval ${capacity.eval}; up to ${held} rollouts; ${envs.join(', ')})`);
+    // the service refusing to take the node back ends it: exit 1 with the reason
+    void rolloutNode.ended().then(({ refused }) => {
+      if (!refused) return;
+      console.error(`rollserve node: the service refused this node: ${refused.message}`);
+      process.exit(1);
+    });
   },
 });
 

@@ -47,7 +47,12 @@ export type NodeEvent =
   /** The run of a lost lease has ended here (its sandbox is gone); nothing of it is committed. */
   | { type: 'dropped'; rolloutId: string; attempt: number }
   | { type: 'cancel'; rolloutId: string }
-  | { type: 'left'; released: number };
+  | { type: 'left'; released: number }
+  /**
+   * The service refused to take the node back (its Slurm job reported gone, an environment it
+   * lacks now, a token that no longer fits): the node leaves, as on SIGTERM (see `ended`).
+   */
+  | { type: 'refused'; code: string; message: string };
 
 /** Slurm's ids of the task the node runs as (`registration.slurm`); undefined outside Slurm. */
 export function slurmFromEnv(env: NodeJS.ProcessEnv = process.env): NodeRegistration['slurm'] {
@@ -58,6 +63,7 @@ export function slurmFromEnv(env: NodeJS.ProcessEnv = process.env): NodeRegistra
     stepId: 'SLURM_STEP_ID',
     nodeName: 'SLURMD_NODENAME',
     procId: 'SLURM_PROCID',
+    restartCount: 'SLURM_RESTART_COUNT',
   } as const;
   const slurm: NonNullable<NodeRegistration['slurm']> = {};
   for (const [key, name] of Object.entries(names) as Array<[keyof typeof names, string]>) if (env[name]) slurm[key] = env[name];
@@ -112,6 +118,7 @@ export class RolloutNode {
   #slotFreed: (() => void) | undefined;
   #loops: Promise<unknown>[] = [];
   #closing: Promise<void> | undefined;
+  #refused: RolloutError | undefined;
 
   private constructor(options: RolloutNodeOptions) {
     this.#options = options;
@@ -173,6 +180,19 @@ export class RolloutNode {
     return node;
   }
 
+  /**
+   * Resolves once the node has left: after close(), or by itself when the service refused to take
+   * it back (then with that refusal).
+   */
+  async ended(): Promise<{ refused?: RolloutError }> {
+    await new Promise<void>((resolve) => {
+      if (this.#closing) resolve();
+      else this.#stop.signal.addEventListener('abort', () => resolve(), { once: true });
+    });
+    await this.#closing;
+    return this.#refused ? { refused: this.#refused } : {};
+  }
+
   get registration(): NodeRegistration {
     return this.#registration;
   }
@@ -208,7 +228,17 @@ export class RolloutNode {
             if (tries++ === 0 && isRetryable(error)) this.logger.warn({ err: error, service: this.#client.serviceUrl }, 'cannot register with the service yet; trying again');
             throw error;
           });
-        const timings = await withRetry(register, { signal: this.#stop.signal, maxMs: 5_000 });
+        const timings = await withRetry(register, { signal: this.#stop.signal, maxMs: 5_000 }).catch((error: unknown) => {
+          // taken back no more: trying again would only spin; the node ends (start() reports a first refusal itself)
+          if (this.#registeredOnce && !isRetryable(error) && !this.#stop.signal.aborted) {
+            const refusal = RolloutError.from(error);
+            this.logger.error({ err: error }, 'the service refused to take this node back: leaving');
+            this.#emit({ type: 'refused', code: refusal.code, message: refusal.message });
+            this.#refused = refusal;
+            void this.close();
+          }
+          throw error;
+        });
         this.#timings = timings;
         this.#lastContact = performance.now();
         this.#emit({ type: 'registered', nodeId: this.nodeId, timings, again: this.#registeredOnce });
@@ -241,8 +271,12 @@ export class RolloutNode {
       const free = this.#registration.maxRollouts - this.#held.size;
       if (free <= 0) {
         await new Promise<void>((resolve) => {
-          this.#slotFreed = resolve;
-          signal.addEventListener('abort', () => resolve(), { once: true });
+          const done = () => {
+            signal.removeEventListener('abort', done);
+            resolve();
+          };
+          this.#slotFreed = done;
+          signal.addEventListener('abort', done, { once: true });
         });
         continue;
       }

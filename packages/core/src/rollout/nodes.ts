@@ -27,7 +27,7 @@ export interface NodeRegistration {
   /** The environments the node can run (a claim only hands out rollouts of these). */
   environments: string[];
   /** From the Slurm job environment, when the node runs as a Slurm task. */
-  slurm?: { jobId?: string; arrayJobId?: string; arrayTaskId?: string; stepId?: string; nodeName?: string; procId?: string };
+  slurm?: { jobId?: string; arrayJobId?: string; arrayTaskId?: string; stepId?: string; nodeName?: string; procId?: string; restartCount?: string };
   /** rollserve's version on the node. */
   version?: string;
 }

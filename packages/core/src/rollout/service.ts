@@ -23,7 +23,7 @@ import type {
   NodeRegistration,
   NodeView,
 } from './nodes.ts';
-import { goneSlurmJobs, slurmJobOf } from './slurm-watch.ts';
+import { goneSlurmJobs, slurmJobOf, slurmRunOf, type SlurmJobRef } from './slurm-watch.ts';
 import { RolloutRunner, STAGES, type ModelProvider, type RolloutRunnerOptions, type StageName } from './runner.ts';
 import { RolloutTask, type RolloutResult, type RolloutState, type RolloutTaskInput, type RolloutView } from './types.ts';
 
@@ -502,29 +502,33 @@ export class RolloutService implements NodeCoordinator {
     return ids.length;
   }
 
-  /** Slurm jobs seen gone: a node of one of them is not taken back. */
-  readonly #goneJobs = new Set<string>();
+  /** Runs of Slurm jobs seen gone (see slurmRunOf): a node of one of them is not taken back. */
+  readonly #goneRuns = new Set<string>();
   #slurmUnavailable = false;
 
   /** Nodes whose Slurm job is gone are lost now, not at their node timeout. */
   async #watchSlurm(): Promise<void> {
     if (this.#closed || this.#slurmUnavailable || this.#options.slurmWatch === false) return;
     const byJob = new Map<string, string[]>();
+    const refs: SlurmJobRef[] = [];
     for (const [nodeId, node] of this.#nodes) {
       const job = node.state === 'up' ? slurmJobOf(node.registration) : undefined;
-      if (job) byJob.set(job, [...(byJob.get(job) ?? []), nodeId]);
+      if (!job) continue;
+      byJob.set(job, [...(byJob.get(job) ?? []), nodeId]);
+      refs.push({ id: job, node: node.registration.slurm?.nodeName });
     }
     if (byJob.size === 0) return;
     try {
       const options = this.#options.slurmWatch || {};
-      const gone = await goneSlurmJobs([...byJob.keys()], { ...(options.squeue ? { squeue: options.squeue } : {}), ...(options.env ? { env: options.env } : {}) });
+      const gone = await goneSlurmJobs(refs, { ...(options.squeue ? { squeue: options.squeue } : {}), ...(options.env ? { env: options.env } : {}) });
       if (gone === undefined) return;
       let released = 0;
       for (const job of gone) {
-        this.#goneJobs.add(job);
         for (const nodeId of byJob.get(job) ?? []) {
           const node = this.#nodes.get(nodeId);
-          if (node?.state === 'up') released += await this.#lose(nodeId, node, `Slurm job ${job} is gone`);
+          if (node?.state !== 'up') continue;
+          this.#goneRuns.add(slurmRunOf(node.registration)!);
+          released += await this.#lose(nodeId, node, `Slurm job ${job} is gone`);
         }
       }
       if (released > 0) this.#workArrived();
@@ -733,9 +737,9 @@ export class RolloutService implements NodeCoordinator {
     if (missing.length > 0) {
       throw new RolloutError({ code: 'UNPROCESSABLE', message: `node "${registration.nodeId}" does not serve environment${missing.length === 1 ? '' : 's'} ${missing.join(', ')} that the service does` });
     }
-    const job = slurmJobOf(registration);
-    if (job && this.#goneJobs.has(job)) {
-      throw new RolloutError({ code: 'CONFLICT', message: `node "${registration.nodeId}" belongs to Slurm job ${job}, which Slurm reported gone: this process should exit (a requeued job starts a new node)` });
+    const run = slurmRunOf(registration);
+    if (run && this.#goneRuns.has(run)) {
+      throw new RolloutError({ code: 'CONFLICT', message: `node "${registration.nodeId}" belongs to a run of Slurm job ${slurmJobOf(registration)} that Slurm reported gone: this process should exit (a requeued job starts a new node)` });
     }
     const now = Date.now();
     const known = this.#nodes.get(registration.nodeId);

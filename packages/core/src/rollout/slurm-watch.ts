@@ -16,29 +16,54 @@ export function slurmJobOf(registration: Pick<NodeRegistration, 'slurm'>): strin
 }
 
 /**
- * Which of `jobs` Slurm says are gone: no longer known to the controller, or in a state whose
- * processes have ended or are being ended (requeued, cancelled, node failure, …). Undefined when
- * Slurm cannot be asked (no squeue here, the controller down): nothing is concluded then.
+ * One run of a node's Slurm job: the job, how many times Slurm had requeued it, and where it ran
+ * (a requeued job keeps its id; its new run is another node).
  */
-export async function goneSlurmJobs(jobs: readonly string[], options: { squeue?: string; env?: NodeJS.ProcessEnv } = {}): Promise<Set<string> | undefined> {
+export function slurmRunOf(registration: Pick<NodeRegistration, 'slurm'>): string | undefined {
+  const job = slurmJobOf(registration);
+  return job && `${job}#${registration.slurm?.restartCount ?? '0'}@${registration.slurm?.nodeName ?? ''}`;
+}
+
+/** A node's Slurm job: its squeue id and the Slurm node it ran on (when known). */
+export interface SlurmJobRef {
+  id: string;
+  node?: string | undefined;
+}
+
+/**
+ * Which of `jobs` Slurm says are gone: no longer known to the controller, in a state whose
+ * processes have ended or are being ended (requeued, cancelled, node failure, …), or running
+ * again on another Slurm node (a requeued array task keeps its id). Undefined when Slurm cannot
+ * answer (the controller down): nothing is concluded then. Throws ENOENT without squeue at all.
+ */
+export async function goneSlurmJobs(jobs: readonly SlurmJobRef[], options: { squeue?: string; env?: NodeJS.ProcessEnv } = {}): Promise<Set<string> | undefined> {
   if (jobs.length === 0) return new Set();
   let stdout: string;
   try {
-    ({ stdout } = await run(options.squeue ?? 'squeue', ['--noheader', '--states=all', '--format=%i %T', `--jobs=${jobs.join(',')}`], { env: options.env ?? process.env, timeout: 10_000 }));
+    const ids = [...new Set(jobs.map((job) => job.id))];
+    ({ stdout } = await run(options.squeue ?? 'squeue', ['--noheader', '--states=all', '--format=%i %T %N', `--jobs=${ids.join(',')}`], { env: options.env ?? process.env, timeout: 10_000 }));
   } catch (error) {
-    // one purged job id makes squeue fail for the whole list: ask about each alone
-    if (jobs.length === 1 || (error as { code?: unknown }).code === 'ENOENT') return (error as { stderr?: string }).stderr?.includes('Invalid job id') ? new Set(jobs) : undefined;
+    if ((error as { code?: unknown }).code === 'ENOENT') throw error; // no Slurm client here at all
+    // a job id the controller does not know (purged) fails the whole list: ask about each alone
+    if (!(error as { stderr?: string }).stderr?.includes('Invalid job id')) return undefined;
+    if (jobs.length === 1) return new Set([jobs[0]!.id]);
     const each = await Promise.all(jobs.map((job) => goneSlurmJobs([job], options)));
     if (each.some((gone) => gone === undefined)) return undefined;
     return new Set(each.flatMap((gone) => [...gone!]));
   }
-  const states = new Map<string, string>();
+  const seen = new Map<string, { state: string; nodes: string }>();
   for (const line of stdout.split('\n')) {
-    const [id, state] = line.trim().split(/\s+/);
-    if (id && state) states.set(id, state);
+    const [id, state, nodes = ''] = line.trim().split(/\s+/);
+    if (id && state) seen.set(id, { state, nodes });
   }
-  return new Set(jobs.filter((job) => {
-    const state = states.get(job);
-    return state === undefined || GONE.has(state);
-  }));
+  return new Set(
+    jobs
+      .filter((job) => {
+        const now = seen.get(job.id);
+        if (now === undefined || GONE.has(now.state)) return true;
+        // single-node tasks: a node list naming another host is a new run of the same task
+        return job.node !== undefined && now.nodes !== '' && !now.nodes.includes('[') && now.nodes !== job.node;
+      })
+      .map((job) => job.id),
+  );
 }

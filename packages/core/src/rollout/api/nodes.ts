@@ -22,6 +22,8 @@ const WireSlurm = z.strictObject({
   step_id: z.string().optional(),
   node_name: z.string().optional(),
   proc_id: z.string().optional(),
+  /** SLURM_RESTART_COUNT: how many times Slurm requeued the job (tells a requeued run from the one before). */
+  restart_count: z.string().optional(),
 });
 
 export const WireNodeRegistration = z
@@ -155,6 +157,7 @@ const SLURM_KEYS = [
   ['stepId', 'step_id'],
   ['nodeName', 'node_name'],
   ['procId', 'proc_id'],
+  ['restartCount', 'restart_count'],
 ] as const;
 
 type Slurm = NonNullable<NodeRegistration['slurm']>;
