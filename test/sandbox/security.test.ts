@@ -297,6 +297,11 @@ describe.skipIf(skip !== undefined)('bwrap sandbox security', () => {
       child.kill('SIGKILL');
       expect(await until(() => pidsMentioning(id).length === 0, 3000)).toBe(true);
       expect(await until(() => pidsMentioning('sleep\u00001002').length === 0, 3000)).toBe(true);
+      // The killed processes may linger as zombies until PID 1 reaps them (under load, a while),
+      // and a cgroup with a zombie in it cannot be removed yet: wait until they are all gone.
+      const cgroupDirs = ['memory', 'pids', 'unified', ''].map((controller) => join('/sys/fs/cgroup', controller, `rollserve-${id}`)).filter((dir) => existsSync(dir));
+      const emptied = () => cgroupDirs.every((dir) => !existsSync(dir) || readFileSync(join(dir, 'cgroup.procs'), 'utf8').trim() === '');
+      expect(await until(emptied, 2_000)).toBe(true);
       // nobody was left to remove the temporary directory and the cgroup: the start-up sweep does
       const removed = await removeStaleSandboxDirs({ minAgeMs: 0, ids: [id] });
       expect(removed).toContain(join(tmpdir(), `rollserve-${id}`));
