@@ -12,7 +12,8 @@ import { startPolicyProcess } from './policy-process.ts';
 // scripted policy in another, tasks submitted over HTTP and results read from the NDJSON stream.
 // Reports rollouts/s, the service's CPU per rollout (from /proc), and the per-rollout overhead of
 // a rollout alone (end to end minus the policy's time). ROLLSERVE_BENCH_PROFILE=<dir> writes a
-// `node --cpu-prof` profile of the service.
+// `node --cpu-prof` profile of the service; ROLLSERVE_BENCH_STORE=<url> another store (e.g.
+// sqlite::memory:, to tell the store's share from the rest).
 
 const CLI = fileURLToPath(new URL('../../packages/core/bin/rollserve.js', import.meta.url));
 const TICKS_PER_S = 100; // USER_HZ on Linux
@@ -26,7 +27,7 @@ async function startService(policyUrl: string, store: string): Promise<Started> 
   const profile = process.env.ROLLSERVE_BENCH_PROFILE;
   const child = spawn(
     process.execPath,
-    [...(profile ? ['--cpu-prof', `--cpu-prof-dir=${profile}`] : []), CLI, 'start', '--port', '0', '--llm', policyUrl, '--store', `sqlite://${store}`],
+    [...(profile ? ['--cpu-prof', `--cpu-prof-dir=${profile}`] : []), CLI, 'start', '--port', '0', '--llm', policyUrl, '--store', process.env.ROLLSERVE_BENCH_STORE ?? `sqlite://${store}`],
     { stdio: ['ignore', 'pipe', 'inherit'], env: { ...process.env, ROLLSERVE_LOG_LEVEL: 'silent' } },
   );
   const url = await new Promise<string>((resolve, reject) => {

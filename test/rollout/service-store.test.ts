@@ -135,6 +135,21 @@ describe('rollout service on its store', () => {
     expect((await svc.get('c'))!.state).toBe('run'); // as the node reported it
   });
 
+  it('ends cancelled a rollout cancelled while a node held it, when that node is lost before it heard', async () => {
+    const fake = await policy({ script: () => 'done' });
+    const svc = await service({ backends: [fake.url], runLocally: 'never', heartbeatMs: 20, nodeTimeoutMs: 150 });
+    await svc.submit([task('c')]);
+    await svc.registerNode(node('n-gone'));
+    expect(await svc.claimForNode('n-gone', 1, 0)).toHaveLength(1);
+    const view = await svc.cancel('c');
+    expect(view.state).toBe('queued'); // leased; the node would hear at its next heartbeat, but it never comes
+    await until(() => svc.nodes().find((n) => n.nodeId === 'n-gone')?.state === 'lost');
+    await svc.registerNode(node('n-next'));
+    expect(await svc.claimForNode('n-next', 1, 0)).toEqual([]); // not handed out again
+    expect(await svc.wait('c')).toMatchObject({ state: 'cancelled', criticalError: 'cancelled', filter: true });
+    expect(fake.requests).toHaveLength(0);
+  });
+
   it('runs on PostgreSQL: a database restart mid-batch loses and duplicates nothing, and a new service finds the results', async () => {
     const pg = await startTestPostgres();
     cleanups.push(() => pg.close());

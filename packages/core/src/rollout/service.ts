@@ -690,13 +690,18 @@ export class RolloutService implements NodeCoordinator {
 
   /**
    * Work handed out again and again (its node died or lost its lease each time: a rollout that
-   * brings its node down, say) ends failed after `maxAttempts` instead of going round for ever.
-   * Returns the claims to run.
+   * brings its node down, say) ends failed after `maxAttempts` instead of going round for ever;
+   * work cancelled while a lost node held it ends cancelled. Returns the claims to run.
    */
   async #withinAttempts<T extends { id: string; taskId: string; sampleIndex: number; attempt: number; task: RolloutTask }>(workerId: string, claimed: T[]): Promise<T[]> {
     const max = this.#options.maxAttempts ?? 5;
     const runnable: T[] = [];
     for (const work of claimed) {
+      if (this.#cancelRequests.has(work.id)) {
+        // cancelled while its node held it, then the node was lost: it ends here, cancelled
+        await this.#commit(workerId, work.attempt, await this.#endedResult(work, { state: 'cancelled', code: 'CANCELLED', message: 'rollout cancelled' }), work.task.n);
+        continue;
+      }
       if (work.attempt <= max) {
         runnable.push(work);
         continue;
