@@ -227,7 +227,9 @@ export class RolloutService implements NodeCoordinator {
     }
     // their nodes get a node timeout to come back before the service runs anything itself
     if (holders.size > 0) this.#localHoldUntil = now + this.#nodeTimeoutMs;
-    this.logger.info({ ...this.#counts, rerun: requeued.length, nodes: holders.size }, 'store opened');
+    const opened = { ...this.#counts, rerun: requeued.length, nodes: holders.size };
+    if (opened.total > 0) this.logger.info(opened, 'store opened');
+    else this.logger.debug(opened, 'store opened (empty)');
     this.#timers.push(setInterval(() => void this.#sweep(), this.#heartbeatMs).unref());
     if (this.#options.retention) this.#timers.push(setInterval(() => void this.#prune().then(() => this.#recount()), this.#options.pruneEveryMs ?? 60_000).unref());
     this.#timers.push(setInterval(() => void this.#renewLocal(), Math.max(1_000, Math.floor(this.#leaseMs / 3))).unref());
