@@ -2,9 +2,8 @@ import { spawn } from 'node:child_process';
 import { join } from 'node:path';
 import { createRolloutApi, LlmBackendPool, PoolModelProvider, RolloutService, serveFetch, type Environment } from '@rollserve/core';
 import math from '@rollserve/env-math';
-import { startFakePolicy, workspaceRoot } from '@rollserve/testing';
+import { shellEnvironment, startFakePolicy, workspaceRoot } from '@rollserve/testing';
 import { afterEach, describe, expect, it } from 'vitest';
-import { shellEnvironment } from './fixtures/shell-environment.ts';
 import { getJson, Resources, sandboxDir, until } from './helpers.ts';
 
 // `rollserve node` as users and the Slurm templates run it (the built CLI: `npx tsc -b` first).

@@ -17,9 +17,8 @@ import {
   type RolloutResult,
   type RolloutServiceOptions,
 } from '@rollserve/core';
-import { startFakePolicy, workspaceRoot, type FakePolicy } from '@rollserve/testing';
+import { shellEnvironment, startFakePolicy, workspaceRoot, type FakePolicy } from '@rollserve/testing';
 import { request } from 'undici';
-import { shellEnvironment } from './fixtures/shell-environment.ts';
 
 /** What a test started, stopped in reverse order by `cleanup()` (afterEach). */
 export class Resources {

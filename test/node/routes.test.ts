@@ -1,6 +1,6 @@
 import { startRolloutNode, type NodeEvent } from '@rollserve/core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { shellEnvironment } from './fixtures/shell-environment.ts';
+import { shellEnvironment } from '@rollserve/testing';
 import { getJson, Resources, startService, startShellPolicy } from './helpers.ts';
 
 // The node routes refuse what is wrong with a 4xx in the API's one error shape, never a 500.

@@ -9,3 +9,4 @@ export * from './rollout-service.ts';
 export * from './sandbox-suite.ts';
 export * from './postgres.ts';
 export * from './slurm.ts';
+export * from './shell-environment.ts';
