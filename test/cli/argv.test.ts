@@ -49,4 +49,19 @@ describe('rollserve command line', () => {
     expect(help.status).toBe(0);
     expect(help.stdout).toContain('--concurrency');
   });
+
+  it('names a bad store URL or --run-locally value of rollserve start in one line, before serving anything', () => {
+    // (a bounded wait: a value taken instead of refused would leave the service running)
+    const start = (...args: string[]) => spawnSync(process.execPath, [bin, 'start', '--port', '0', ...args], { encoding: 'utf8', timeout: 60_000, env: { ...process.env, ROLLSERVE_LOG_LEVEL: 'silent' } });
+    const mode = start('--run-locally', 'sometimes');
+    expect(mode.status).toBe(1);
+    expect(mode.stderr.trim()).toBe('rollserve start: --run-locally is auto, always or never, not "sometimes"');
+    const store = start('--store', 'mysql://db/rollouts');
+    expect(store.status).toBe(1);
+    expect(store.stderr.trim()).toMatch(/^rollserve start: unknown store URL "mysql:\/\/db\/rollouts" \(sqlite:\/\/\/path\/to\/file.db, sqlite::memory: or postgres:\/\/…\)$/);
+    expect(store.stdout).toBe(''); // nothing was served
+    const lease = start('--lease-s', 'soon');
+    expect(lease.status).toBe(1);
+    expect(lease.stderr.trim()).toBe('rollserve start: --lease-s takes a number >= 1, not "soon"');
+  }, 120_000);
 });
