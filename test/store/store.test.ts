@@ -224,6 +224,17 @@ describe.each(engines)('$name store', (engine) => {
     expect(await store.counts()).toMatchObject({ done: 1, leased: 0, queued: 0 });
   });
 
+  it('reads many results in one call: those that exist, across its 500-id chunks', async () => {
+    const ids = Array.from({ length: 1_200 }, (_, i) => `m${i}`);
+    await store.putTasks(ids.map((id) => task(id)));
+    const finished = ids.filter((_, i) => i % 3 === 0);
+    for (const id of finished) expect((await store.commit({ rolloutId: id, attempt: 0, result: result(id, id, 0, { reward: Number(id.slice(1)) }) })).status).toBe('committed');
+    const found = await store.getResults([...ids, 'nope']);
+    expect([...found.keys()].sort()).toEqual([...finished].sort());
+    expect(found.get('m999')?.reward).toBe(999);
+    expect((await store.getResults([])).size).toBe(0);
+  });
+
   it('commits a batch with an outcome each, as if one after the other', async () => {
     await store.putTasks([task('a'), task('b'), task('c')]);
     const claimed = await store.claim({ workerId: 'n1', limit: 3, leaseMs: 10_000 });

@@ -559,13 +559,15 @@ export class RolloutService implements NodeCoordinator {
     return this.#view(rollout);
   }
 
-  async #view(rollout: StoredRollout): Promise<RolloutView> {
+  /** A rollout's view; `known`: its result when the caller has read it already (null: it has none). */
+  async #view(rollout: StoredRollout, known?: RolloutResult | null): Promise<RolloutView> {
+    if (rollout.state === 'done' || rollout.state === 'failed' || rollout.state === 'cancelled') {
+      const result = known === undefined ? ((await this.store.getResult(rollout.id)) ?? null) : known;
+      const env = result?.env ?? (await this.#taskEnv(rollout.taskId)) ?? '';
+      return { id: rollout.id, taskId: rollout.taskId, sampleIndex: rollout.sampleIndex, env, state: result?.state ?? rollout.state, active: false, result };
+    }
     const env = (await this.#taskEnv(rollout.taskId)) ?? '';
     const base = { id: rollout.id, taskId: rollout.taskId, sampleIndex: rollout.sampleIndex, env };
-    if (rollout.state === 'done' || rollout.state === 'failed' || rollout.state === 'cancelled') {
-      const result = (await this.store.getResult(rollout.id)) ?? null;
-      return { ...base, env: result?.env ?? env, state: result?.state ?? rollout.state, active: false, result };
-    }
     const local = this.#runner.running(rollout.id);
     if (local) return { ...base, state: local.stage, active: local.active, result: null };
     if (rollout.state === 'leased') {
@@ -597,6 +599,11 @@ export class RolloutService implements NodeCoordinator {
     return this.store.getResult(id);
   }
 
+  /** The results of those of `ids` that have finished, by id. */
+  results(ids: readonly string[]): Promise<Map<string, RolloutResult>> {
+    return this.store.getResults(ids);
+  }
+
   /** Rollouts in submission order, after `cursor` (an opaque position), at most `limit`. */
   async list(options: { cursor?: string; limit?: number; state?: RolloutState; taskId?: string } = {}): Promise<{ items: RolloutView[]; nextCursor: string | null }> {
     const limit = Math.min(Math.max(options.limit ?? 100, 1), 1_000);
@@ -606,8 +613,10 @@ export class RolloutService implements NodeCoordinator {
     let cursor: string | null = options.cursor ?? null;
     do {
       const page = await this.store.listRollouts({ cursor, limit: limit - items.length, ...(storeState ? { state: storeState } : {}), ...(options.taskId !== undefined ? { taskId: options.taskId } : {}) });
+      // the page's results in one query, not one per rollout
+      const results = await this.store.getResults(page.items.filter((r) => r.state !== 'queued' && r.state !== 'leased').map((r) => r.id));
       for (const rollout of page.items) {
-        const view = await this.#view(rollout);
+        const view = await this.#view(rollout, results.get(rollout.id) ?? null);
         if (!stage || view.state === stage) items.push(view);
       }
       cursor = page.cursor;

@@ -371,6 +371,15 @@ export class PostgresStore implements RolloutStore {
     return rows[0]?.body;
   }
 
+  async getResults(rolloutIds: readonly string[]): Promise<Map<string, RolloutResult>> {
+    const found = new Map<string, RolloutResult>();
+    for (let start = 0; start < rolloutIds.length; start += 500) {
+      const { rows } = await this.#query<{ rollout_id: string; body: RolloutResult }>('SELECT rollout_id, body FROM results WHERE rollout_id = ANY($1::text[])', [rolloutIds.slice(start, start + 500)]);
+      for (const row of rows) found.set(row.rollout_id, row.body);
+    }
+    return found;
+  }
+
   async getRollout(rolloutId: string): Promise<StoredRollout | undefined> {
     const { rows } = await this.#query<RolloutRow>('SELECT * FROM rollouts WHERE id = $1', [rolloutId]);
     return rows[0] && toRollout(rows[0]);

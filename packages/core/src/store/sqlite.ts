@@ -313,6 +313,16 @@ export class SqliteStore implements RolloutStore {
     return row ? (JSON.parse(row.body) as RolloutResult) : undefined;
   }
 
+  async getResults(rolloutIds: readonly string[]): Promise<Map<string, RolloutResult>> {
+    const found = new Map<string, RolloutResult>();
+    for (let start = 0; start < rolloutIds.length; start += 500) {
+      const chunk = rolloutIds.slice(start, start + 500);
+      const rows = this.#db.prepare<string[], { rollout_id: string; body: string }>(`SELECT rollout_id, body FROM results WHERE rollout_id IN (${chunk.map(() => '?').join(', ')})`).all(...chunk);
+      for (const row of rows) found.set(row.rollout_id, JSON.parse(row.body) as RolloutResult);
+    }
+    return found;
+  }
+
   async getRollout(rolloutId: string): Promise<StoredRollout | undefined> {
     const row = this.#statements.rollout.get(rolloutId);
     return row ? toRollout(row) : undefined;

@@ -195,6 +195,8 @@ export interface RolloutStore {
    */
   commitMany(inputs: readonly CommitInput[]): Promise<CommitOutcome[]>;
   getResult(rolloutId: string): Promise<RolloutResult | undefined>;
+  /** The results of those of `rolloutIds` that have one, by rollout id (one query per 500 ids). */
+  getResults(rolloutIds: readonly string[]): Promise<Map<string, RolloutResult>>;
   getRollout(rolloutId: string): Promise<StoredRollout | undefined>;
   /** Rollouts in the order they were put. */
   listRollouts(query?: ListRolloutsQuery): Promise<Page<StoredRollout>>;

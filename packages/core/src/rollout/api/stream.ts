@@ -115,10 +115,7 @@ async function pumpResults(service: RolloutService, wanted: Set<string>, write: 
   // One abort listener for the stream's life, not one per wait.
   aborted.addEventListener('abort', signal.wake, { once: true });
   try {
-    for (const id of wanted) {
-      const done = await service.result(id);
-      if (done) queue.push(done);
-    }
+    for (const done of (await service.results([...wanted])).values()) queue.push(done);
     const remaining = new Set(wanted);
     while (!aborted.aborted) {
       const next = queue.shift();
@@ -161,7 +158,7 @@ async function pumpGroups(
   const unsubscribe = service.onResult((result) => finished(result.id));
   aborted.addEventListener('abort', signal.wake, { once: true });
   try {
-    for (const id of byRollout.keys()) if (await service.result(id)) finished(id);
+    for (const id of (await service.results([...byRollout.keys()])).keys()) finished(id);
     while (!aborted.aborted && tasks.size > 0) {
       const taskId = ready.shift();
       if (taskId === undefined) {
@@ -172,7 +169,8 @@ async function pumpGroups(
       if (members === undefined) continue; // sent already
       tasks.delete(taskId);
       // read back from the store: the group's credit was added when its last sample was stored
-      const results = await Promise.all(members.map(async (id) => (await service.result(id))!));
+      const stored = await service.results(members);
+      const results = members.map((id) => stored.get(id)!);
       await write({ taskId, results }, tasks.size === 0);
     }
   } finally {
