@@ -41,6 +41,7 @@ describe('rollout nodes', () => {
       ['node-b', 'up'],
     ]);
     expect(listed.json.nodes[0]).toMatchObject({ capacity: pools, max_rollouts: 3, environments: ['shell'] });
+    expect((await getJson(url, '/metrics')).json).toMatch(/^rollserve_nodes_up 2$/m);
 
     const rollouts = await submit(url, ids('two', 12));
     const streamed = await streamResults(url, rollouts);
@@ -54,6 +55,8 @@ describe('rollout nodes', () => {
     expect([...committedBy(a), ...committedBy(b)].sort()).toEqual([...rollouts].sort());
     const after = await getJson(url, '/v1/nodes');
     for (const node of after.json.nodes) expect(node).toMatchObject({ state: 'up', leases: 0 });
+    expect(after.json.nodes.map((n: { committed: number }) => n.committed).reduce((a: number, b: number) => a + b, 0)).toBe(rollouts.length);
+    expect((await getJson(url, '/metrics')).json).toMatch(/^rollserve_rollouts_in_flight 0$/m);
   }, 180_000);
 
   it('route policy calls through the service across nodes: least in flight over the backends, every turn of a rollout on one', async () => {

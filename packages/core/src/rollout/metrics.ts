@@ -12,6 +12,9 @@ type StatusSource = () => {
   stages: Record<string, { queued: number; active: number; pool: number }>;
   liveSessions: number;
   liveSandboxes: number;
+  /** Rollout nodes up (a runner alone has none). */
+  nodes?: number;
+  rollouts?: { inFlight: number };
 };
 
 /** The service's Prometheus metrics, in a registry of its own (GET /metrics). */
@@ -42,6 +45,22 @@ export function createServiceMetrics(status: StatusSource): ServiceMetrics {
     registers: [registry],
     collect() {
       this.set(status().liveSessions);
+    },
+  });
+  new Gauge({
+    name: 'rollserve_nodes_up',
+    help: 'Rollout nodes registered and heartbeating (0: the service runs rollouts itself)',
+    registers: [registry],
+    collect() {
+      this.set(status().nodes ?? 0);
+    },
+  });
+  new Gauge({
+    name: 'rollserve_rollouts_in_flight',
+    help: 'Rollouts accepted and not finished: queued in the store, leased to a node, or running here',
+    registers: [registry],
+    collect() {
+      this.set(status().rollouts?.inFlight ?? 0);
     },
   });
   new Gauge({
