@@ -402,8 +402,7 @@ export class RolloutService implements NodeCoordinator {
         if (whole) this.#openGroups.delete(result.taskId);
         else this.#openGroups.set(result.taskId, (held ?? new Map()).set(result.id, result));
         this.#finished(result);
-      }
-      else if (outcome.status === 'stale') this.logger.info({ rollout: result.id, attempt, worker: workerId, current: outcome.currentAttempt }, 'late result of a lost lease ignored');
+      } else if (outcome.status === 'stale') this.logger.info({ rollout: result.id, attempt, worker: workerId, current: outcome.currentAttempt }, 'late result of a lost lease ignored');
       return outcome.status;
     };
     // a single sample has no group to see whole: it joins the next batch of commits
