@@ -17,7 +17,7 @@ import {
   type RolloutResult,
   type RolloutServiceOptions,
 } from '@rollserve/core';
-import { shellEnvironment, startFakePolicy, workspaceRoot, type FakePolicy } from '@rollserve/testing';
+import { call, shellEnvironment, startFakePolicy, workspaceRoot, type FakePolicy } from '@rollserve/testing';
 import { request } from 'undici';
 
 /** What a test started, stopped in reverse order by `cleanup()` (afterEach). */
@@ -229,21 +229,11 @@ export async function streamResults(url: string, ids: readonly string[]): Promis
   return (await response.body.text()).trim().split('\n').map((line) => JSON.parse(line) as { id: string; state: string; reward: number; error: unknown });
 }
 
+/** A call through @rollserve/testing's `call`: a body (or `raw` text) makes it a POST; `json` is the text when the body is not JSON. */
 export async function getJson(url: string, path: string, init: { method?: string; body?: unknown; raw?: string; headers?: Record<string, string> } = {}): Promise<{ status: number; json: any }> {
-  const payload = init.raw ?? (init.body === undefined ? undefined : JSON.stringify(init.body));
-  const response = await request(`${url}${path}`, {
-    method: (init.method ?? (payload === undefined ? 'GET' : 'POST')) as 'GET',
-    headers: { ...(payload === undefined ? {} : { 'content-type': 'application/json' }), ...init.headers },
-    ...(payload === undefined ? {} : { body: payload }),
-  });
-  const text = await response.body.text();
-  let json: unknown;
-  try {
-    json = JSON.parse(text);
-  } catch {
-    json = text;
-  }
-  return { status: response.statusCode, json };
+  const body = init.raw ?? init.body;
+  const answer = await call(url, init.method ?? (body === undefined ? 'GET' : 'POST'), path, body, init.headers);
+  return { status: answer.status, json: answer.json ?? answer.text };
 }
 
 export const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));

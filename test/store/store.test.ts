@@ -1,12 +1,12 @@
-import { appendFile, mkdtemp, rm } from 'node:fs/promises';
+import { appendFile, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import {
   importJournal,
-  Journal,
   openStore,
   RolloutError,
   RolloutTask,
+  type JournalRecord,
   type OpenStoreOptions,
   type RolloutResult,
   type RolloutStore,
@@ -351,19 +351,19 @@ describe.each(engines)('$name store', (engine) => {
     const dir = await mkdtemp(join(tmpdir(), 'rollserve-journal-import-'));
     try {
       const path = join(dir, 'journal.jsonl');
-      const { journal } = await Journal.open(path);
+      // a journal as rollserve wrote it before the store: a JSON record per line
       const at = new Date().toISOString();
-      await journal.append([
+      const records: JournalRecord[] = [
         { type: 'task', taskId: 'j', task: task('j', 2), rolloutIds: ['j:0', 'j:1'], at },
         { type: 'task', taskId: 'k', task: task('k', 2), rolloutIds: ['k:0', 'k:1'], at },
         { type: 'task', taskId: 'm', task: task('m'), rolloutIds: ['m'], at },
-      ]);
-      await journal.append({ type: 'result', result: result('j:0', 'j', 0) });
-      await journal.append({ type: 'result', result: result('j:1', 'j', 1, { state: 'failed', reward: 0 }) });
-      await journal.append({ type: 'result', result: result('k:0', 'k', 0) });
-      // the group's credit rewrites j:0 once j is whole
-      await journal.append({ type: 'result', result: result('j:0', 'j', 0, { advantage: 1 }) });
-      await journal.close();
+        { type: 'result', result: result('j:0', 'j', 0) },
+        { type: 'result', result: result('j:1', 'j', 1, { state: 'failed', reward: 0 }) },
+        { type: 'result', result: result('k:0', 'k', 0) },
+        // the group's credit rewrites j:0 once j is whole
+        { type: 'result', result: result('j:0', 'j', 0, { advantage: 1 }) },
+      ];
+      await writeFile(path, records.map((record) => `${JSON.stringify(record)}\n`).join(''));
       await appendFile(path, '{"type":"result","result":{"id":"m","taskI'); // a write cut short by a crash
 
       // the store already knows 'm' (say, submitted again since)

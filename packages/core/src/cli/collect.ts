@@ -102,7 +102,7 @@ async function writeSorted(path: string, lines: Array<Record<string, unknown>>):
  * appended to `output` (or to `<stem>_failures.jsonl` for infrastructure failures) as it finishes;
  * at the end both are rewritten sorted by (task, rollout) and `/aggregate_metrics` goes to
  * `<stem>_aggregate_metrics.json`. Task ids are the row number and a hash of the task, so the same
- * command again finds what a service (or the journal) already has.
+ * command again finds what a service (or its store) already has.
  */
 export async function collectRollouts(runner: RolloutRunner, options: CollectOptions): Promise<CollectSummary> {
   const rows = (await readRows(options.input)).slice(0, options.limit ?? undefined);

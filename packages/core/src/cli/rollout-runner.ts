@@ -15,7 +15,7 @@ export interface RolloutRunner {
   run(tasks: readonly RolloutTaskInput[], onResult: (result: WireResult, resumed: boolean) => void): Promise<void>;
 }
 
-/** The service in this process (its journal beside the output makes a run resumable). */
+/** The service in this process (its store beside the output makes a run resumable). */
 export function inProcessRunner(service: RolloutService): RolloutRunner {
   return {
     async run(tasks, onResult) {

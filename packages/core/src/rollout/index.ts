@@ -2,7 +2,6 @@ export * from './agent-loop.ts';
 export * from './credit.ts';
 export * from './rewards/index.ts';
 export * from './http.ts';
-export * from './journal.ts';
 export * from './llm/index.ts';
 export * from './messages.ts';
 export * from './model-provider.ts';

@@ -139,6 +139,7 @@ export class RolloutRunner {
   readonly #options: RolloutRunnerOptions;
   readonly #envs = new Map<string, Environment<any, any, any>>();
   readonly #configs: Record<string, Record<string, unknown>> = {};
+  readonly #pools: Record<StageName, number>;
   readonly #queues: Record<StageName, PQueue>;
   readonly #serial: PQueue | undefined;
   readonly #jobs = new Map<string, Job>();
@@ -161,7 +162,7 @@ export class RolloutRunner {
       const given = options.environmentConfigs?.[env.name] ?? {};
       this.#configs[env.name] = (env.config ? env.config.parse(given) : given) as Record<string, unknown>;
     }
-    const pools = { init: 64, run: 512, eval: 32, ...options.pools };
+    const pools = (this.#pools = { init: 64, run: 512, eval: 32, ...options.pools });
     this.#serial = options.pipeline === 'serial' ? new PQueue({ concurrency: pools.run }) : undefined;
     // In serial mode the stages run inside the job's one slot: their own queues never wait.
     const unbounded = Number.POSITIVE_INFINITY;
@@ -183,8 +184,7 @@ export class RolloutRunner {
 
   /** Worker slots per stage. */
   get capacity(): Record<StageName, number> {
-    const pools = { init: 64, run: 512, eval: 32, ...this.#options.pools };
-    return { init: pools.init, run: pools.run, eval: pools.eval };
+    return { ...this.#pools };
   }
 
   /** Rollouts held (queued for a stage or in one). */
@@ -341,8 +341,11 @@ export class RolloutRunner {
         const started = performance.now();
         try {
           return await new Promise<T>((resolve, reject) => {
-            const onAbort = () =>
-              reject(RolloutError.isInstance(signal.reason) && (signal.reason.code === 'TIMEOUT' || signal.reason.code === 'CANCELLED') ? (signal.reason.code === 'TIMEOUT' ? timeout() : signal.reason) : cancelled());
+            const onAbort = () => {
+              const reason: unknown = signal.reason;
+              const code = RolloutError.isInstance(reason) ? reason.code : undefined;
+              reject(code === 'TIMEOUT' ? timeout() : code === 'CANCELLED' ? reason : cancelled());
+            };
             if (signal.aborted) return onAbort();
             signal.addEventListener('abort', onAbort, { once: true });
             work(signal).then(resolve, reject).finally(() => signal.removeEventListener('abort', onAbort));

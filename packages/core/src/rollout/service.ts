@@ -89,17 +89,20 @@ interface NodeState {
   lostReason?: string;
   /** Results it committed. */
   committed: number;
-  /** Leases it holds, as it last reported them or as it was handed them. */
-  leases: Map<string, { attempt: number; stage: NodeLease['stage'] }>;
 }
 
-/** A rollout leased to a node, as the service tracks it (its policy caller, its stage). */
+/**
+ * A rollout leased to a node, as the service tracks it: the stage the node last reported, and
+ * its policy caller. `policy` and `n` come with the claim; for a lease from before a restart of
+ * the service they are read from the store when its first policy turn comes (see #remoteLease).
+ */
 interface RemoteLease {
   nodeId: string;
   attempt: number;
-  policy: RolloutTask['policy'];
+  stage: NodeLease['stage'];
+  policy?: RolloutTask['policy'];
   /** The task's samples. */
-  n: number;
+  n?: number;
   caller?: CallModel;
 }
 
@@ -223,7 +226,7 @@ export class RolloutService implements NodeCoordinator {
     for (const nodeId of holders) {
       // a placeholder (no capacity, so it is not "up" for claims) until the node registers again
       const registration: NodeRegistration = { nodeId, host: '', pid: 0, capacity: { init: 0, run: 0, eval: 0 }, maxRollouts: 0, environments: [] };
-      this.#nodes.set(nodeId, { registration, registeredAt: now, lastSeen: now, state: 'up', leases: new Map(), committed: 0 });
+      this.#nodes.set(nodeId, { registration, registeredAt: now, lastSeen: now, state: 'up', committed: 0 });
     }
     // their nodes get a node timeout to come back before the service runs anything itself
     if (holders.size > 0) this.#localHoldUntil = now + this.#nodeTimeoutMs;
@@ -450,7 +453,6 @@ export class RolloutService implements NodeCoordinator {
     if (remote) {
       this.#remote.delete(result.id);
       if (remote.caller) this.#options.models.release(result.id);
-      this.#nodes.get(remote.nodeId)?.leases.delete(result.id);
     }
     this.#cancelRequests.delete(result.id);
     const waiters = this.#waiters.get(result.id);
@@ -480,7 +482,9 @@ export class RolloutService implements NodeCoordinator {
   async #sweep(): Promise<void> {
     if (this.#closed) return;
     try {
-      let released = (await this.store.expireLeases()).length;
+      const expired = await this.store.expireLeases();
+      for (const id of expired) this.#forgetRemote(id);
+      let released = expired.length;
       const now = Date.now();
       for (const [nodeId, node] of this.#nodes) {
         if (node.state !== 'up' || now - node.lastSeen <= this.#nodeTimeoutMs) continue;
@@ -541,12 +545,15 @@ export class RolloutService implements NodeCoordinator {
 
   /** Forgets what a node held (its policy callers freed). */
   #dropRemote(nodeId: string): void {
-    for (const [id, lease] of this.#remote) {
-      if (lease.nodeId !== nodeId) continue;
-      this.#remote.delete(id);
-      if (lease.caller) this.#options.models.release(id);
-    }
-    this.#nodes.get(nodeId)?.leases.clear();
+    for (const [id, lease] of this.#remote) if (lease.nodeId === nodeId) this.#forgetRemote(id);
+  }
+
+  /** Forgets a lease to a node (its policy caller freed). */
+  #forgetRemote(rolloutId: string, nodeId?: string): void {
+    const lease = this.#remote.get(rolloutId);
+    if (!lease || (nodeId !== undefined && lease.nodeId !== nodeId)) return;
+    this.#remote.delete(rolloutId);
+    if (lease.caller) this.#options.models.release(rolloutId);
   }
 
   // ----- reading -----------------------------------------------------------------------------
@@ -570,7 +577,8 @@ export class RolloutService implements NodeCoordinator {
     const local = this.#runner.running(rollout.id);
     if (local) return { ...base, state: local.stage, active: local.active, result: null };
     if (rollout.state === 'leased') {
-      const stage = this.#nodes.get(rollout.workerId ?? '')?.leases.get(rollout.id)?.stage ?? 'queued';
+      const lease = this.#remote.get(rollout.id);
+      const stage = lease && lease.nodeId === rollout.workerId ? lease.stage : 'queued';
       return { ...base, state: stage, active: stage !== 'queued', result: null };
     }
     return { ...base, state: 'queued', active: false, result: null };
@@ -758,7 +766,7 @@ export class RolloutService implements NodeCoordinator {
     }
     const now = Date.now();
     const known = this.#nodes.get(registration.nodeId);
-    this.#nodes.set(registration.nodeId, { registration, registeredAt: known?.registeredAt ?? now, lastSeen: now, state: 'up', leases: known?.state === 'up' ? known.leases : new Map(), committed: known?.committed ?? 0 });
+    this.#nodes.set(registration.nodeId, { registration, registeredAt: known?.registeredAt ?? now, lastSeen: now, state: 'up', committed: known?.committed ?? 0 });
     this.logger.info({ node: registration.nodeId, host: registration.host, capacity: registration.capacity, slurm: registration.slurm }, known ? 'node registered again' : 'node registered');
     return { nodeId: registration.nodeId, leaseMs: this.#leaseMs, heartbeatMs: this.#heartbeatMs, nodeTimeoutMs: this.#nodeTimeoutMs };
   }
@@ -778,15 +786,14 @@ export class RolloutService implements NodeCoordinator {
     }
     node.lastSeen = Date.now();
     const { renewed, lost } = await this.store.renewLeases(nodeId, leases.map(({ rolloutId, attempt }) => ({ rolloutId, attempt })), this.#leaseMs);
-    const stages = new Map(leases.map((lease) => [lease.rolloutId, lease]));
-    node.leases = new Map(renewed.map((id) => [id, { attempt: stages.get(id)!.attempt, stage: stages.get(id)!.stage }]));
-    for (const id of lost) {
-      const remote = this.#remote.get(id);
-      if (remote?.nodeId === nodeId) {
-        this.#remote.delete(id);
-        if (remote.caller) this.#options.models.release(id);
-      }
+    const reported = new Map(leases.map((lease) => [lease.rolloutId, lease]));
+    for (const id of renewed) {
+      const { attempt, stage } = reported.get(id)!;
+      const lease = this.#remote.get(id);
+      if (lease?.nodeId === nodeId && lease.attempt === attempt) lease.stage = stage;
+      else this.#remote.set(id, { nodeId, attempt, stage }); // held from before a restart of the service
     }
+    for (const id of lost) this.#forgetRemote(id, nodeId);
     const cancel = renewed.filter((id) => this.#cancelRequests.has(id));
     return { renewed, lost, cancel };
   }
@@ -801,8 +808,7 @@ export class RolloutService implements NodeCoordinator {
       const claimed = limit > 0 ? await this.#withinAttempts(nodeId, await this.store.claim({ workerId: nodeId, limit, leaseMs: this.#leaseMs })) : [];
       if (claimed.length > 0) {
         for (const work of claimed) {
-          node.leases.set(work.id, { attempt: work.attempt, stage: 'queued' });
-          this.#remote.set(work.id, { nodeId, attempt: work.attempt, policy: work.task.policy, n: work.task.n });
+          this.#remote.set(work.id, { nodeId, attempt: work.attempt, stage: 'queued', policy: work.task.policy, n: work.task.n });
         }
         return claimed.map((work) => ({ rolloutId: work.id, taskId: work.taskId, sampleIndex: work.sampleIndex, attempt: work.attempt, leaseExpiresAt: work.leaseExpiresAt, task: work.task }));
       }
@@ -827,21 +833,30 @@ export class RolloutService implements NodeCoordinator {
   }
 
   async modelTurn(nodeId: string, call: NodeModelRequest, signal: AbortSignal): Promise<ModelTurn> {
-    let lease = this.#remote.get(call.rolloutId);
-    if (!lease && this.#nodes.get(nodeId)?.state === 'up') {
-      // a lease from before a restart of the service: the store knows who holds it
-      const rollout = await this.store.getRollout(call.rolloutId);
-      const task = rollout ? await this.store.getTask(rollout.taskId) : undefined;
-      if (rollout?.state === 'leased' && rollout.workerId === nodeId && rollout.attempt === call.attempt && task) {
-        lease = { nodeId, attempt: call.attempt, policy: task.task.policy, n: task.task.n };
-        this.#remote.set(call.rolloutId, lease);
-      }
-    }
-    if (!lease || lease.nodeId !== nodeId || lease.attempt !== call.attempt) {
+    const lease = await this.#remoteLease(nodeId, call.rolloutId, call.attempt);
+    if (!lease?.policy) {
       throw new RolloutError({ code: 'CONFLICT', message: `node "${nodeId}" does not hold rollout "${call.rolloutId}" at attempt ${call.attempt}: its lease was lost` });
     }
     lease.caller ??= this.#options.models.forRollout(call.rolloutId, lease.policy);
     return lease.caller(call.request, signal);
+  }
+
+  /**
+   * The lease a node holds on a rollout at `attempt`, with its policy. A lease from before a
+   * restart of the service is known by the store: its policy is read from there, once.
+   */
+  async #remoteLease(nodeId: string, rolloutId: string, attempt: number): Promise<RemoteLease | undefined> {
+    const known = this.#remote.get(rolloutId);
+    if (known && (known.nodeId !== nodeId || known.attempt !== attempt)) return undefined;
+    if (known?.policy) return known;
+    if (this.#nodes.get(nodeId)?.state !== 'up') return undefined;
+    const rollout = await this.store.getRollout(rolloutId);
+    if (rollout?.state !== 'leased' || rollout.workerId !== nodeId || rollout.attempt !== attempt) return undefined;
+    const task = await this.store.getTask(rollout.taskId);
+    if (!task) return undefined;
+    const lease: RemoteLease = { ...(this.#remote.get(rolloutId) ?? { nodeId, attempt, stage: 'run' }), policy: task.task.policy, n: task.task.n };
+    this.#remote.set(rolloutId, lease);
+    return lease;
   }
 
   async deregisterNode(nodeId: string): Promise<{ released: number }> {
@@ -855,13 +870,15 @@ export class RolloutService implements NodeCoordinator {
   }
 
   nodes(): NodeView[] {
+    const leases = new Map<string, number>();
+    for (const lease of this.#remote.values()) leases.set(lease.nodeId, (leases.get(lease.nodeId) ?? 0) + 1);
     return [...this.#nodes.values()]
       .filter((node) => node.registration.maxRollouts > 0)
       .map((node) => ({
         ...node.registration,
         registeredAt: new Date(node.registeredAt).toISOString(),
         lastSeenAt: new Date(node.lastSeen).toISOString(),
-        leases: node.leases.size,
+        leases: leases.get(node.registration.nodeId) ?? 0,
         committed: node.committed,
         state: node.state,
         ...(node.lostReason ? { lostReason: node.lostReason } : {}),

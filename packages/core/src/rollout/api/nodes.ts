@@ -8,7 +8,7 @@ import { errorResponses } from './wire.ts';
 
 // The rollout-node protocol on HTTP (see ../nodes.ts). Wire names are snake_case like the rest of
 // the API, except the results a node commits: those are RolloutResult as the runner made it
-// (camelCase, the journal's form), passed through whole. `rollserve node` (src/node/client.ts)
+// (camelCase, as the store keeps it), passed through whole. `rollserve node` (src/node/client.ts)
 // speaks this with the same mappers.
 
 const NodeId = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$/, 'node ids are 1-128 of [A-Za-z0-9._:-], starting alphanumeric');

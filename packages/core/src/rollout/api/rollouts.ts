@@ -85,7 +85,7 @@ const submitRoute = createRoute({
   method: 'post',
   path: '/v1/rollouts',
   middleware: [bodyFromNode] as const,
-  summary: 'Submit one task or a batch; answers once it is journaled with the rollout ids (n per task). A known task id returns what it has.',
+  summary: 'Submit one task or a batch; answers once it is stored with the rollout ids (n per task). A known task id returns what it has.',
   request: { body: { required: true, content: { 'application/json': { schema: SubmitBody } } } },
   responses: {
     202: { description: 'Accepted', content: { 'application/json': { schema: Submitted } } },
@@ -173,7 +173,7 @@ const deleteRoute = createRoute({
 export function rolloutsApi({ service }: ApiContext, warnings: BackendWarnings): OpenAPIHono {
   const app = new OpenAPIHono();
 
-  // The 202 comes once the batch is journaled (a restart runs it), before any of its work starts.
+  // The 202 comes once the batch is stored (a restart runs it), before any of its work starts.
   app.openapi(
     submitRoute,
     async (c) => {

@@ -3,7 +3,7 @@ import { ERROR_CODES, type RolloutErrorCode } from '../../errors.ts';
 import type { RolloutService } from '../service.ts';
 import { CriticalError, RolloutState, ToolCallStatus, TurnRewards, TurnStatus, type CreditRecord, type RolloutResult, type RolloutView, type StageTiming, type ToolCallRecord, type TurnRecord } from '../types.ts';
 
-// Results go out snake_case, like requests come in. Internals and the journal stay camelCase; these
+// Results go out snake_case, like requests come in. Internals and the store stay camelCase; these
 // mappers are the one place that renames, and only rollserve's own keys: user data (verify extras,
 // response, messages, metadata, credit components' params) passes through untouched.
 
