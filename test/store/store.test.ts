@@ -166,6 +166,33 @@ describe.each(engines)('$name store', (engine) => {
     expect(owner).toMatchObject({ state: 'leased', workerId: 'w1', attempt: 1, leaseExpiresAt: clock + 60_000 });
   });
 
+  it('stores a batch and claims in one go: older work first, idempotent, nothing stored on a conflict', async () => {
+    await store.putTasks([task('old')]);
+    const first = await store.putTasksAndClaim([task('g', 2), task('x')], { workerId: 'service', limit: 2, leaseMs: 5_000 });
+    expect(first.outcomes).toEqual([
+      { taskId: 'g', rolloutIds: ['g:0', 'g:1'], existing: false },
+      { taskId: 'x', rolloutIds: ['x'], existing: false },
+    ]);
+    // claim's order: the rollout queued before this batch goes first
+    expect(first.claimed.map((c) => [c.id, c.attempt, c.task.id])).toEqual([
+      ['old', 1, 'old'],
+      ['g:0', 1, 'g'],
+    ]);
+    expect(await store.getRollout('g:0')).toMatchObject({ state: 'leased', workerId: 'service', leaseExpiresAt: clock + 5_000 });
+    expect(await store.counts()).toMatchObject({ queued: 2, leased: 2 });
+
+    const again = await store.putTasksAndClaim([task('x')], { workerId: 'service', limit: 10, leaseMs: 5_000 });
+    expect(again.outcomes).toEqual([{ taskId: 'x', rolloutIds: ['x'], existing: true }]);
+    expect(again.claimed.map((c) => c.id)).toEqual(['g:1', 'x']);
+
+    const clash = await store.putTasksAndClaim([task('y'), task('x', 3)], { workerId: 'service', limit: 10, leaseMs: 5_000 }).catch((error: unknown) => error);
+    expect(RolloutError.isInstance(clash) && clash.code).toBe('CONFLICT');
+    expect(await store.getTask('y')).toBeUndefined();
+    expect(await store.counts()).toMatchObject({ queued: 0, leased: 4 });
+    await expect(store.putTasksAndClaim([task('z')], { workerId: 'service', limit: 0, leaseMs: 5_000 })).rejects.toThrow(/limit/);
+    expect(await store.getTask('z')).toBeUndefined();
+  });
+
   it('re-issues a rollout whose lease expired with a higher attempt; the old holder has lost it', async () => {
     await store.putTasks([task('a'), task('b')]);
     const [a] = await store.claim({ workerId: 'n1', limit: 1, leaseMs: 1_000 });

@@ -116,15 +116,19 @@ export async function readRequestBody(request: Request): Promise<RequestBody> {
   return decodeRequestBody(new Uint8Array(await request.arrayBuffer()), request.headers.get('content-type'));
 }
 
+// Decoding without `stream` keeps no state between calls: one of each serves every request.
+const TEXT = new TextDecoder();
+const STRICT_UTF8 = new TextDecoder('utf-8', { fatal: true });
+
 /** `readRequestBody` for bytes already read (from Node's own request, say). */
 export function decodeRequestBody(bytes: Uint8Array, contentType: string | null): RequestBody {
   if (bytes.length === 0) return { kind: 'absent' };
   if (contentType !== null && !isJsonContentType(contentType)) {
-    return { kind: 'text', value: new TextDecoder().decode(bytes) };
+    return { kind: 'text', value: TEXT.decode(bytes) };
   }
   let text: string;
   try {
-    text = new TextDecoder('utf-8', { fatal: true }).decode(bytes);
+    text = STRICT_UTF8.decode(bytes);
   } catch {
     return { kind: 'unparseable' };
   }

@@ -7,7 +7,7 @@ import { pino, type Logger } from 'pino';
 import { z } from 'zod';
 import { NeMoGymResponse, ResponseCreateParams } from '../protocol/responses.ts';
 import { sandboxSpecOf, type Environment, type EnvironmentContext, type Session, type VerifyEntry } from '../spec/environment.ts';
-import { invokeTool } from '../spec/invoke-tool.ts';
+import { invokeTool, LazyAbort } from '../spec/invoke-tool.ts';
 import type { ToolDefinition } from '../spec/tool.ts';
 import type { SandboxProvider } from '../sandbox/types.ts';
 import { createSessionTools, type SessionTools } from '../tools/session-tools.ts';
@@ -89,6 +89,20 @@ function requestSignal(c: Context<Vars>): AbortSignal {
   }
   c.set('signal', signal);
   return signal;
+}
+
+/**
+ * The same for a tool call, as invokeTool takes it: a LazyAbort aborted from the response's
+ * 'close', whose AbortSignal is made only if the tool reads `ctx.signal`.
+ */
+function requestAbort(c: Context<Vars>): { abort: LazyAbort } | { signal: AbortSignal } {
+  const { outgoing } = nodeBindings(c);
+  if (!outgoing) return { signal: requestSignal(c) };
+  const abort = new LazyAbort();
+  outgoing.once('close', () => {
+    if (!outgoing.writableFinished) abort.abort(new Error('Client connection prematurely closed.'));
+  });
+  return { abort };
 }
 
 const ROLLOUT_PREFIX = /^\/ng-rollout\/([A-Za-z0-9][A-Za-z0-9._-]*)(\/.*)$/;
@@ -236,11 +250,11 @@ export function createResourcesServer(env: Environment<any, any, any>, options: 
   };
 
   // The session's ctx.tools, made on first use; the sandbox from env.sandbox, for the seed row.
-  const toolsBySession = new Map<string, { tools: SessionTools; row?: Record<string, unknown> }>();
+  const toolsBySession = new Map<string, { tools: SessionTools; row?: Record<string, unknown>; logger?: Logger }>();
   const toolsOf = (session: Session) => {
     let entry = toolsBySession.get(session.id);
     if (entry === undefined) {
-      const seed: { row?: Record<string, unknown> } = {};
+      const seed: { row?: Record<string, unknown>; logger?: Logger } = {};
       const provider = env.sandbox?.provider?.(config, resources) ?? options.sandboxProvider;
       const tools = createSessionTools(session, {
         ...(provider ? { provider } : {}),
@@ -253,16 +267,19 @@ export function createResourcesServer(env: Environment<any, any, any>, options: 
     return entry;
   };
 
-  const contextFor = (c: Context<Vars>, signal?: AbortSignal): EnvironmentContext => {
+  /** The hooks' ctx but its signal (a tool call's comes from invokeTool, made only when read). */
+  const contextOf = (c: Context<Vars>): Omit<EnvironmentContext, 'signal'> => {
     const session = sessions.get(c.get('sessionId'));
     // Busy while this request is served: the idle reaper leaves it alone (a long SWE verify).
     if (!c.get('sessionBusy')) {
       sessions.use(session.id, true);
       c.set('sessionBusy', true);
     }
-    const { tools } = toolsOf(session);
-    return { session, config, logger: logger.child({ session: session.id }), signal: signal ?? requestSignal(c), tools, resources };
+    const entry = toolsOf(session);
+    entry.logger ??= logger.child({ session: session.id });
+    return { session, config, logger: entry.logger, tools: entry.tools, resources };
   };
+  const contextFor = (c: Context<Vars>): EnvironmentContext => ({ ...contextOf(c), signal: requestSignal(c) });
 
   // Session cookie on every response, 404 and 422 as CONTRACT.md §1.3 asks, and 500 too (Python
   // sends none there; re-sending it keeps simple_agent's session alive, which can only help).
@@ -357,8 +374,7 @@ export function createResourcesServer(env: Environment<any, any, any>, options: 
 
   async function runTool(c: Context<Vars>, tool: ToolDefinition<any, any>, args: unknown) {
     if (!setupDone) await setup();
-    const { signal: _signal, ...ctx } = contextFor(c);
-    const outcome = await invokeTool(tool, args, ctx, { timeoutMs: tool.timeoutMs ?? defaultToolTimeoutMs, signal: requestSignal(c) });
+    const outcome = await invokeTool(tool, args, contextOf(c), { timeoutMs: tool.timeoutMs ?? defaultToolTimeoutMs, ...requestAbort(c) });
     if (outcome.ok) {
       if (tool.text) return c.text(tool.text(outcome.value));
       return typeof outcome.value === 'string' ? c.text(outcome.value) : c.json(outcome.value ?? null);

@@ -284,7 +284,13 @@ export class RolloutService implements NodeCoordinator {
     // One batch at a time, so a task id is known to the next batch once stored.
     const accepted = this.#submitting.then(async () => {
       if (this.#closed) throw unavailable();
-      const outcomes = await this.store.putTasks(withIds);
+      // While the service runs its own work and no lease is being taken already, the batch is
+      // stored and leased to its pools in one transaction (claim's order: older work first).
+      const room = this.#pumping || !this.#runsLocally() ? 0 : Math.min(this.#localLimit - this.#local.size, 1_000);
+      const { outcomes, claimed } =
+        room > 0
+          ? await this.store.putTasksAndClaim(withIds, { workerId: LOCAL, limit: room, leaseMs: this.#leaseMs })
+          : { outcomes: await this.store.putTasks(withIds), claimed: undefined };
       // an id repeated in the batch is new once, then known
       const seen = new Set<string>();
       const submitted = outcomes.map(({ taskId, rolloutIds, existing }) => {
@@ -293,6 +299,16 @@ export class RolloutService implements NodeCoordinator {
         return { taskId, rolloutIds, existing: existing || repeated };
       });
       for (const task of submitted) if (!task.existing) this.#counts.total += task.rolloutIds.length;
+      if (claimed !== undefined) {
+        try {
+          for (const work of await this.#withinAttempts(LOCAL, claimed)) this.#runLocal(work);
+        } catch (error) {
+          // the batch is stored: its 202 stands; what was leased here lapses and runs again
+          this.logger.error({ err: error }, 'starting leased work failed; its leases lapse and it runs again');
+        }
+        // the pools took all there was: no one else need look
+        if (claimed.length < room) return submitted;
+      }
       if (submitted.some((task) => !task.existing)) this.#workArrived();
       return submitted;
     });
@@ -911,3 +927,4 @@ export class RolloutService implements NodeCoordinator {
     if (this.#ownsStore) await this.store.close();
   }
 }
+

@@ -1,6 +1,6 @@
 import { RolloutError } from '../errors.ts';
 import type { RolloutResult, RolloutTask } from '../rollout/types.ts';
-import type { StoreRolloutState } from './types.ts';
+import type { ClaimOptions, StoreRolloutState } from './types.ts';
 
 export const TERMINAL_STATES = ['done', 'failed', 'cancelled'] as const;
 
@@ -52,6 +52,12 @@ export function checkResult(result: RolloutResult): void {
 
 export function checkPositiveInt(name: string, value: number, max = Number.MAX_SAFE_INTEGER): void {
   if (!Number.isInteger(value) || value <= 0 || value > max) throw badRequest(`${name} must be an integer in 1..${max} (got ${value})`);
+}
+
+/** A claim's limit (at most 10,000) and lease length. */
+export function checkClaim({ limit, leaseMs }: ClaimOptions): void {
+  checkPositiveInt('limit', limit, 10_000);
+  checkPositiveInt('leaseMs', leaseMs);
 }
 
 /** A page cursor is the sequence number of the last item seen. */

@@ -2,7 +2,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
 import { RolloutError } from '../errors.ts';
 import type { RolloutResult, RolloutTask } from '../rollout/types.ts';
-import { asList, checkPositiveInt, checkResult, conflict, emptyCounts, pageLimit, parseCursor, prepareTasks, TERMINAL_STATES } from './common.ts';
+import { asList, checkClaim, checkPositiveInt, checkResult, conflict, emptyCounts, pageLimit, parseCursor, prepareTasks, TERMINAL_STATES } from './common.ts';
 import type {
   ClaimedRollout,
   ClaimOptions,
@@ -226,26 +226,34 @@ export class PostgresStore implements RolloutStore {
 
   async putTasks(tasks: readonly RolloutTask[]): Promise<PutTaskOutcome[]> {
     const prepared = prepareTasks(tasks);
+    return this.#transaction((client) => this.#putWith(client, tasks, prepared));
+  }
+
+  async putTasksAndClaim(tasks: readonly RolloutTask[], claim: ClaimOptions): Promise<{ outcomes: PutTaskOutcome[]; claimed: ClaimedRollout[] }> {
+    checkClaim(claim);
+    const prepared = prepareTasks(tasks);
+    return this.#transaction(async (client) => ({ outcomes: await this.#putWith(client, tasks, prepared), claimed: await this.#claimWith(client, claim) }));
+  }
+
+  /** putTasks on the caller's transaction. */
+  async #putWith(client: Client, tasks: readonly RolloutTask[], prepared: ReturnType<typeof prepareTasks>): Promise<PutTaskOutcome[]> {
     const at = new Date(this.#now()).toISOString();
-    const outcomes = await this.#transaction(async (client) => {
-      const fresh = await insertNewTasks(client, prepared, at);
-      const outcomes = new Map<string, PutTaskOutcome>();
-      const known = prepared.filter((t) => !fresh.has(t.id));
-      if (known.length > 0) {
-        const { rows } = await client.query<{ id: string; fingerprint: string; rollout_ids: string[] }>('SELECT id, fingerprint, rollout_ids FROM tasks WHERE id = ANY($1::text[])', [
-          known.map((t) => t.id),
-        ]);
-        const byId = new Map(rows.map((row) => [row.id, row]));
-        for (const task of known) {
-          const row = byId.get(task.id)!;
-          if (row.fingerprint !== task.fingerprint) throw conflict(`task id "${task.id}" was already submitted with a different body`);
-          outcomes.set(task.id, { taskId: task.id, rolloutIds: row.rollout_ids, existing: true });
-        }
+    const fresh = await insertNewTasks(client, prepared, at);
+    const outcomes = new Map<string, PutTaskOutcome>();
+    const known = prepared.filter((t) => !fresh.has(t.id));
+    if (known.length > 0) {
+      const { rows } = await client.query<{ id: string; fingerprint: string; rollout_ids: string[] }>('SELECT id, fingerprint, rollout_ids FROM tasks WHERE id = ANY($1::text[])', [
+        known.map((t) => t.id),
+      ]);
+      const byId = new Map(rows.map((row) => [row.id, row]));
+      for (const task of known) {
+        const row = byId.get(task.id)!;
+        if (row.fingerprint !== task.fingerprint) throw conflict(`task id "${task.id}" was already submitted with a different body`);
+        outcomes.set(task.id, { taskId: task.id, rolloutIds: row.rollout_ids, existing: true });
       }
-      await insertQueuedRollouts(client, prepared, fresh);
-      for (const task of prepared) if (fresh.has(task.id)) outcomes.set(task.id, { taskId: task.id, rolloutIds: task.rolloutIds, existing: false });
-      return outcomes;
-    });
+    }
+    await insertQueuedRollouts(client, prepared, fresh);
+    for (const task of prepared) if (fresh.has(task.id)) outcomes.set(task.id, { taskId: task.id, rolloutIds: task.rolloutIds, existing: false });
     return tasks.map((task) => outcomes.get(task.id!)!);
   }
 
@@ -255,13 +263,18 @@ export class PostgresStore implements RolloutStore {
     return row && { id: row.id, task: row.body, rolloutIds: row.rollout_ids, createdAt: row.created_at };
   }
 
-  async claim({ workerId, limit, leaseMs }: ClaimOptions): Promise<ClaimedRollout[]> {
-    checkPositiveInt('limit', limit, 10_000);
-    checkPositiveInt('leaseMs', leaseMs);
+  async claim(options: ClaimOptions): Promise<ClaimedRollout[]> {
+    checkClaim(options);
+    return this.#withClient((client) => this.#claimWith(client, options));
+  }
+
+  /**
+   * One statement (its own transaction unless the caller's): expired leases first, then queued
+   * rollouts, oldest first; rows another claimer has locked are skipped, not waited for.
+   */
+  async #claimWith(client: Client, { workerId, limit, leaseMs }: ClaimOptions): Promise<ClaimedRollout[]> {
     const now = this.#now();
-    // One statement (its own transaction): expired leases first, then queued rollouts, oldest
-    // first; rows another claimer has locked are skipped, not waited for.
-    const { rows } = await this.#query<{ id: string; task_id: string; sample_index: number; attempt: number; lease_expires_at: string; body: RolloutTask }>(
+    const { rows } = await client.query<{ id: string; task_id: string; sample_index: number; attempt: number; lease_expires_at: string; body: RolloutTask }>(
       `WITH expired AS (
          SELECT seq FROM rollouts WHERE state = 'leased' AND lease_expires_at < $1 ORDER BY seq LIMIT $2 FOR UPDATE SKIP LOCKED
        ), queued AS (

@@ -3,7 +3,7 @@ import { dirname } from 'node:path';
 import Database from 'better-sqlite3';
 import { RolloutError } from '../errors.ts';
 import type { RolloutResult, RolloutTask } from '../rollout/types.ts';
-import { asList, checkPositiveInt, checkResult, conflict, emptyCounts, pageLimit, parseCursor, prepareTasks, TERMINAL_STATES } from './common.ts';
+import { asList, checkClaim, checkPositiveInt, checkResult, conflict, emptyCounts, pageLimit, parseCursor, prepareTasks, TERMINAL_STATES } from './common.ts';
 import type {
   ClaimedRollout,
   ClaimOptions,
@@ -198,31 +198,38 @@ export class SqliteStore implements RolloutStore {
 
   async putTasks(tasks: readonly RolloutTask[]): Promise<PutTaskOutcome[]> {
     const prepared = prepareTasks(tasks);
+    return this.#db.transaction(() => this.#putIn(tasks, prepared)).immediate();
+  }
+
+  async putTasksAndClaim(tasks: readonly RolloutTask[], claim: ClaimOptions): Promise<{ outcomes: PutTaskOutcome[]; claimed: ClaimedRollout[] }> {
+    checkClaim(claim);
+    const prepared = prepareTasks(tasks);
+    return this.#db.transaction(() => ({ outcomes: this.#putIn(tasks, prepared), claimed: this.#claimIn(claim) })).immediate();
+  }
+
+  /** putTasks inside the caller's transaction. */
+  #putIn(tasks: readonly RolloutTask[], prepared: ReturnType<typeof prepareTasks>): PutTaskOutcome[] {
     const s = this.#statements;
     const at = new Date(this.#now()).toISOString();
     const outcomes = new Map<string, PutTaskOutcome>();
-    this.#db
-      .transaction(() => {
-        for (const task of prepared) {
-          const known = s.taskById.get(task.id);
-          if (known) {
-            if (known.fingerprint !== task.fingerprint) throw conflict(`task id "${task.id}" was already submitted with a different body`);
-            outcomes.set(task.id, { taskId: task.id, rolloutIds: JSON.parse(known.rollout_ids) as string[], existing: true });
-            continue;
-          }
-          s.insertTask.run(task.id, task.fingerprint, task.body, JSON.stringify(task.rolloutIds), at);
-          task.rolloutIds.forEach((id, k) => {
-            try {
-              s.insertRollout.run(id, task.id, k);
-            } catch (error) {
-              if (isUniqueViolation(error)) throw conflict(`rollout id "${id}" of task "${task.id}" is already another task's rollout`, error);
-              throw error;
-            }
-          });
-          outcomes.set(task.id, { taskId: task.id, rolloutIds: task.rolloutIds, existing: false });
+    for (const task of prepared) {
+      const known = s.taskById.get(task.id);
+      if (known) {
+        if (known.fingerprint !== task.fingerprint) throw conflict(`task id "${task.id}" was already submitted with a different body`);
+        outcomes.set(task.id, { taskId: task.id, rolloutIds: JSON.parse(known.rollout_ids) as string[], existing: true });
+        continue;
+      }
+      s.insertTask.run(task.id, task.fingerprint, task.body, JSON.stringify(task.rolloutIds), at);
+      task.rolloutIds.forEach((id, k) => {
+        try {
+          s.insertRollout.run(id, task.id, k);
+        } catch (error) {
+          if (isUniqueViolation(error)) throw conflict(`rollout id "${id}" of task "${task.id}" is already another task's rollout`, error);
+          throw error;
         }
-      })
-      .immediate();
+      });
+      outcomes.set(task.id, { taskId: task.id, rolloutIds: task.rolloutIds, existing: false });
+    }
     return tasks.map((task) => outcomes.get(task.id!)!);
   }
 
@@ -232,27 +239,27 @@ export class SqliteStore implements RolloutStore {
     return { id: row.id, task: JSON.parse(row.body) as RolloutTask, rolloutIds: JSON.parse(row.rollout_ids) as string[], createdAt: row.created_at };
   }
 
-  async claim({ workerId, limit, leaseMs }: ClaimOptions): Promise<ClaimedRollout[]> {
-    checkPositiveInt('limit', limit, 10_000);
-    checkPositiveInt('leaseMs', leaseMs);
+  async claim(options: ClaimOptions): Promise<ClaimedRollout[]> {
+    checkClaim(options);
+    return this.#db.transaction(() => this.#claimIn(options)).immediate();
+  }
+
+  /** claim inside the caller's transaction. */
+  #claimIn({ workerId, limit, leaseMs }: ClaimOptions): ClaimedRollout[] {
     const s = this.#statements;
     const now = this.#now();
-    return this.#db
-      .transaction(() => {
-        const seqs = s.expired.all(now, limit).map((row) => row.seq);
-        if (seqs.length < limit) seqs.push(...s.queued.all(limit - seqs.length).map((row) => row.seq));
-        const tasks = new Map<string, RolloutTask>();
-        return seqs.map((seq) => {
-          const row = s.lease.get(workerId, now + leaseMs, seq)!;
-          let task = tasks.get(row.task_id);
-          if (!task) {
-            task = JSON.parse(s.taskBody.get(row.task_id)!.body) as RolloutTask;
-            tasks.set(row.task_id, task);
-          }
-          return { id: row.id, taskId: row.task_id, sampleIndex: row.sample_index, attempt: row.attempt, leaseExpiresAt: row.lease_expires_at!, task };
-        });
-      })
-      .immediate();
+    const seqs = s.expired.all(now, limit).map((row) => row.seq);
+    if (seqs.length < limit) seqs.push(...s.queued.all(limit - seqs.length).map((row) => row.seq));
+    const tasks = new Map<string, RolloutTask>();
+    return seqs.map((seq) => {
+      const row = s.lease.get(workerId, now + leaseMs, seq)!;
+      let task = tasks.get(row.task_id);
+      if (!task) {
+        task = JSON.parse(s.taskBody.get(row.task_id)!.body) as RolloutTask;
+        tasks.set(row.task_id, task);
+      }
+      return { id: row.id, taskId: row.task_id, sampleIndex: row.sample_index, attempt: row.attempt, leaseExpiresAt: row.lease_expires_at!, task };
+    });
   }
 
   async renewLeases(workerId: string, leases: readonly LeaseRef[], leaseMs: number): Promise<RenewOutcome> {

@@ -173,6 +173,12 @@ export interface RolloutStore {
    * another body fails the batch with a CONFLICT RolloutError.
    */
   putTasks(tasks: readonly RolloutTask[]): Promise<PutTaskOutcome[]>;
+  /**
+   * `putTasks`, then `claim`, in one transaction: what a worker accepting work it will run itself
+   * pays once instead of twice (a lone rollout's accept and lease were two of its three
+   * transactions). The claim is `claim`'s own, oldest first, so older queued work still goes first.
+   */
+  putTasksAndClaim(tasks: readonly RolloutTask[], claim: ClaimOptions): Promise<{ outcomes: PutTaskOutcome[]; claimed: ClaimedRollout[] }>;
   getTask(taskId: string): Promise<StoredTask | undefined>;
 
   /**
