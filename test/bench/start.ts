@@ -4,8 +4,11 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Agent, request } from 'undici';
+import { createGrader } from '../../environments/math/src/grader.ts';
+import { openStore, RolloutTask, type RolloutResult } from '../../packages/core/src/index.ts';
 import { heading, percentile } from './stats.ts';
 import { startPolicyProcess } from './policy-process.ts';
+import { BARE_SERVER, startToolsServer } from './tools.ts';
 
 // `pnpm bench start`: the rollout service measured the way a trainer runs it (issue 16): the main
 // job started by its CLI (`rollserve start`, its SQLite store on) in a process of its own, a zero-latency
@@ -98,6 +101,69 @@ function policyMs(result: WireResult): number {
   return result.turns.reduce((sum, t) => sum + Number(t.llm_latency_ms ?? t.llmLatencyMs ?? 0), 0);
 }
 
+const idle = () => new Promise((resolve) => setTimeout(resolve, 2));
+
+/**
+ * What a lone rollout cannot avoid here, each part measured alone and idle between calls as a lone
+ * rollout is: an HTTP exchange with this client (a bare node:http server in its own process), the
+ * store's two transactions (accept + lease, commit; the same SQLite file setup), and one grading
+ * through the math environment's worker pool.
+ */
+async function loneFloor(dir: string): Promise<{ roundTrip: number; accept: number; commit: number; grade: number }> {
+  const bare = await startToolsServer(['-e', BARE_SERVER]);
+  const roundTrips: number[] = [];
+  try {
+    for (let i = 0; i < 2_200; i++) {
+      if (i >= 2_000) await idle();
+      const started = performance.now();
+      const answer = await request(`${bare.url}/v1/rollouts`, { dispatcher, method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}' });
+      await answer.body.text();
+      if (i >= 2_000) roundTrips.push(performance.now() - started);
+    }
+  } finally {
+    await bare.stop();
+  }
+  const store = await openStore(`sqlite://${join(dir, 'floor.db')}`);
+  const accept: number[] = [];
+  const commit: number[] = [];
+  try {
+    for (let i = 0; i < 1_200; i++) {
+      await idle();
+      const task = RolloutTask.parse(mathTask(`floor-${i}`));
+      const t0 = performance.now();
+      const { claimed } = await store.putTasksAndClaim([task], { workerId: 'service', limit: 1, leaseMs: 30_000 });
+      const t1 = performance.now();
+      const work = claimed[0]!;
+      const result: RolloutResult = {
+        id: work.id, taskId: work.taskId, sampleIndex: 0, env: 'math', state: 'done', reward: 1, rewardComponents: null,
+        verifyExtras: { extracted_answer: '8' }, criticalError: null, filter: false, error: null, advantage: null, credit: null,
+        timing: { init: { queuedMs: 0, activeMs: 0 }, run: { queuedMs: 0, activeMs: 1 }, eval: { queuedMs: 0, activeMs: 0 }, totalMs: 1 },
+        response: null, messages: [{ role: 'user', content: 'What is 3+5?' }, { role: 'assistant', content: '\\boxed{8}' }], turns: [], finishedAt: new Date().toISOString(),
+      };
+      await store.commitMany([{ rolloutId: work.id, attempt: work.attempt, result, workerId: 'service' }]);
+      if (i >= 200) {
+        accept.push(t1 - t0);
+        commit.push(performance.now() - t1);
+      }
+    }
+  } finally {
+    await store.close();
+  }
+  const grader = createGrader();
+  const grades: number[] = [];
+  try {
+    for (let i = 0; i < 1_200; i++) {
+      await idle();
+      const started = performance.now();
+      if ((await grader.grade('8', 'So the answer is \\boxed{8}.')).reward !== 1) throw new Error('grading 8 gave no reward');
+      if (i >= 200) grades.push(performance.now() - started);
+    }
+  } finally {
+    await grader.close();
+  }
+  return { roundTrip: percentile(roundTrips, 50), accept: percentile(accept, 50), commit: percentile(commit, 50), grade: percentile(grades, 50) };
+}
+
 export default async function bench(): Promise<void> {
   heading('rollserve start (SQLite store on), zero-latency policy in its own process, tasks over HTTP, results from the NDJSON stream');
   const dir = await mkdtemp(join(tmpdir(), 'rollserve-start-bench-'));
@@ -137,6 +203,13 @@ export default async function bench(): Promise<void> {
     console.log(`service CPU per rollout: ${cpuPerRollout.map((v) => fixed(v, 2)).join(', ')} ms (issue 16 measured 2.66 ms)`);
     console.log(`one rollout alone, end to end minus the policy's time: p50 ${fixed(percentile(alone, 50), 2)} ms  p99 ${fixed(percentile(alone, 99), 2)} ms (target p50 <= 1 ms; issue 16 measured ~7.7 ms)`);
     console.log(`  its parts, p50: ${Object.entries(parts).map(([name, values]) => `${name} ${fixed(percentile(values, 50), 3)}`).join('  ')} ms (accepted: the 202 at the client; the stages queued + active; total: the result's total_ms)`);
+    const floor = await loneFloor(dir);
+    const floorTotal = 1.5 * floor.roundTrip + floor.accept + floor.commit + floor.grade;
+    console.log(
+      `  floor of a lone rollout here, each part alone (p50): HTTP round trip ${fixed(floor.roundTrip, 3)} (the 202's, plus half of one for the result on the stream)  ` +
+        `store accept+lease ${fixed(floor.accept, 3)}  commit ${fixed(floor.commit, 3)}  grading in the worker pool ${fixed(floor.grade, 3)}  ` +
+        `= ${fixed(floorTotal, 2)} ms before any of the service's own work; the service's own share of the p50 above: ${fixed(percentile(alone, 50) - floorTotal, 2)} ms`,
+    );
   } finally {
     if (service && service.child.exitCode === null) {
       const exited = new Promise((resolve) => service!.child.once('exit', resolve));

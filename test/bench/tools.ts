@@ -180,7 +180,7 @@ export async function startToolsServer(
  * (no routing, no session, no tool) to the same client. What it adds to the backend, and its tail,
  * are the machine's (loopback, two processes' wake-ups), not rollserve's.
  */
-const BARE_SERVER = `
+export const BARE_SERVER = `
 const http = require('node:http');
 const server = http.createServer((req, res) => {
   req.resume();
@@ -208,7 +208,7 @@ interface SessionsRun {
  * with `echo hi` in a closed loop over keep-alive connections (one per session), `calls` each after
  * a warm-up.
  */
-export async function bashSessions(server: ToolsServer, sessions: number, calls: number, warmup = 100): Promise<SessionsRun> {
+export async function bashSessions(server: ToolsServer, sessions: number, calls: number, warmup = 100, thinkMs = 0): Promise<SessionsRun> {
   const pool = new Pool(server.url, { connections: sessions, pipelining: 1, keepAliveTimeout: 30_000 });
   try {
     const cookies = await Promise.all(
@@ -233,6 +233,7 @@ export async function bashSessions(server: ToolsServer, sessions: number, calls:
     const started = performance.now();
     await Promise.all(cookies.map(async (cookie) => {
       for (let i = 0; i < calls; i++) {
+        await think(thinkMs);
         const t = performance.now();
         await call(cookie);
         latencies.push(performance.now() - t);
@@ -246,8 +247,17 @@ export async function bashSessions(server: ToolsServer, sessions: number, calls:
   }
 }
 
-/** `sessions` bash sessions in this process, each its own sandbox, called in a closed loop: the backend alone. */
-async function backendSessions(sessions: number, calls: number, warmup: number): Promise<SessionsRun> {
+/**
+ * A session's pause between calls, as an agent's is while its model writes the next turn:
+ * exponential with mean `meanMs` (none when 0).
+ */
+function think(meanMs: number): Promise<void> | undefined {
+  if (meanMs <= 0) return undefined;
+  return new Promise((resolve) => setTimeout(resolve, -meanMs * Math.log(1 - Math.random())));
+}
+
+/** `sessions` bash sessions in this process, each its own sandbox, called in a loop: the backend alone. */
+async function backendSessions(sessions: number, calls: number, warmup: number, thinkMs = 0): Promise<SessionsRun> {
   const provider = createBwrapProvider();
   const sandboxes = await Promise.all(Array.from({ length: sessions }, () => provider.create()));
   try {
@@ -263,6 +273,7 @@ async function backendSessions(sessions: number, calls: number, warmup: number):
     const started = performance.now();
     await Promise.all(shells.map(async (bash) => {
       for (let i = 0; i < calls; i++) {
+        await think(thinkMs);
         const t = performance.now();
         await call(bash);
         latencies.push(performance.now() - t);
@@ -289,15 +300,19 @@ const MINIMAL_SERVER = fileURLToPath(new URL('./tools-minimal-server.ts', import
  */
 export async function bashOverHttpAsUsersRunIt(): Promise<void> {
   heading('tools: bash echo hi over the NeMo Gym face as users run it (issue 16: server in its own process, keep-alive client, steady state)');
-  const plan: Array<{ sessions: number; calls: number; warmup: number }> = [
-    { sessions: 1, calls: 5_000, warmup: 10_000 },
-    { sessions: 16, calls: 1_000, warmup: 1_000 },
+  // closed loops (each session calls again as soon as it has its answer), then 16 sessions that
+  // pause between calls as agents do while their model writes (compressed to a 5 ms mean, so that
+  // the server still sees thousands of calls a second)
+  const plan: Array<{ key: string; title: string; sessions: number; calls: number; warmup: number; thinkMs: number }> = [
+    { key: '1', title: '1 session, calling in a closed loop', sessions: 1, calls: 5_000, warmup: 10_000, thinkMs: 0 },
+    { key: '16', title: '16 sessions at once, each calling in a closed loop', sessions: 16, calls: 1_000, warmup: 1_000, thinkMs: 0 },
+    { key: '16-think', title: '16 sessions at once, each pausing between calls (exponential, mean 5 ms)', sessions: 16, calls: 400, warmup: 100, thinkMs: 5 },
   ];
   const measure = async (args?: string[]) => {
     const server = await startToolsServer(args);
     try {
-      const runs = new Map<number, SessionsRun>();
-      for (const { sessions, calls, warmup } of plan) runs.set(sessions, await bashSessions(server, sessions, calls, warmup));
+      const runs = new Map<string, SessionsRun>();
+      for (const { key, sessions, calls, warmup, thinkMs } of plan) runs.set(key, await bashSessions(server, sessions, calls, warmup, thinkMs));
       return runs;
     } finally {
       await server.stop();
@@ -306,18 +321,18 @@ export async function bashOverHttpAsUsersRunIt(): Promise<void> {
   const rollserve = await measure();
   const minimal = await measure(['--import', 'tsx', '--conditions=@rollserve/source', MINIMAL_SERVER]);
   const bare = await measure(['-e', BARE_SERVER]);
-  const backend = new Map<number, SessionsRun>();
-  for (const { sessions, calls, warmup } of plan) backend.set(sessions, await backendSessions(sessions, calls, Math.min(warmup, 2_000)));
+  const backend = new Map<string, SessionsRun>();
+  for (const { key, sessions, calls, warmup, thinkMs } of plan) backend.set(key, await backendSessions(sessions, calls, Math.min(warmup, 2_000), thinkMs));
 
   const cpu = (run: SessionsRun) => `${run.serverCpuMsPerCall.toFixed(3)} ms CPU/call, ${run.callsPerS.toFixed(0)} calls/s`;
   const ratio = (run: SessionsRun) => (percentile(run.latencies, 99) / percentile(run.latencies, 50)).toFixed(2);
-  for (const { sessions } of plan) {
-    const ours = rollserve.get(sessions)!;
-    const base = backend.get(sessions)!;
-    const least = minimal.get(sessions)!;
+  for (const { key, title, sessions, thinkMs } of plan) {
+    const ours = rollserve.get(key)!;
+    const base = backend.get(key)!;
+    const least = minimal.get(key)!;
     const p50 = percentile(ours.latencies, 50);
     const baseP50 = percentile(base.latencies, 50);
-    console.log(`\n${sessions} session(s) at once, each calling in a closed loop:`);
+    console.log(`\n${title}:`);
     console.log(`  bash backend alone, in one process          ${latencyLine(base.latencies)}  p99/p50 ${ratio(base)}  (${cpu(base)})`);
     console.log(`  bash tool over rollserve's NeMo Gym face    ${latencyLine(ours.latencies)}  p99/p50 ${ratio(ours)}  (server ${cpu(ours)})`);
     console.log(
@@ -328,9 +343,9 @@ export async function bashOverHttpAsUsersRunIt(): Promise<void> {
       `  floor: the least HTTP face over this backend (node:http + BashSession, tools-minimal-server.ts)  ${latencyLine(least.latencies)}  p99/p50 ${ratio(least)}  ` +
         `above the backend ${(percentile(least.latencies, 50) - baseP50).toFixed(2)} ms  (server ${cpu(least)})`,
     );
-    const bareRun = bare.get(sessions)!;
+    const bareRun = bare.get(key)!;
     console.log(`  floor: bare node:http answering "hi", no backend  ${latencyLine(bareRun.latencies)}  p99/p50 ${ratio(bareRun)}  (server ${cpu(bareRun)})`);
-    if (sessions > 1) {
+    if (sessions > 1 && thinkMs === 0) {
       // Little's law: with N calls always in flight, the mean time in the system is N / throughput
       console.log(
         `  closed loop: ${sessions} calls always in flight, so latency = ${sessions} / throughput; on 2 cores the server, the client and ${sessions} shells share the CPU. ` +
