@@ -10,7 +10,7 @@ import { BashSession, PythonKernel } from '../../packages/core/src/tools/index.t
 import { heading, latencyLine, percentile } from './stats.ts';
 
 // `pnpm bench tools`: the bash tool over the NeMo Gym HTTP face as users run it (issue 16: the
-// resources server in a process of its own, tools-server.ts; 1 and 16 sessions; the server's CPU
+// resources server in a process of its own, tools-server.mjs; 1 and 16 sessions; the server's CPU
 // per call from /proc; a bare node:http server as the floor), then the tool backends side by side
 // in one run (issue 3): the bash backend alone, the same command through tmux driven the way
 // tmux-based agent runtimes do it, the Python kernel, the bwrap sandbox lifecycle, 200 concurrent
@@ -128,7 +128,7 @@ export async function measureToolOverHttp(
   }
 }
 
-const TOOLS_SERVER = fileURLToPath(new URL('./tools-server.ts', import.meta.url));
+const TOOLS_SERVER = fileURLToPath(new URL('./tools-server.mjs', import.meta.url));
 const TICKS_PER_S = 100; // USER_HZ on Linux
 
 interface ToolsServer {
@@ -139,12 +139,10 @@ interface ToolsServer {
 
 /**
  * A resources server for an environment with the bash tool in a process of its own (as NeMo Gym
- * runs one: its agent is another process), from source. ROLLSERVE_BENCH_PROFILE=<dir> writes a
+ * runs one: its agent is another process), on the build. ROLLSERVE_BENCH_PROFILE=<dir> writes a
  * `node --cpu-prof` profile of it.
  */
-export async function startToolsServer(
-  args = ['--import', 'tsx', '--conditions=@rollserve/source', TOOLS_SERVER],
-): Promise<ToolsServer> {
+export async function startToolsServer(args = [TOOLS_SERVER]): Promise<ToolsServer> {
   const profile = process.env.ROLLSERVE_BENCH_PROFILE;
   const child = spawn(process.execPath, [...(profile ? ['--cpu-prof', `--cpu-prof-dir=${profile}`] : []), ...args], {
     stdio: ['ignore', 'pipe', 'inherit'],
@@ -288,7 +286,7 @@ async function backendSessions(sessions: number, calls: number, warmup: number, 
   }
 }
 
-const MINIMAL_SERVER = fileURLToPath(new URL('./tools-minimal-server.ts', import.meta.url));
+const MINIMAL_SERVER = fileURLToPath(new URL('./tools-minimal-server.mjs', import.meta.url));
 
 /**
  * Issue 16's figures: bash `echo hi` over the NeMo Gym face with the server in its own process, 1
@@ -319,7 +317,7 @@ export async function bashOverHttpAsUsersRunIt(): Promise<void> {
     }
   };
   const rollserve = await measure();
-  const minimal = await measure(['--import', 'tsx', '--conditions=@rollserve/source', MINIMAL_SERVER]);
+  const minimal = await measure([MINIMAL_SERVER]);
   const bare = await measure(['-e', BARE_SERVER]);
   const backend = new Map<string, SessionsRun>();
   for (const { key, sessions, calls, warmup, thinkMs } of plan) backend.set(key, await backendSessions(sessions, calls, Math.min(warmup, 2_000), thinkMs));
@@ -340,7 +338,7 @@ export async function bashOverHttpAsUsersRunIt(): Promise<void> {
         (sessions === 1 ? '  [issue 16 measured p50 2.5 ms, p99 8.0 ms on a 0.41 ms backend]' : ''),
     );
     console.log(
-      `  floor: the least HTTP face over this backend (node:http + BashSession, tools-minimal-server.ts)  ${latencyLine(least.latencies)}  p99/p50 ${ratio(least)}  ` +
+      `  floor: the least HTTP face over this backend (node:http + BashSession, tools-minimal-server.mjs)  ${latencyLine(least.latencies)}  p99/p50 ${ratio(least)}  ` +
         `above the backend ${(percentile(least.latencies, 50) - baseP50).toFixed(2)} ms  (server ${cpu(least)})`,
     );
     const bareRun = bare.get(key)!;

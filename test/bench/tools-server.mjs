@@ -1,12 +1,10 @@
 import { z } from 'zod';
-import { exitOnSignals, startResourcesServer } from '../../packages/core/src/gym/index.ts';
-import { defineEnvironment } from '../../packages/core/src/spec/index.ts';
-import { bashTool } from '../../packages/core/src/tools/index.ts';
+import { bashTool, defineEnvironment, exitOnSignals, startResourcesServer } from '@rollserve/core';
 
 // A NeMo Gym resources server for an environment with the bash tool, in a process of its own, as
 // `rollserve serve` runs one (startResourcesServer): `pnpm bench tools` spawns it (issue 16) and
-// reads its URL from the first line of stdout. Run from source (tsx), so that it measures the
-// tree as it is rather than the last `tsc -b`.
+// reads its URL from the first line of stdout. Plain JavaScript on @rollserve/core's build, which
+// is what users run (`pnpm bench` builds first): from source, tsx's helpers would be measured too.
 
 const env = defineEnvironment({
   name: 'bench_tools',

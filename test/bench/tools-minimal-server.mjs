@@ -1,20 +1,19 @@
 import { createServer } from 'node:http';
-import { createBwrapProvider } from '../../packages/core/src/sandbox/index.ts';
-import { BashSession } from '../../packages/core/src/tools/index.ts';
+import { BashSession, createBwrapProvider } from '@rollserve/core';
 
 // The least any HTTP face over the bash backend can cost here, as the floor under `pnpm bench
 // tools`' figures (issue 16): node:http and the very BashSession rollserve uses, one session per
 // cookie, and nothing else — no routing, no validation, no signed cookie, no time limit, no error
 // shapes. Not a server to use: it answers nothing but the bench's calls. Prints its URL as
-// tools-server.ts does.
+// tools-server.mjs does, on the same build of @rollserve/core.
 
 const provider = createBwrapProvider();
-const sessions = new Map<string, Promise<{ close(): Promise<void>; bash: BashSession }>>();
+const sessions = new Map();
 let next = 0;
 
 const server = createServer((req, res) => {
-  const chunks: Buffer[] = [];
-  req.on('data', (chunk: Buffer) => chunks.push(chunk));
+  const chunks = [];
+  req.on('data', (chunk) => chunks.push(chunk));
   req.on('end', () => {
     if (req.url === '/seed_session') {
       res.writeHead(200, { 'content-type': 'application/json', 'set-cookie': `s=${next++}` }).end('{}');
@@ -29,12 +28,12 @@ const server = createServer((req, res) => {
       });
       sessions.set(id, session);
     }
-    const { command } = JSON.parse(Buffer.concat(chunks).toString()) as { command: string };
+    const { command } = JSON.parse(Buffer.concat(chunks).toString());
     void session
       .then(({ bash }) => bash.run(command))
       .then(
         (result) => res.writeHead(200, { 'content-type': 'text/plain' }).end(result.output),
-        (error: unknown) => res.writeHead(500).end(String(error)),
+        (error) => res.writeHead(500).end(String(error)),
       );
   });
 });
