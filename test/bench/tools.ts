@@ -223,26 +223,39 @@ export async function bashSessions(server: ToolsServer, sessions: number, calls:
       const text = await response.body.text();
       if (response.statusCode !== 200 || !text.includes('hi')) throw new Error(`bash: ${response.statusCode} ${text}`);
     };
-    await Promise.all(cookies.map(async (cookie) => {
-      for (let i = 0; i < warmup; i++) await call(cookie);
-    }));
-    const latencies: number[] = [];
-    const cpuBefore = cpuMs(server.pid);
-    const started = performance.now();
-    await Promise.all(cookies.map(async (cookie) => {
-      for (let i = 0; i < calls; i++) {
-        await think(thinkMs);
-        const t = performance.now();
-        await call(cookie);
-        latencies.push(performance.now() - t);
-      }
-    }));
-    const wallMs = performance.now() - started;
+    let cpuBefore = 0;
+    const { latencies, wallMs } = await sessionLoops(cookies, call, { calls, warmup, thinkMs, onStart: () => (cpuBefore = cpuMs(server.pid)) });
     const serverCpuMsPerCall = (cpuMs(server.pid) - cpuBefore) / latencies.length;
     return { latencies, serverCpuMsPerCall, callsPerS: (latencies.length / wallMs) * 1000 };
   } finally {
     await pool.close();
   }
+}
+
+/**
+ * One loop per session, all at once: `warmup` calls each, then `calls` each timed (after a pause
+ * drawn by `think` when `thinkMs` is set). `onStart` runs between the two.
+ */
+async function sessionLoops<T>(
+  sessions: readonly T[],
+  call: (session: T) => Promise<void>,
+  { calls, warmup, thinkMs, onStart }: { calls: number; warmup: number; thinkMs: number; onStart: () => void },
+): Promise<{ latencies: number[]; wallMs: number }> {
+  await Promise.all(sessions.map(async (session) => {
+    for (let i = 0; i < warmup; i++) await call(session);
+  }));
+  const latencies: number[] = [];
+  onStart();
+  const started = performance.now();
+  await Promise.all(sessions.map(async (session) => {
+    for (let i = 0; i < calls; i++) {
+      await think(thinkMs);
+      const t = performance.now();
+      await call(session);
+      latencies.push(performance.now() - t);
+    }
+  }));
+  return { latencies, wallMs: performance.now() - started };
 }
 
 /**
@@ -263,21 +276,8 @@ async function backendSessions(sessions: number, calls: number, warmup: number, 
     const call = async (bash: BashSession) => {
       if ((await bash.run('echo hi')).output !== 'hi\n') throw new Error('bash');
     };
-    await Promise.all(shells.map(async (bash) => {
-      for (let i = 0; i < warmup; i++) await call(bash);
-    }));
-    const latencies: number[] = [];
-    const cpuBefore = process.cpuUsage();
-    const started = performance.now();
-    await Promise.all(shells.map(async (bash) => {
-      for (let i = 0; i < calls; i++) {
-        await think(thinkMs);
-        const t = performance.now();
-        await call(bash);
-        latencies.push(performance.now() - t);
-      }
-    }));
-    const wallMs = performance.now() - started;
+    let cpuBefore = process.cpuUsage();
+    const { latencies, wallMs } = await sessionLoops(shells, call, { calls, warmup, thinkMs, onStart: () => (cpuBefore = process.cpuUsage()) });
     const cpu = process.cpuUsage(cpuBefore);
     await Promise.all(shells.map((bash) => bash.close()));
     return { latencies, serverCpuMsPerCall: (cpu.user + cpu.system) / 1000 / latencies.length, callsPerS: (latencies.length / wallMs) * 1000 };
