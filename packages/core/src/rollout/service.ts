@@ -927,4 +927,3 @@ export class RolloutService implements NodeCoordinator {
     if (this.#ownsStore) await this.store.close();
   }
 }
-
