@@ -32,15 +32,18 @@ function track(child: ChildProcess, name: string): ChildProcess {
 /** Tracks a child started elsewhere (the policy process), so that `stopAll()` and the exit ends it too. */
 export const adopt = (child: ChildProcess, name: string): ChildProcess => track(child, name);
 
-/** Spawns the CLI and resolves with the first stdout line matching `ready` (its first group). */
-function spawnCli(nodeArgs: string[], cliArgs: string[], ready: RegExp, env: NodeJS.ProcessEnv = {}, cwd?: string): Promise<{ child: ChildProcess; match: string }> {
+/**
+ * Spawns `node ...argv`, tracked, and resolves with the first stdout line matching `ready` (its
+ * first group); rejects with what it printed if it exits first.
+ */
+export function spawnReady(argv: string[], ready: RegExp, { name, env = {}, cwd }: { name: string; env?: NodeJS.ProcessEnv; cwd?: string }): Promise<{ child: ChildProcess; match: string }> {
   const child = track(
-    spawn(process.execPath, [...nodeArgs, CLI, ...cliArgs], {
+    spawn(process.execPath, argv, {
       ...(cwd ? { cwd } : {}),
       stdio: ['ignore', 'pipe', 'inherit'],
       env: { ...process.env, ROLLSERVE_LOG_LEVEL: process.env.ROLLSERVE_BENCH_LOG_LEVEL ?? 'silent', ...env },
     }),
-    `rollserve ${cliArgs[0]}`,
+    name,
   );
   return new Promise((resolve, reject) => {
     let seen = '';
@@ -54,10 +57,15 @@ function spawnCli(nodeArgs: string[], cliArgs: string[], ready: RegExp, env: Nod
         resolve({ child, match: match[1]! });
       }
     };
-    const onExit = (code: number | null) => reject(new Error(`rollserve ${cliArgs[0]} exited with ${code}: ${seen}`));
+    const onExit = (code: number | null) => reject(new Error(`${name} exited with ${code}: ${seen}`));
     child.stdout!.on('data', onData);
     child.once('exit', onExit);
   });
+}
+
+/** Spawns the CLI and resolves with the first stdout line matching `ready` (its first group). */
+function spawnCli(nodeArgs: string[], cliArgs: string[], ready: RegExp, env: NodeJS.ProcessEnv = {}, cwd?: string): Promise<{ child: ChildProcess; match: string }> {
+  return spawnReady([...nodeArgs, CLI, ...cliArgs], ready, { name: `rollserve ${cliArgs[0]}`, env, ...(cwd ? { cwd } : {}) });
 }
 
 export interface ServiceProcess {
@@ -68,10 +76,14 @@ export interface ServiceProcess {
 
 /**
  * `rollserve start --port 0 --llm <policy> --store sqlite://<store> ...args`, in the store's directory
- * (no journal of an earlier rollserve there to import).
+ * (no journal of an earlier rollserve there to import). `storeUrl` puts another store in its place.
  */
-export async function startService(policyUrl: string, store: string, args: string[] = [], nodeArgs: string[] = [], env: NodeJS.ProcessEnv = {}): Promise<ServiceProcess> {
-  const cliArgs = ['start', '--port', '0', '--llm', policyUrl, '--store', `sqlite://${store}`, '--journal', join(dirname(store), 'no-journal.jsonl'), ...args];
+export async function startService(
+  policyUrl: string,
+  store: string,
+  { args = [], nodeArgs = [], env = {}, storeUrl = `sqlite://${store}` }: { args?: string[]; nodeArgs?: string[]; env?: NodeJS.ProcessEnv; storeUrl?: string } = {},
+): Promise<ServiceProcess> {
+  const cliArgs = ['start', '--port', '0', '--llm', policyUrl, '--store', storeUrl, '--journal', join(dirname(store), 'no-journal.jsonl'), ...args];
   const { child, match } = await spawnCli(nodeArgs, cliArgs, /^rollouts\s+(http:\/\/\S+)/m, env, dirname(store));
   return { url: match, child, pid: child.pid! };
 }

@@ -63,7 +63,7 @@ export default async function bench(): Promise<void> {
   const policy = await startPolicyProcess({ reply: '\\boxed{8}', latencyMs: POLICY_MS });
   adopt(policy.child, 'policy');
   try {
-    const service = await startService(policy.url, join(dir, 'store.db'), ['--run-locally', 'never', '--node-timeout-s', String(TIMEOUT_S)]);
+    const service = await startService(policy.url, join(dir, 'store.db'), { args: ['--run-locally', 'never', '--node-timeout-s', String(TIMEOUT_S)] });
     const nodeArgs = ['--max-rollouts', String(PER_NODE)];
     const nodes: NodeProcess[] = [await startNode(service.url, nodeArgs), await startNode(service.url, nodeArgs)];
     const rows: Array<{ lost: number; leased: number; finished: number }> = [];

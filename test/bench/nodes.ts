@@ -97,7 +97,7 @@ interface Setup {
 async function startSetup(work: Workload, policyUrl: string, policyPid: number, dir: string, nodeCount: number): Promise<Setup> {
   const label = nodeCount === 0 ? 'service alone (--run-locally auto, no node)' : `--run-locally never + ${nodeCount} node${nodeCount > 1 ? 's' : ''}`;
   const nodes: NodeProcess[] = [];
-  const service: ServiceProcess = await startService(policyUrl, join(dir, `store-${nodeCount}-${Math.random().toString(36).slice(2)}.db`), ['--run-locally', nodeCount === 0 ? 'auto' : 'never']);
+  const service: ServiceProcess = await startService(policyUrl, join(dir, `store-${nodeCount}-${Math.random().toString(36).slice(2)}.db`), { args: ['--run-locally', nodeCount === 0 ? 'auto' : 'never'] });
   const close = async () => {
     for (const node of nodes) await stop(node.child);
     await stop(service.child);

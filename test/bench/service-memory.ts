@@ -36,8 +36,9 @@ export default async function bench(): Promise<void> {
   const policy = await startPolicyProcess({ reply: '\\boxed{8}' });
   adopt(policy.child, 'policy');
   try {
-    const service = await startService(policy.url, storeFile, [], ['--expose-gc', '--import', `data:text/javascript,${encodeURIComponent(PROBE)}`], {
-      ROLLSERVE_BENCH_HEAP_FILE: heapFile,
+    const service = await startService(policy.url, storeFile, {
+      nodeArgs: ['--expose-gc', '--import', `data:text/javascript,${encodeURIComponent(PROBE)}`],
+      env: { ROLLSERVE_BENCH_HEAP_FILE: heapFile },
     });
     let probes = 0;
     /** The service's heap after a full collection (asks the preload, waits for its answer). */

@@ -1,11 +1,10 @@
-import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
-import { Agent, request } from 'undici';
+import { request } from 'undici';
 import { createGrader } from '../../environments/math/src/grader.ts';
 import { openStore, RolloutTask, type RolloutResult } from '../../packages/core/src/index.ts';
+import { adopt, checkResults, cpuSeconds, dispatcher, mathTask, openStream, startService, stopAll, submit, type ServiceProcess, type WireResult } from './cluster.ts';
 import { heading, percentile } from './stats.ts';
 import { startPolicyProcess } from './policy-process.ts';
 import { BARE_SERVER, startToolsServer } from './tools.ts';
@@ -18,87 +17,20 @@ import { BARE_SERVER, startToolsServer } from './tools.ts';
 // `node --cpu-prof` profile of the service; ROLLSERVE_BENCH_STORE=<url> another store (e.g.
 // sqlite::memory:, to tell the store's share from the rest).
 
-const CLI = fileURLToPath(new URL('../../packages/core/bin/rollserve.js', import.meta.url));
-const TICKS_PER_S = 100; // USER_HZ on Linux
-
-interface Started {
-  url: string;
-  child: ChildProcess;
-}
-
-async function startService(policyUrl: string, store: string): Promise<Started> {
-  const profile = process.env.ROLLSERVE_BENCH_PROFILE;
-  const child = spawn(
-    process.execPath,
-    [...(profile ? ['--cpu-prof', `--cpu-prof-dir=${profile}`] : []), CLI, 'start', '--port', '0', '--llm', policyUrl, '--store', process.env.ROLLSERVE_BENCH_STORE ?? `sqlite://${store}`],
-    { stdio: ['ignore', 'pipe', 'inherit'], env: { ...process.env, ROLLSERVE_LOG_LEVEL: 'silent' } },
-  );
-  const url = await new Promise<string>((resolve, reject) => {
-    let seen = '';
-    const onData = (chunk: Buffer) => {
-      seen += chunk.toString();
-      const match = /^rollouts\s+(http:\/\/\S+)/m.exec(seen);
-      if (match) {
-        child.stdout!.off('data', onData);
-        child.stdout!.resume();
-        resolve(match[1]!);
-      }
-    };
-    child.stdout!.on('data', onData);
-    child.once('exit', (code) => reject(new Error(`rollserve start exited with ${code}: ${seen}`)));
-  });
-  return { url, child };
-}
-
-async function cpuSeconds(pid: number): Promise<number> {
-  const fields = (await readFile(`/proc/${pid}/stat`, 'latin1')).split(') ')[1]!.split(' ');
-  return (Number(fields[11]) + Number(fields[12])) / TICKS_PER_S; // utime, stime
-}
-
-const dispatcher = new Agent({ connections: 8, keepAliveTimeout: 30_000 });
-
-const mathTask = (id: string) => ({
-  id,
-  env: 'math',
-  row: { responses_create_params: { input: `What is 3+5? (${id})` }, question: 'What is 3+5?', expected_answer: '8' },
-  policy: { model: 'fake-policy' },
-});
-
-type WireResult = Record<string, unknown> & { reward: number; turns: Array<Record<string, unknown>> };
-
-/** Submits the tasks in one batch and reads their results from the NDJSON stream. */
+/** Submits the tasks in one batch and reads their results from the NDJSON stream; `acceptedMs` is the 202's. */
 async function run(url: string, ids: string[]): Promise<{ seconds: number; acceptedMs: number; results: WireResult[] }> {
   const started = performance.now();
-  const submitted = await request(`${url}/v1/rollouts`, {
-    dispatcher,
-    method: 'POST',
-    headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ tasks: ids.map(mathTask) }),
-  });
-  if (submitted.statusCode !== 202) throw new Error(`submit: ${submitted.statusCode} ${await submitted.body.text()}`);
-  await submitted.body.dump();
+  await submit(url, ids.map(mathTask));
   const acceptedMs = performance.now() - started;
-  const stream = await request(`${url}/v1/rollouts/stream?ids=${ids.join(',')}`, { dispatcher });
   const results: WireResult[] = [];
-  let buffered = '';
-  for await (const chunk of stream.body) {
-    buffered += chunk.toString();
-    let newline: number;
-    while ((newline = buffered.indexOf('\n')) >= 0) {
-      results.push(JSON.parse(buffered.slice(0, newline)) as WireResult);
-      buffered = buffered.slice(newline + 1);
-    }
-  }
-  const seconds = (performance.now() - started) / 1000;
-  if (results.length !== ids.length) throw new Error(`${results.length} results for ${ids.length} tasks`);
-  const wrong = results.filter((r) => r.reward !== 1);
-  if (wrong.length > 0) throw new Error(`${wrong.length} results without reward 1: ${JSON.stringify(wrong[0]).slice(0, 400)}`);
-  return { seconds, acceptedMs, results };
+  await openStream(url, (result) => results.push(result), ids).done;
+  checkResults(ids, results);
+  return { seconds: (performance.now() - started) / 1000, acceptedMs, results };
 }
 
 /** The policy's own time in a result (the wire names of either API generation). */
 function policyMs(result: WireResult): number {
-  return result.turns.reduce((sum, t) => sum + Number(t.llm_latency_ms ?? t.llmLatencyMs ?? 0), 0);
+  return (result.turns as Array<Record<string, unknown>>).reduce((sum, t) => sum + Number(t.llm_latency_ms ?? t.llmLatencyMs ?? 0), 0);
 }
 
 const idle = () => new Promise((resolve) => setTimeout(resolve, 2));
@@ -168,10 +100,14 @@ export default async function bench(): Promise<void> {
   heading('rollserve start (SQLite store on), zero-latency policy in its own process, tasks over HTTP, results from the NDJSON stream');
   const dir = await mkdtemp(join(tmpdir(), 'rollserve-start-bench-'));
   const policy = await startPolicyProcess({ reply: '\\boxed{8}' });
-  let service: Started | undefined;
+  adopt(policy.child, 'policy');
   try {
-    service = await startService(policy.url, join(dir, 'store.db'));
-    const pid = service.child.pid!;
+    const profile = process.env.ROLLSERVE_BENCH_PROFILE;
+    const service: ServiceProcess = await startService(policy.url, join(dir, 'store.db'), {
+      nodeArgs: profile ? ['--cpu-prof', `--cpu-prof-dir=${profile}`] : [],
+      ...(process.env.ROLLSERVE_BENCH_STORE ? { storeUrl: process.env.ROLLSERVE_BENCH_STORE } : {}),
+    });
+    const { pid } = service;
     // Steady state, as a trainer's long-running service is: the service's CPU per rollout keeps
     // falling over its first ~4,000 rollouts (JIT tiers, the heap's young generation growing,
     // connections to the policy), so 200 rollouts of warm-up measured the warm-up.
@@ -211,13 +147,7 @@ export default async function bench(): Promise<void> {
         `= ${fixed(floorTotal, 2)} ms before any of the service's own work; the service's own share of the p50 above: ${fixed(percentile(alone, 50) - floorTotal, 2)} ms`,
     );
   } finally {
-    if (service && service.child.exitCode === null) {
-      const exited = new Promise((resolve) => service!.child.once('exit', resolve));
-      service.child.kill('SIGTERM');
-      await exited;
-    }
-    policy.child.kill('SIGTERM');
-    await dispatcher.close();
+    await stopAll();
     await rm(dir, { recursive: true, force: true });
   }
 }

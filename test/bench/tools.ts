@@ -1,4 +1,4 @@
-import { execFile, spawn } from 'node:child_process';
+import { execFile } from 'node:child_process';
 import { readdirSync, readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
@@ -7,6 +7,7 @@ import { promisify } from 'node:util';
 import { Pool } from 'undici';
 import { cgroupSupport, createBwrapProvider, type Sandbox } from '../../packages/core/src/sandbox/index.ts';
 import { BashSession, PythonKernel } from '../../packages/core/src/tools/index.ts';
+import { cpuSeconds, spawnReady, stop } from './cluster.ts';
 import { heading, latencyLine, percentile } from './stats.ts';
 
 // `pnpm bench tools`: the bash tool over the NeMo Gym HTTP face as users run it (issue 16: the
@@ -129,7 +130,6 @@ export async function measureToolOverHttp(
 }
 
 const TOOLS_SERVER = fileURLToPath(new URL('./tools-server.mjs', import.meta.url));
-const TICKS_PER_S = 100; // USER_HZ on Linux
 
 interface ToolsServer {
   url: string;
@@ -144,33 +144,8 @@ interface ToolsServer {
  */
 export async function startToolsServer(args = [TOOLS_SERVER]): Promise<ToolsServer> {
   const profile = process.env.ROLLSERVE_BENCH_PROFILE;
-  const child = spawn(process.execPath, [...(profile ? ['--cpu-prof', `--cpu-prof-dir=${profile}`] : []), ...args], {
-    stdio: ['ignore', 'pipe', 'inherit'],
-    env: { ...process.env, ROLLSERVE_LOG_LEVEL: 'silent' },
-  });
-  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
-  const url = await new Promise<string>((resolve, reject) => {
-    let seen = '';
-    const onData = (chunk: Buffer) => {
-      seen += chunk.toString();
-      const match = /^serving\s+(http:\/\/\S+)/m.exec(seen);
-      if (match) {
-        child.stdout!.off('data', onData);
-        child.stdout!.resume();
-        resolve(match[1]!);
-      }
-    };
-    child.stdout!.on('data', onData);
-    child.once('exit', (code) => reject(new Error(`tools server exited with ${code}: ${seen}`)));
-  });
-  return {
-    url,
-    pid: child.pid!,
-    stop: async () => {
-      child.kill('SIGTERM');
-      await exited;
-    },
-  };
+  const { child, match } = await spawnReady([...(profile ? ['--cpu-prof', `--cpu-prof-dir=${profile}`] : []), ...args], /^serving\s+(http:\/\/\S+)/m, { name: 'tools server' });
+  return { url: match, pid: child.pid!, stop: () => stop(child) };
 }
 
 /**
@@ -188,11 +163,6 @@ server.keepAliveTimeout = 30000;
 server.listen(0, '127.0.0.1', () => console.log('serving http://127.0.0.1:' + server.address().port));
 process.on('SIGTERM', () => server.close(() => process.exit(0)) && server.closeAllConnections());
 `;
-
-function cpuMs(pid: number): number {
-  const fields = readFileSync(`/proc/${pid}/stat`, 'latin1').split(') ')[1]!.split(' ');
-  return ((Number(fields[11]) + Number(fields[12])) / TICKS_PER_S) * 1000; // utime + stime
-}
 
 interface SessionsRun {
   latencies: number[];
@@ -224,8 +194,8 @@ export async function bashSessions(server: ToolsServer, sessions: number, calls:
       if (response.statusCode !== 200 || !text.includes('hi')) throw new Error(`bash: ${response.statusCode} ${text}`);
     };
     let cpuBefore = 0;
-    const { latencies, wallMs } = await sessionLoops(cookies, call, { calls, warmup, thinkMs, onStart: () => (cpuBefore = cpuMs(server.pid)) });
-    const serverCpuMsPerCall = (cpuMs(server.pid) - cpuBefore) / latencies.length;
+    const { latencies, wallMs } = await sessionLoops(cookies, call, { calls, warmup, thinkMs, onStart: async () => void (cpuBefore = await cpuSeconds(server.pid)) });
+    const serverCpuMsPerCall = ((await cpuSeconds(server.pid)) - cpuBefore) * 1000 / latencies.length;
     return { latencies, serverCpuMsPerCall, callsPerS: (latencies.length / wallMs) * 1000 };
   } finally {
     await pool.close();
@@ -239,13 +209,13 @@ export async function bashSessions(server: ToolsServer, sessions: number, calls:
 async function sessionLoops<T>(
   sessions: readonly T[],
   call: (session: T) => Promise<void>,
-  { calls, warmup, thinkMs, onStart }: { calls: number; warmup: number; thinkMs: number; onStart: () => void },
+  { calls, warmup, thinkMs, onStart }: { calls: number; warmup: number; thinkMs: number; onStart: () => Promise<void> },
 ): Promise<{ latencies: number[]; wallMs: number }> {
   await Promise.all(sessions.map(async (session) => {
     for (let i = 0; i < warmup; i++) await call(session);
   }));
   const latencies: number[] = [];
-  onStart();
+  await onStart();
   const started = performance.now();
   await Promise.all(sessions.map(async (session) => {
     for (let i = 0; i < calls; i++) {
@@ -277,7 +247,7 @@ async function backendSessions(sessions: number, calls: number, warmup: number, 
       if ((await bash.run('echo hi')).output !== 'hi\n') throw new Error('bash');
     };
     let cpuBefore = process.cpuUsage();
-    const { latencies, wallMs } = await sessionLoops(shells, call, { calls, warmup, thinkMs, onStart: () => (cpuBefore = process.cpuUsage()) });
+    const { latencies, wallMs } = await sessionLoops(shells, call, { calls, warmup, thinkMs, onStart: async () => void (cpuBefore = process.cpuUsage()) });
     const cpu = process.cpuUsage(cpuBefore);
     await Promise.all(shells.map((bash) => bash.close()));
     return { latencies, serverCpuMsPerCall: (cpu.user + cpu.system) / 1000 / latencies.length, callsPerS: (latencies.length / wallMs) * 1000 };
