@@ -2,6 +2,7 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { RolloutResult } from '@rollserve/core';
+import { renderPrompt, toyTokenizer } from '@rollserve/testing';
 import { afterEach, describe, expect, it, onTestFailed } from 'vitest';
 import { descendants, getJson, Resources, sandboxDir, startCommitFaults, startNode, startService, startShellPolicy, streamResults, submit, until } from './helpers.ts';
 
@@ -76,9 +77,20 @@ describe('rollout nodes', () => {
     const rollouts = await submit(url, ids('route', 8));
     await streamResults(url, rollouts);
     expectOneGoodResultEach(results, rollouts);
+    // the prompts the policy tokenised for each conversation (named by its user message), in turn order
+    const firstUser = (messages: unknown[]) => JSON.stringify(messages.find((m) => (m as { role: string }).role === 'user'));
+    const promptsOf = (messages: unknown[]) =>
+      [...p1.requests, ...p2.requests]
+        .filter((r) => firstUser(r.messages) === firstUser(messages))
+        .sort((x, y) => x.messages.length - y.messages.length)
+        .map((r) => toyTokenizer.encode(renderPrompt(r.messages, r.tools as unknown[] | undefined)));
     for (const result of results) {
       expect(result.turns).toHaveLength(2);
       expect(new Set(result.turns.map((t) => t.backend)).size, result.id).toBe(1); // sticky per rollout
+      // each turn's whole prompt came through the node's commit, which sends every id once
+      expect(result.turns.map((t) => t.promptTokenIds)).toEqual(promptsOf(result.messages));
+      const items = (result.response as { output: Array<Record<string, unknown>> }).output.filter((item) => 'prompt_token_ids' in item);
+      expect(items.map((item) => item.prompt_token_ids)).toEqual(result.turns.map((t) => t.promptTokenIds));
     }
     // both backends served, each a fair share (least in flight, not all on the first)
     const served = [p1, p2].map((p) => p.requests.length);

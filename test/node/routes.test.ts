@@ -52,6 +52,11 @@ describe('node routes: bad requests', () => {
     expectError(await call('/v1/nodes/n1/claim', { raw: 'limit=1' }), 400, 'BAD_REQUEST');
     expectError(await call('/v1/nodes/n1/results', { body: { results: [] } }), 422, 'UNPROCESSABLE', /results/);
     expectError(await call('/v1/nodes/n1/results', { body: { results: [{ rollout_id: 'x', attempt: 1, result: { id: 'x' } }] } }), 422, 'UNPROCESSABLE', /taskId/);
+    // results whose token ids come sent once ($tokens) but do not decode
+    const sent = (result: unknown) => ({ body: { results: [{ rollout_id: 'x', attempt: 1, result }] } });
+    expectError(await call('/v1/nodes/n1/results', sent({ $tokens: 9, turns: [] })), 422, 'UNPROCESSABLE', /token encoding 9/);
+    expectError(await call('/v1/nodes/n1/results', sent({ $tokens: 1, turns: [{ promptTokenIds: { keep: 3, add: [1] } }] })), 422, 'UNPROCESSABLE', /turns\[0\]\.promptTokenIds/);
+    expectError(await call('/v1/nodes/n1/results', sent({ $tokens: 1, turns: [], response: { output: [{ prompt_token_ids: { $turn: 0 } }] } })), 422, 'UNPROCESSABLE', /response\.output\[0\]\.prompt_token_ids: no turn 0/);
     expectError(await call('/v1/nodes/n1/model', { body: { rollout_id: 'x', attempt: 1, messages: 'hi', tools: [] } }), 422, 'UNPROCESSABLE', /messages/);
     // a turn for a rollout the node does not hold
     expectError(await call('/v1/nodes/n1/model', { body: { rollout_id: 'x', attempt: 1, messages: [{ role: 'user', content: 'hi' }], tools: [] } }), 409, 'CONFLICT', /x/);

@@ -2,6 +2,7 @@ import { appendFile, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import {
+  buildResponse,
   importJournal,
   openStore,
   RolloutError,
@@ -11,6 +12,7 @@ import {
   type RolloutResult,
   type RolloutStore,
   type RolloutTaskInput,
+  type TurnRecord,
 } from '@rollserve/core';
 import { startTestPostgres, type TestPostgres } from '@rollserve/testing';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
@@ -41,6 +43,22 @@ const result = (id: string, taskId: string, sampleIndex = 0, extra: Partial<Roll
   finishedAt: '2026-01-01T00:00:00.000Z',
   ...extra,
 });
+
+/** A result as the agent loop makes one: each turn's prompt is the last one, its generation and a tool's output. */
+function multiTurn(id: string, taskId: string, sampleIndex = 0, extra: Partial<RolloutResult> = {}): RolloutResult {
+  const turns: TurnRecord[] = [];
+  let prompt = Array.from({ length: 500 }, (_, i) => (i * 31) % 5_000);
+  for (let t = 0; t < 8; t++) {
+    const generation = Array.from({ length: 30 }, (_, i) => 10_000 + t * 100 + i);
+    turns.push({
+      index: t, promptTokenIds: prompt, generationTokenIds: generation, generationLogprobs: generation.map((g) => -(g % 7) / 4), finishReason: 'tool_calls',
+      text: null, reasoning: null, toolCalls: [], llmLatencyMs: 1, backend: 'b', code: null, status: 'none', malformed: null,
+      rewards: { format: null, tool: null, outcome: null, shaping: null }, reward: 0, return: 0, normalizedReturn: null,
+    });
+    prompt = [...prompt, ...generation, ...Array.from({ length: 100 }, (_, i) => 20_000 + t * 1_000 + i)];
+  }
+  return result(id, taskId, sampleIndex, { turns, response: buildResponse({ id, model: 'm', turns, tools: [], usage: { input: 1, output: 1 } }), ...extra });
+}
 
 /** Every id reachable through paging. */
 async function allRolloutIds(store: RolloutStore, query: Parameters<RolloutStore['listRollouts']>[0] = {}): Promise<string[]> {
@@ -285,6 +303,26 @@ describe.each(engines)('$name store', (engine) => {
       .catch((e: unknown) => e);
     expect(RolloutError.isInstance(error) && error.code).toBe('BAD_REQUEST');
     expect(await store.getRollout('b')).toMatchObject({ state: 'leased' });
+  });
+
+  it('gives multi-turn results back as committed (their token ids stored once), through every way in and out', async () => {
+    await store.putTasks([task('one'), task('many'), task('g', 2)]);
+    const claimed = await store.claim({ workerId: 'n1', limit: 4, leaseMs: 10_000 });
+    const attempt = (id: string) => claimed.find((c) => c.id === id)!.attempt;
+    const plain = (value: unknown) => JSON.parse(JSON.stringify(value)) as unknown;
+    const one = multiTurn('one', 'one');
+    const many = multiTurn('many', 'many', 0, { reward: 0 });
+    expect(await store.commit({ rolloutId: 'one', attempt: attempt('one'), result: one })).toEqual({ status: 'committed' });
+    expect(await store.commitMany([{ rolloutId: 'many', attempt: attempt('many'), result: many }])).toEqual([{ status: 'committed' }]);
+    await store.commit({ rolloutId: 'g:0', attempt: attempt('g:0'), result: multiTurn('g:0', 'g', 0) });
+    const amended = multiTurn('g:0', 'g', 0, { advantage: 1 });
+    await store.commit({ rolloutId: 'g:1', attempt: attempt('g:1'), result: multiTurn('g:1', 'g', 1, { advantage: -1 }), amend: [amended] });
+    expect(plain(await store.getResult('one'))).toEqual(plain(one));
+    expect(plain((await store.getResults(['many', 'g:0'])).get('many'))).toEqual(plain(many));
+    expect(plain(await store.getResult('g:0'))).toEqual(plain(amended));
+    const listed = await store.listResults({ limit: 10 });
+    expect(listed.items.map((r) => r.id).sort()).toEqual(['g:0', 'g:1', 'many', 'one']);
+    expect(plain(listed.items.find((r) => r.id === 'one'))).toEqual(plain(one));
   });
 
   it('commits a cancelled result for a rollout never claimed (attempt 0), and rejects unfinished results', async () => {

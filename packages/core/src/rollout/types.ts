@@ -1,5 +1,6 @@
 import { z } from 'zod';
 import { TURN_REWARD_COMPONENTS, TURN_REWARD_NAMES, type TurnRewardName } from './rewards/components.ts';
+import { integerArray, numberArray } from './number-arrays.ts';
 
 /** Sampling parameters passed through to the policy's chat completions (vLLM names). */
 export const SamplingParams = z.looseObject({
@@ -197,9 +198,9 @@ export type TurnRewards = z.infer<typeof TurnRewards>;
 /** One model call and what followed it: what a turn-level (GTPO-style) trainer needs. */
 export const TurnRecord = z.object({
   index: z.number().int(),
-  promptTokenIds: z.array(z.number().int()).nullable(),
-  generationTokenIds: z.array(z.number().int()).nullable(),
-  generationLogprobs: z.array(z.number()).nullable(),
+  promptTokenIds: integerArray.nullable(),
+  generationTokenIds: integerArray.nullable(),
+  generationLogprobs: numberArray.nullable(),
   finishReason: z.string().nullable(),
   text: z.string().nullable(),
   reasoning: z.string().nullable(),

@@ -2,6 +2,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
 import { RolloutError } from '../errors.ts';
 import type { RolloutResult, RolloutTask } from '../rollout/types.ts';
+import { decodeResult, encodeResult } from '../rollout/result-codec.ts';
 import { asList, checkClaim, checkPositiveInt, checkResult, conflict, emptyCounts, pageLimit, parseCursor, prepareTasks, TERMINAL_STATES } from './common.ts';
 import type {
   ClaimedRollout,
@@ -349,7 +350,7 @@ export class PostgresStore implements RolloutStore {
         WHERE id = $1 AND attempt = $2 AND state IN ('queued', 'leased') RETURNING id, task_id
       )
       INSERT INTO results (rollout_id, task_id, state, stored_at, body) SELECT id, task_id, $3, $5, $6 FROM finished RETURNING task_id`;
-    const values = [rolloutId, attempt, result.state, workerId ?? null, this.#now(), JSON.stringify(result)];
+    const values = [rolloutId, attempt, result.state, workerId ?? null, this.#now(), JSON.stringify(encodeResult(result))];
     const classify = async (client: Client): Promise<CommitOutcome> => {
       const { rows } = await client.query<{ state: StoreRolloutState; attempt: number; committed_attempt: number | null }>(
         'SELECT state, attempt, committed_attempt FROM rollouts WHERE id = $1',
@@ -373,7 +374,7 @@ export class PostgresStore implements RolloutStore {
       await client.query(
         `UPDATE results AS r SET body = a.body, state = a.state FROM unnest($1::text[], $2::json[], $3::text[]) AS a(id, body, state)
          WHERE r.rollout_id = a.id AND r.task_id = $4`,
-        [others.map((o) => o.id), others.map((o) => JSON.stringify(o)), others.map((o) => o.state), rows[0]!.task_id],
+        [others.map((o) => o.id), others.map((o) => JSON.stringify(encodeResult(o))), others.map((o) => o.state), rows[0]!.task_id],
       );
       return { status: 'committed' };
     });
@@ -381,14 +382,14 @@ export class PostgresStore implements RolloutStore {
 
   async getResult(rolloutId: string): Promise<RolloutResult | undefined> {
     const { rows } = await this.#query<{ body: RolloutResult }>('SELECT body FROM results WHERE rollout_id = $1', [rolloutId]);
-    return rows[0]?.body;
+    return rows[0] && decodeResult(rows[0].body);
   }
 
   async getResults(rolloutIds: readonly string[]): Promise<Map<string, RolloutResult>> {
     const found = new Map<string, RolloutResult>();
     for (let start = 0; start < rolloutIds.length; start += 500) {
       const { rows } = await this.#query<{ rollout_id: string; body: RolloutResult }>('SELECT rollout_id, body FROM results WHERE rollout_id = ANY($1::text[])', [rolloutIds.slice(start, start + 500)]);
-      for (const row of rows) found.set(row.rollout_id, row.body);
+      for (const row of rows) found.set(row.rollout_id, decodeResult(row.body));
     }
     return found;
   }
@@ -424,7 +425,7 @@ export class PostgresStore implements RolloutStore {
     const limit = pageLimit(query.limit);
     const { where, values } = this.#filter(query);
     const { rows } = await this.#query<{ seq: string; body: RolloutResult }>(`SELECT seq, body FROM results WHERE ${where} ORDER BY seq LIMIT ${limit}`, values);
-    return { items: rows.map((row) => row.body), cursor: rows.length === limit ? rows.at(-1)!.seq : null };
+    return { items: rows.map((row) => decodeResult(row.body)), cursor: rows.length === limit ? rows.at(-1)!.seq : null };
   }
 
   async counts(): Promise<Record<StoreRolloutState, number>> {
@@ -480,7 +481,7 @@ export class PostgresStore implements RolloutStore {
          )
          INSERT INTO results (rollout_id, task_id, state, stored_at, body)
          SELECT g.id, f.task_id, g.state, $4, g.body FROM finished AS f JOIN given AS g ON g.id = f.id ORDER BY g.ord`,
-        [finished.map((r) => r.id), finished.map((r) => r.state), finished.map((r) => JSON.stringify(r)), now],
+        [finished.map((r) => r.id), finished.map((r) => r.state), finished.map((r) => JSON.stringify(encodeResult(r))), now],
       );
       const counts = { tasks: fresh.size, results: stored.rowCount ?? 0 };
       await client.query('UPDATE imports SET tasks = $2, results = $3 WHERE source = $1', [source, counts.tasks, counts.results]);

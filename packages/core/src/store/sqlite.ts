@@ -3,6 +3,7 @@ import { dirname } from 'node:path';
 import Database from 'better-sqlite3';
 import { RolloutError } from '../errors.ts';
 import type { RolloutResult, RolloutTask } from '../rollout/types.ts';
+import { decodeResult, encodeResult } from '../rollout/result-codec.ts';
 import { asList, checkClaim, checkPositiveInt, checkResult, conflict, emptyCounts, pageLimit, parseCursor, prepareTasks, TERMINAL_STATES } from './common.ts';
 import type {
   ClaimedRollout,
@@ -310,14 +311,14 @@ export class SqliteStore implements RolloutStore {
       if (row.committed_attempt === attempt) return { status: 'duplicate' };
       return { status: 'stale', currentAttempt: row.attempt, state: row.state };
     }
-    s.insertResult.run(rolloutId, finished.task_id, result.state, now, JSON.stringify(result));
-    for (const other of amend) if (other.id !== rolloutId) s.amendResult.run(JSON.stringify(other), other.state, other.id, finished.task_id);
+    s.insertResult.run(rolloutId, finished.task_id, result.state, now, JSON.stringify(encodeResult(result)));
+    for (const other of amend) if (other.id !== rolloutId) s.amendResult.run(JSON.stringify(encodeResult(other)), other.state, other.id, finished.task_id);
     return { status: 'committed' };
   }
 
   async getResult(rolloutId: string): Promise<RolloutResult | undefined> {
     const row = this.#statements.result.get(rolloutId);
-    return row ? (JSON.parse(row.body) as RolloutResult) : undefined;
+    return row ? decodeResult(JSON.parse(row.body)) : undefined;
   }
 
   async getResults(rolloutIds: readonly string[]): Promise<Map<string, RolloutResult>> {
@@ -325,7 +326,7 @@ export class SqliteStore implements RolloutStore {
     for (let start = 0; start < rolloutIds.length; start += 500) {
       const chunk = rolloutIds.slice(start, start + 500);
       const rows = this.#db.prepare<string[], { rollout_id: string; body: string }>(`SELECT rollout_id, body FROM results WHERE rollout_id IN (${chunk.map(() => '?').join(', ')})`).all(...chunk);
-      for (const row of rows) found.set(row.rollout_id, JSON.parse(row.body) as RolloutResult);
+      for (const row of rows) found.set(row.rollout_id, decodeResult(JSON.parse(row.body)));
     }
     return found;
   }
@@ -346,7 +347,7 @@ export class SqliteStore implements RolloutStore {
     const limit = pageLimit(query.limit);
     const { where, params } = filter(query);
     const rows = this.#db.prepare<unknown[], { seq: number; body: string }>(`SELECT seq, body FROM results WHERE ${where} ORDER BY seq LIMIT ?`).all(...params, limit);
-    return { items: rows.map((row) => JSON.parse(row.body) as RolloutResult), cursor: rows.length === limit ? String(rows.at(-1)!.seq) : null };
+    return { items: rows.map((row) => decodeResult(JSON.parse(row.body))), cursor: rows.length === limit ? String(rows.at(-1)!.seq) : null };
   }
 
   async counts(): Promise<Record<StoreRolloutState, number>> {
@@ -407,7 +408,7 @@ export class SqliteStore implements RolloutStore {
           if (!(TERMINAL_STATES as readonly string[]).includes(result.state)) continue;
           const finished = s.finishImported.get(result.state, result.id);
           if (!finished) continue;
-          s.insertResult.run(result.id, finished.task_id, result.state, now, JSON.stringify(result));
+          s.insertResult.run(result.id, finished.task_id, result.state, now, JSON.stringify(encodeResult(result)));
           resultCount++;
         }
         s.insertImport.run(source, at, taskCount, resultCount);

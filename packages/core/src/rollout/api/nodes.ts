@@ -2,9 +2,11 @@ import { createRoute, OpenAPIHono, z } from '@hono/zod-openapi';
 import type { ModelTurn } from '../agent-loop.ts';
 import type { ChatMessage, ChatTool } from '../messages.ts';
 import type { HeartbeatAnswer, NodeClaim, NodeCommit, NodeCommitStatus, NodeCoordinator, NodeLease, NodeModelRequest, NodeRegistered, NodeRegistration, NodeView } from '../nodes.ts';
+import { decodeResult, encodeResult } from '../result-codec.ts';
 import { RolloutResult, RolloutTask } from '../types.ts';
 import type { ApiContext } from './context.ts';
 import { errorResponses } from './wire.ts';
+import { integerArray, numberArray } from '../number-arrays.ts';
 
 // The rollout-node protocol on HTTP (see ../nodes.ts). Wire names are snake_case like the rest of
 // the API, except the results a node commits: those are RolloutResult as the runner made it
@@ -100,6 +102,16 @@ const WireClaim = z.strictObject({
 });
 export const WireClaims = z.strictObject({ claims: z.array(WireClaim) }).openapi('NodeClaims');
 
+/** A sent result's token ids whole again before it is checked; a malformed encoding is a 400 naming where. */
+function decodeSent(value: unknown, ctx: { addIssue(issue: { code: 'custom'; message: string; input: unknown }): void }): unknown {
+  try {
+    return decodeResult(value);
+  } catch (error) {
+    ctx.addIssue({ code: 'custom', message: (error as Error).message, input: value });
+    return z.NEVER;
+  }
+}
+
 export const WireCommits = z
   .strictObject({
     results: z
@@ -107,8 +119,12 @@ export const WireCommits = z
         z.strictObject({
           rollout_id: z.string().min(1),
           attempt: z.number().int().nonnegative(),
-          /** RolloutResult as the node's runner made it: camelCase (internal form), not the API's snake_case results. */
-          result: RolloutResult.meta({ id: 'NodeRolloutResult' }),
+          /**
+           * RolloutResult as the node's runner made it: camelCase (internal form), not the API's
+           * snake_case results; its token ids may come stored once (`$tokens`: each turn's prompt
+           * as a length of the previous one and the ids after it, the response's ids as a turn).
+           */
+          result: z.preprocess(decodeSent, RolloutResult).meta({ id: 'NodeRolloutResult' }),
         }),
       )
       .min(1)
@@ -138,9 +154,9 @@ export const WireModelTurn = z
     reasoning: z.string().nullable(),
     tool_calls: z.array(z.strictObject({ id: z.string(), name: z.string(), arguments: z.string() })),
     finish_reason: z.string().nullable(),
-    prompt_token_ids: z.array(z.number().int()).nullable(),
-    generation_token_ids: z.array(z.number().int()).nullable(),
-    generation_logprobs: z.array(z.number()).nullable(),
+    prompt_token_ids: integerArray.nullable(),
+    generation_token_ids: integerArray.nullable(),
+    generation_logprobs: numberArray.nullable(),
     usage: z.strictObject({ prompt_tokens: z.number(), completion_tokens: z.number() }),
     backend: z.string().nullable(),
     latency_ms: z.number(),
@@ -232,7 +248,8 @@ export const fromWireClaim = (w: z.infer<typeof WireClaim>): NodeClaim => ({
   task: RolloutTask.parse(w.task),
 });
 
-export const toWireCommit = (c: NodeCommit) => ({ rollout_id: c.rolloutId, attempt: c.attempt, result: c.result });
+/** A commit as a node sends it: the result with each token id once (its ids, whole in every turn, would be most of the body). */
+export const toWireCommit = (c: NodeCommit) => ({ rollout_id: c.rolloutId, attempt: c.attempt, result: encodeResult(c.result) });
 
 export const toWireModelRequest = (r: NodeModelRequest) => ({ rollout_id: r.rolloutId, attempt: r.attempt, messages: r.request.messages, tools: r.request.tools });
 
@@ -312,7 +329,7 @@ const resultsRoute = createRoute({
   method: 'post',
   path: '/v1/nodes/{node_id}/results',
   summary:
-    "Commit finished rollouts, each with its lease's attempt; each answers committed, duplicate, stale (the lease was re-issued: nothing changed) or not_found. The results are RolloutResult in the runner's internal camelCase form (NodeRolloutResult), not the API's snake_case",
+    "Commit finished rollouts, each with its lease's attempt; each answers committed, duplicate, stale (the lease was re-issued: nothing changed) or not_found. The results are RolloutResult in the runner's internal camelCase form (NodeRolloutResult), not the API's snake_case, their token ids sent once (`$tokens`)",
   request: { params: NodeParam, body: { required: true, content: json(WireCommits) } },
   responses: {
     200: { description: 'One status per result, in order', content: json(WireCommitAnswer) },

@@ -209,4 +209,35 @@ describe('chatCompletion', () => {
     const error = await failure(chatCompletion({ id: 'odd', baseUrl: `http://127.0.0.1:${port}/v1` }, { messages }, { dispatcher }));
     expect(error).toMatchObject({ code: 'LLM_BACKEND', kind: 'protocol', retryable: false });
   });
+
+  it('checks token ids and logprobs item by item, naming the first bad one and where it is', async () => {
+    const message = { role: 'assistant', content: 'hi' };
+    const bodies: Array<[string, Record<string, unknown>, RegExp | null]> = [
+      ['fine', { prompt_token_ids: [1, 2, 3], choices: [{ message, token_ids: [4], logprobs: { content: [{ token: 'hi', logprob: -0.5, bytes: [104, 105] }] } }] }, null],
+      ['a fractional prompt id', { prompt_token_ids: [1, 2.5, 3], choices: [{ message }] }, /item 1 is 2\.5\n.*at prompt_token_ids/],
+      ['a string generation id', { choices: [{ message, token_ids: [4, '5'] }] }, /item 1 is "5"\n.*at choices\[0\]\.token_ids/],
+      ['ids that are not an array', { prompt_token_ids: { 0: 1 }, choices: [{ message }] }, /expected an array of integers, received object\n.*at prompt_token_ids/],
+      ['a logprob entry without its logprob', { choices: [{ message, logprobs: { content: [{ token: 'hi', logprob: -1 }, { token: '!' }] } }] }, /item 1 is \{"token":"!"\}\n.*at choices\[0\]\.logprobs\.content/],
+    ];
+    const server = createServer((req, res) => {
+      const body = bodies.find(([name]) => name === req.headers['x-case'])![1];
+      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(body));
+    });
+    servers.push(server);
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const { port } = server.address() as { port: number };
+    const dispatcher = new Agent();
+    agents.push(dispatcher);
+    const backend = { id: 'odd', baseUrl: `http://127.0.0.1:${port}/v1` };
+    for (const [name, , expected] of bodies) {
+      const call = chatCompletion(backend, { messages }, { dispatcher, headers: { 'x-case': name } });
+      if (expected === null) {
+        expect((await call).promptTokenIds, name).toEqual([1, 2, 3]);
+        continue;
+      }
+      const error = await failure(call);
+      expect(error, name).toMatchObject({ code: 'LLM_BACKEND', kind: 'protocol' });
+      expect((error as Error).message, name).toMatch(expected);
+    }
+  });
 });

@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import { backendUrl, idsOfLogprobTokens, postToBackend, protocolError } from './backend-request.ts';
 import type { ChatChoice, ChatCompletionOptions, ChatRequest, ChatResult, LlmBackendConfig } from './types.ts';
+import { integerArray, logprobEntries } from '../number-arrays.ts';
 
 export { callerAbortError, createLlmAgent } from './backend-request.ts';
 
@@ -21,8 +22,8 @@ const Choice = z.looseObject({
     tool_calls: z.array(ToolCall).nullish(),
   }),
   finish_reason: z.string().nullish(),
-  token_ids: z.array(z.number().int()).nullish(),
-  logprobs: z.looseObject({ content: z.array(z.looseObject({ token: z.string(), logprob: z.number() })).nullish() }).nullish(),
+  token_ids: integerArray.nullable().optional(),
+  logprobs: z.looseObject({ content: logprobEntries.nullable().optional() }).nullish(),
 });
 
 const Completion = z.looseObject({
@@ -31,7 +32,7 @@ const Completion = z.looseObject({
   usage: z
     .looseObject({ prompt_tokens: z.number().nullish(), completion_tokens: z.number().nullish(), total_tokens: z.number().nullish() })
     .nullish(),
-  prompt_token_ids: z.array(z.number().int()).nullish(),
+  prompt_token_ids: integerArray.nullable().optional(),
 });
 
 export function chatRequestBody(backend: LlmBackendConfig, chat: ChatRequest): Record<string, unknown> {

@@ -1,15 +1,16 @@
 import { z } from 'zod';
 import { backendUrl, idsOfLogprobTokens, postToBackend, protocolError, serverUrl } from './backend-request.ts';
 import type { ChatCompletionOptions, LlmBackendConfig, TokenCompletionRequest, TokenCompletionResult, TokenizeChatRequest } from './types.ts';
+import { integerArray, nullableNumberArray } from '../number-arrays.ts';
 
-const Tokenized = z.looseObject({ tokens: z.array(z.number().int()) });
+const Tokenized = z.looseObject({ tokens: integerArray.schema });
 
 const CompletionChoice = z.looseObject({
   index: z.number().int().nullish(),
   text: z.string(),
   finish_reason: z.string().nullish(),
-  token_ids: z.array(z.number().int()).nullish(),
-  logprobs: z.looseObject({ tokens: z.array(z.string()).nullish(), token_logprobs: z.array(z.number().nullable()).nullish() }).nullish(),
+  token_ids: integerArray.nullable().optional(),
+  logprobs: z.looseObject({ tokens: z.array(z.string()).nullish(), token_logprobs: nullableNumberArray.nullable().optional() }).nullish(),
 });
 
 const Completion = z.looseObject({
