@@ -2,6 +2,7 @@ import {
   bashTool,
   defineTool,
   defineEnvironment,
+  trainingView,
   type RolloutService,
   type Environment,
   type RolloutResult,
@@ -120,10 +121,21 @@ export default async function bench(): Promise<void> {
       const used = process.cpuUsage(cpu);
       const turns = run.results.reduce((s, r) => s + r.turns.length, 0);
       const sizes = run.results.map((r) => JSON.stringify(r).length / 2 ** 20);
+      // what a trainer parses per rollout: the result, or its training view (view=training)
+      const serialise = (f: (r: RolloutResult) => string) => {
+        const started = performance.now();
+        const bytes = run.results.reduce((sum, r) => sum + f(r).length, 0);
+        return { mb: bytes / run.results.length / 2 ** 20, ms: (performance.now() - started) / run.results.length };
+      };
+      const whole = serialise((r) => JSON.stringify(r));
+      const view = serialise((r) => JSON.stringify(trainingView(r)));
       const lastPrompt = run.results[0]!.turns.at(-1)!.promptTokenIds?.length ?? 0;
       console.log(
         `${(turns / run.seconds).toFixed(0)} turns/s (the policy process is the limit here)  service CPU ${((used.user + used.system) / 1000 / turns).toFixed(2)} ms per turn ` +
-          `(3.2-3.8 ms before the token ids were checked with loops and stored once, 2026-11-26)  result ${percentile(sizes, 50).toFixed(2)} MB of JSON, last prompt ${lastPrompt} tokens  rewards ok: ${run.results.every((r) => r.reward === 1)}`,
+          `(3.2-3.8 ms before the token ids were checked with loops and stored once, 2026-11-26)  last prompt ${lastPrompt} tokens  rewards ok: ${run.results.every((r) => r.reward === 1)}`,
+      );
+      console.log(
+        `  per rollout: the result ${percentile(sizes, 50).toFixed(2)} MB of JSON (${whole.ms.toFixed(1)} ms to serialise here), its training view (view=training) ${view.mb.toFixed(2)} MB (${view.ms.toFixed(1)} ms, the view made and serialised)`,
       );
     });
   } finally {

@@ -177,6 +177,28 @@ describe('rollout service HTTP API', () => {
     expect((await call(server.url, 'GET', '/v1/rollouts/groups/stream?ids=nope', undefined, auth)).status).toBe(404);
   });
 
+  it('streams training views (view=training) of results and of whole groups, as GET ?view=training gives them', async () => {
+    const submitted = await call(server.url, 'POST', '/v1/rollouts', { tasks: [task('tv-a', '3+4', '7', { n: 2 }), task('tv-b', '1+2', '3')] }, auth);
+    expect(submitted.status).toBe(202);
+    const lines = async (path: string) => (await (await request(`${server.url}${path}`, { headers: auth })).body.text()).trim().split('\n').map((l) => JSON.parse(l) as Record<string, any>);
+    const single = await lines('/v1/rollouts/stream?ids=tv-b&view=training');
+    expect(single).toHaveLength(1);
+    expect(single[0]).toMatchObject({ id: 'tv-b', task_id: 'tv-b', reward: 1, sequence_error: null });
+    expect(single[0]!.response_ids.length).toBeGreaterThan(0);
+    expect(single[0]).not.toHaveProperty('response'); // not the full result
+    expect(single[0]).toEqual((await call(server.url, 'GET', '/v1/rollouts/tv-b?view=training', undefined, auth)).json);
+    const [group] = await lines('/v1/rollouts/groups/stream?ids=tv-a&view=training');
+    expect(group!.task_id).toBe('tv-a');
+    expect(group!.results.map((r: { id: string }) => r.id)).toEqual(['tv-a:0', 'tv-a:1']);
+    expect(group!.results.every((r: { advantage: number | null; prompt_ids: number[] }) => r.advantage !== null && r.prompt_ids.length > 0)).toBe(true);
+    expect({ task_id: 'tv-a', rollouts: group!.results }).toEqual((await call(server.url, 'GET', '/v1/rollouts/tv-a?view=training', undefined, auth)).json);
+    for (const path of ['/v1/rollouts/stream?ids=tv-b&view=full', '/v1/rollouts/groups/stream?ids=tv-a&view=full']) {
+      const refused = await call(server.url, 'GET', path, undefined, auth);
+      expect(refused.status, path).toBe(400);
+      expect(refused.json).toMatchObject({ error: { code: 'BAD_REQUEST', message: expect.stringMatching(/view is "training"/) } });
+    }
+  });
+
   it('refuses unknown fields with a 422 that names them, instead of running with defaults', async () => {
     const typo = await call(server.url, 'POST', '/v1/rollouts', { ...task('typo', '1+1', '2'), nn: 4 }, auth);
     expect(typo.status).toBe(422);

@@ -38,6 +38,12 @@ def test_async_client_submits_streams_groups_and_cancels(prefix: str) -> None:
             groups = [g async for g in client.iter_groups(groups_submitted)]
             assert sorted(g.task_id for g in groups) == sorted(groups_submitted.task_ids)
             assert all(len(g) == 4 and all(a is not None for a in g.advantages) for g in groups)
+            training = [g async for g in client.iter_training_groups(groups_submitted)]
+            assert sorted(g.task_id for g in training) == sorted(groups_submitted.task_ids)
+            assert all(len(g) == 4 and all(isinstance(v, rollserve.TrainingView) and v.advantage is not None for v in g) for g in training)
+            views = [v async for v in client.iter_training(submitted)]
+            assert sorted(v.id for v in views) == sorted(submitted.rollout_ids)
+            assert (await client.training(views[0].id)).raw == views[0].raw
 
             view = await client.get(f"{prefix}-a0")
             assert isinstance(view, rollserve.Rollout) and view.state == "done"

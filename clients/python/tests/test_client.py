@@ -102,6 +102,27 @@ def test_groups_of_four(client: rollserve.Client, prefix: str) -> None:
     assert len(plain) == 1 and len(plain[0]) == 4
 
 
+def test_training_views_stream_alone_and_in_groups(client: rollserve.Client, prefix: str) -> None:
+    submitted = client.submit([make_task(f"coin train {i}", expected="heads", n=4, id=f"{prefix}-tv{i}") for i in range(2)] + [make_task("train one", id=f"{prefix}-tv-one")])
+    groups = list(client.iter_training_groups(submitted[:2]))
+    assert sorted(g.task_id for g in groups) == sorted(submitted.task_ids[:2])
+    for group in groups:
+        assert len(group) == 4 and all(isinstance(v, rollserve.TrainingView) for v in group)
+        assert [v.sample_index for v in group] == [0, 1, 2, 3]
+        assert all(a is not None for a in group.advantages)
+        for view in group:
+            assert view.sequence_error is None
+            assert view.prompt_ids and view.response_ids
+            assert len(view.response_mask) == len(view.response_ids) == len(view.response_logprobs) == len(view.response_turn)
+        # as GET ?view=training has them
+        assert [v.raw for v in group] == [v.raw for v in client.training(group.task_id)]
+    [one] = list(client.iter_training(submitted[2]))
+    assert one.id == f"{prefix}-tv-one" and one.reward == 1
+    assert client.training(one.id).raw == one.raw
+    # a view, not the result: no response, messages or per-turn prompts
+    assert "response" not in one and "messages" not in one and "prompt_token_ids" not in str(one.turns)
+
+
 def test_tool_rollouts_carry_their_turns(client: rollserve.Client, prefix: str) -> None:
     task = {
         "id": f"{prefix}-count",

@@ -4,7 +4,7 @@ Standard library only."""
 from .aio import AsyncClient
 from .client import Client
 from .errors import RolloutServiceError, ServiceConnectionError
-from .models import Group, Page, Result, Rollout, Submission, SubmittedTask, TaskRollouts
+from .models import Group, Page, Result, Rollout, Submission, SubmittedTask, TaskRollouts, TrainingView
 
 __version__ = "0.1.0"
 
@@ -20,4 +20,5 @@ __all__ = [
     "Submission",
     "SubmittedTask",
     "TaskRollouts",
+    "TrainingView",
 ]

@@ -177,9 +177,10 @@ class Transport:
             except ValueError as error:
                 raise RolloutServiceError(status, "PROTOCOL", f"the answer is not JSON: {data[:200]!r}", method=method, path=path) from error
 
-    def open_stream(self, ids: Sequence[str]) -> Tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-        """One attempt at ``GET /v1/rollouts/stream?ids=...&format=ndjson``; the caller retries."""
-        target = self.path("/v1/rollouts/stream", {"ids": ",".join(ids), "format": "ndjson"})
+    def open_stream(self, ids: Sequence[str], view: Optional[str] = None) -> Tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        """One attempt at ``GET /v1/rollouts/stream?ids=...&format=ndjson[&view=...]``; the caller retries."""
+        query = {"ids": ",".join(ids), "format": "ndjson", **({"view": view} if view else {})}
+        target = self.path("/v1/rollouts/stream", query)
         conn = self.new_connection(self.stream_timeout)
         headers = dict(self.headers)
         headers["accept"] = "application/x-ndjson"
@@ -228,9 +229,10 @@ class ResultStream:
     A dropped connection is reopened (with backoff; ``retries`` failures in a row without a new
     result give up) and results seen before are skipped."""
 
-    def __init__(self, transport: Transport, ids: Sequence[str], emit: Emit) -> None:
+    def __init__(self, transport: Transport, ids: Sequence[str], emit: Emit, view: Optional[str] = None) -> None:
         self.transport = transport
         self.emit = emit
+        self.view = view
         unique = list(dict.fromkeys(ids))
         if not unique:
             raise ValueError("iter_results needs at least one id")
@@ -273,7 +275,7 @@ class ResultStream:
                     break
                 conn: Optional[http.client.HTTPConnection] = None
                 try:
-                    conn, response = self.transport.open_stream(pending)
+                    conn, response = self.transport.open_stream(pending, self.view)
                     with self._lock:
                         self._open.add(conn)
                     if self._stop.is_set():

@@ -9,7 +9,7 @@ from typing import Any, AsyncIterator, Dict, Iterable, List, Optional, Tuple, Un
 
 from ._transport import ResultStream
 from .client import Client, Grouper, Ids, Task
-from .models import Group, Page, Result, Rollout, Submission, TaskRollouts, as_id_list
+from .models import Group, Page, Result, Rollout, Submission, TaskRollouts, TrainingView, as_id_list
 
 
 class AsyncBackends:
@@ -84,7 +84,7 @@ class AsyncClient:
     async def cancel(self, id: str, *, wait: bool = True) -> Union[Rollout, TaskRollouts]:
         return await asyncio.to_thread(lambda: self.sync.cancel(id, wait=wait))
 
-    async def _stream(self, ids: List[str]) -> AsyncIterator[Dict[str, Any]]:
+    async def _stream(self, ids: List[str], view: Optional[str] = None) -> AsyncIterator[Dict[str, Any]]:
         loop = asyncio.get_running_loop()
         items: "asyncio.Queue[Tuple[str, Any]]" = asyncio.Queue()
 
@@ -94,7 +94,7 @@ class AsyncClient:
             except RuntimeError:  # the loop is closed: nobody is listening
                 pass
 
-        stream = ResultStream(self.sync._t, ids, emit).start()
+        stream = ResultStream(self.sync._t, ids, emit, view).start()
         remaining = len(stream.chunks)
         try:
             while remaining:
@@ -117,6 +117,25 @@ class AsyncClient:
     async def wait(self, ids: Ids) -> List[Result]:
         results = [r async for r in self.iter_results(ids)]
         return sorted(results, key=lambda r: (r.task_id, r.sample_index))
+
+    async def training(self, id: str) -> Union[TrainingView, List[Optional[TrainingView]]]:
+        return await asyncio.to_thread(self.sync.training, id)
+
+    async def iter_training(self, ids: Ids) -> AsyncIterator[TrainingView]:
+        """As :meth:`Client.iter_training`, without blocking the loop."""
+        async for raw in self._stream(as_id_list(ids), "training"):
+            yield TrainingView.from_json(raw)
+
+    async def iter_training_groups(self, tasks: Ids, *, refresh: bool = True) -> AsyncIterator[Group]:
+        """As :meth:`Client.iter_training_groups`, without blocking the loop."""
+        grouper = Grouper(await asyncio.to_thread(self.sync._members, tasks))
+        async for raw in self._stream(list(grouper.members), "training"):
+            group = grouper.add(TrainingView.from_json(raw))
+            if group is None:
+                continue
+            if refresh and Grouper.lacks_advantages(group):
+                group = Grouper.refreshed_training(group, await self.training(group.task_id))
+            yield group
 
     async def iter_groups(self, tasks: Ids, *, refresh: bool = True) -> AsyncIterator[Group]:
         """As :meth:`Client.iter_groups`, without blocking the loop."""

@@ -7,7 +7,7 @@ import uuid
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
 
 from ._transport import ResultStream, Transport
-from .models import Group, Page, Result, Rollout, Submission, SubmittedTask, TaskRollouts, as_id_list
+from .models import Group, Page, Result, Rollout, Submission, SubmittedTask, TaskRollouts, TrainingView, as_id_list
 
 Task = Mapping[str, Any]
 Ids = Union[str, SubmittedTask, Iterable[Union[str, SubmittedTask]]]
@@ -37,14 +37,21 @@ def parse_view(raw: Dict[str, Any]) -> Union[Rollout, TaskRollouts]:
     return TaskRollouts.from_json(raw) if "rollouts" in raw and "id" not in raw else Rollout.from_json(raw)
 
 
+def parse_training(raw: Dict[str, Any]) -> Union[TrainingView, List[Optional[TrainingView]]]:
+    """GET ?view=training: a rollout's view, or for a task its samples' (None: not finished)."""
+    if "rollouts" in raw and "id" not in raw:
+        return [None if v is None else TrainingView.from_json(v) for v in raw["rollouts"]]
+    return TrainingView.from_json(raw)
+
+
 class Grouper:
     """Collects streamed results into whole groups, given each task's rollout ids."""
 
     def __init__(self, members: Mapping[str, List[str]]) -> None:
         self.members = {task: set(ids) for task, ids in members.items()}
-        self.buckets: Dict[str, Dict[str, Result]] = {task: {} for task in members}
+        self.buckets: Dict[str, Dict[str, Union[Result, TrainingView]]] = {task: {} for task in members}
 
-    def add(self, result: Result) -> Optional[Group]:
+    def add(self, result: Union[Result, TrainingView]) -> Optional[Group]:
         bucket = self.buckets.get(result.task_id)
         if bucket is None or result.id not in self.members[result.task_id]:
             return None
@@ -59,6 +66,12 @@ class Grouper:
         # Streamed before the group was complete, a sample may not carry the advantage the
         # service has filled in since; GET gives the finished group as the service has it.
         return len(group) > 1 and any(r.advantage is None for r in group.results)
+
+    @staticmethod
+    def refreshed_training(group: Group, views: Union[TrainingView, List[Optional[TrainingView]]]) -> Group:
+        if isinstance(views, list) and len(views) == len(group) and all(v is not None for v in views):
+            return Group(group.task_id, sorted((v for v in views if v is not None), key=lambda v: v.sample_index))
+        return group
 
     @staticmethod
     def refreshed(group: Group, view: Union[Rollout, TaskRollouts]) -> Group:
@@ -185,9 +198,9 @@ class Client:
 
     # streams -------------------------------------------------------------------------------
 
-    def _stream(self, ids: List[str]) -> Iterator[Tuple[str, Any]]:
+    def _stream(self, ids: List[str], view: Optional[str] = None) -> Iterator[Tuple[str, Any]]:
         items: "queue.Queue[Tuple[str, Any]]" = queue.Queue()
-        stream = ResultStream(self._t, ids, items.put).start()
+        stream = ResultStream(self._t, ids, items.put, view).start()
         remaining = len(stream.chunks)
         try:
             while remaining:
@@ -226,6 +239,28 @@ class Client:
             else:
                 members[task] = task_members(task, self.get(task))
         return members
+
+    def training(self, id: str) -> Union[TrainingView, List[Optional[TrainingView]]]:
+        """The training view of a finished rollout; for a task id, its samples' (None for one
+        not finished). A rollout not finished yet is a RolloutServiceError with status 409."""
+        return parse_training(self._t.request("GET", f"/v1/rollouts/{_seg(id)}", query={"view": "training"}))
+
+    def iter_training(self, ids: Ids) -> Iterator[TrainingView]:
+        """As :meth:`iter_results`, as training views: what a loss needs, each token id once (a
+        Result repeats the conversation in every turn; at working sizes most of its bytes)."""
+        for _, raw in self._stream(as_id_list(ids), "training"):
+            yield TrainingView.from_json(raw)
+
+    def iter_training_groups(self, tasks: Ids, *, refresh: bool = True) -> Iterator[Group]:
+        """As :meth:`iter_groups`, each group's samples as TrainingViews."""
+        grouper = Grouper(self._members(tasks))
+        for _, raw in self._stream(list(grouper.members), "training"):
+            group = grouper.add(TrainingView.from_json(raw))
+            if group is None:
+                continue
+            if refresh and Grouper.lacks_advantages(group):
+                group = Grouper.refreshed_training(group, self.training(group.task_id))
+            yield group
 
     def iter_groups(self, tasks: Ids, *, refresh: bool = True) -> Iterator[Group]:
         """Whole groups (all n samples of a task) as each task's last sample finishes. Task

@@ -83,6 +83,55 @@ class Result(_Raw):
 
 
 @dataclass(repr=False)
+class TrainingView(_Raw):
+    """A finished rollout ready for a loss (the service's ``view=training``): the first prompt,
+    then one response sequence (each turn's generation with mask 1 and its logprobs, then the
+    tokens the next prompt added with mask 0), each token's turn, and per turn its span, status
+    and credit. Each token id once, where a Result repeats the conversation in every turn. The
+    sequence fields are None when ``sequence_error`` says why (no token ids, re-tokenisation drift)."""
+
+    id: str
+    task_id: str
+    sample_index: int
+    reward: float
+    advantage: Optional[float]
+    filter: bool
+    prompt_ids: Optional[List[int]]
+    response_ids: Optional[List[int]]
+    response_mask: Optional[List[int]]
+    response_logprobs: Optional[List[float]]
+    response_turn: Optional[List[int]]
+    sequence_error: Optional[str]
+    turns: List[Dict[str, Any]]
+    credit: Optional[Dict[str, Any]]
+    raw: Dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, raw: Dict[str, Any]) -> "TrainingView":
+        return cls(
+            id=raw["id"],
+            task_id=raw.get("task_id"),
+            sample_index=raw.get("sample_index", 0),
+            reward=raw.get("reward", 0.0),
+            advantage=raw.get("advantage"),
+            filter=bool(raw.get("filter", False)),
+            prompt_ids=raw.get("prompt_ids"),
+            response_ids=raw.get("response_ids"),
+            response_mask=raw.get("response_mask"),
+            response_logprobs=raw.get("response_logprobs"),
+            response_turn=raw.get("response_turn"),
+            sequence_error=raw.get("sequence_error"),
+            turns=raw.get("turns") or [],
+            credit=raw.get("credit"),
+            raw=raw,
+        )
+
+    def __repr__(self) -> str:
+        length = None if self.response_ids is None else len(self.response_ids)
+        return f"TrainingView(id={self.id!r}, reward={self.reward!r}, advantage={self.advantage!r}, response_ids={length} ids, sequence_error={self.sequence_error!r})"
+
+
+@dataclass(repr=False)
 class Rollout(_Raw):
     """A rollout as ``GET /v1/rollouts/:id`` shows it: its state, and its result once finished."""
 
@@ -157,11 +206,11 @@ class Submission(List[SubmittedTask]):
 
 @dataclass(repr=False)
 class Group:
-    """All samples of one task, finished, ordered by sample index. ``advantages`` are the
-    service's (None where it gave none)."""
+    """All samples of one task, finished, ordered by sample index: Results, or TrainingViews
+    from ``iter_training_groups``. ``advantages`` are the service's (None where it gave none)."""
 
     task_id: str
-    results: List[Result]
+    results: List[Any]
 
     @property
     def rewards(self) -> List[float]:
@@ -171,13 +220,13 @@ class Group:
     def advantages(self) -> List[Optional[float]]:
         return [r.advantage for r in self.results]
 
-    def __iter__(self) -> Iterator[Result]:
+    def __iter__(self) -> Iterator[Any]:
         return iter(self.results)
 
     def __len__(self) -> int:
         return len(self.results)
 
-    def __getitem__(self, index: int) -> Result:
+    def __getitem__(self, index: int) -> Any:
         return self.results[index]
 
     def __repr__(self) -> str:

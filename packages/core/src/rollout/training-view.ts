@@ -45,9 +45,11 @@ export interface TrainingView {
   credit: CreditRecord | null;
 }
 
-function startsWith(sequence: readonly number[], prefix: readonly number[]): boolean {
-  if (prefix.length > sequence.length) return false;
-  for (let i = 0; i < prefix.length; i++) if (sequence[i] !== prefix[i]) return false;
+/** Whether `sequence` starts with `first` then `second` (compared in place: a copy of both per turn made the view quadratic in a rollout's length). */
+function startsWith(sequence: readonly number[], first: readonly number[], second: readonly number[]): boolean {
+  if (first.length + second.length > sequence.length) return false;
+  for (let i = 0; i < first.length; i++) if (sequence[i] !== first[i]) return false;
+  for (let i = 0; i < second.length; i++) if (sequence[first.length + i] !== second[i]) return false;
   return true;
 }
 
@@ -73,12 +75,11 @@ export function trainingView(result: RolloutResult): TrainingView {
     if (prompt === null) {
       prompt = [...promptIds];
     } else {
-      const seen = [...prompt, ...ids];
-      if (!startsWith(promptIds, seen)) {
+      if (!startsWith(promptIds, prompt, ids)) {
         sequenceError = `re-tokenisation drift: turn ${turn.index}'s prompt does not start with turn ${turn.index - 1}'s prompt and generation`;
         break;
       }
-      for (const id of promptIds.slice(seen.length)) {
+      for (const id of promptIds.slice(prompt.length + ids.length)) {
         ids.push(id);
         mask.push(0);
         logprobs.push(0);

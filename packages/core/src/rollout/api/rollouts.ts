@@ -8,7 +8,7 @@ import { trainingView } from '../training-view.ts';
 import { RolloutState, RolloutTask, SubmitBatch, SubmitRequest } from '../types.ts';
 import type { ApiContext } from './context.ts';
 import { parse } from './parse.ts';
-import { errorResponses, toWireView, WireView } from './wire.ts';
+import { errorResponses, toWireView, TrainingView, ViewParam, wantsTrainingView, WireView } from './wire.ts';
 
 const NO_BACKEND = 'add one with POST /v1/llm-backends or --llm';
 
@@ -120,31 +120,11 @@ const TaskRollouts = z
   .strictObject({ task_id: z.string(), rollouts: z.array(WireView) })
   .openapi('TaskRollouts', { description: "A task's rollouts (GET or DELETE with a task id)" });
 
-/** ?view=training: already snake_case (training-view.ts); declared loosely, as its own module documents it. */
-const TrainingView = z
-  .looseObject({
-    id: z.string(),
-    task_id: z.string(),
-    sample_index: z.number().int(),
-    reward: z.number(),
-    advantage: z.number().nullable(),
-    filter: z.boolean(),
-    prompt_ids: z.array(z.number().int()).nullable(),
-    response_ids: z.array(z.number().int()).nullable(),
-    response_mask: z.array(z.number().int()).nullable(),
-    response_logprobs: z.array(z.number()).nullable(),
-    response_turn: z.array(z.number().int()).nullable(),
-    sequence_error: z.string().nullable(),
-    turns: z.array(z.record(z.string(), z.unknown())),
-    credit: z.record(z.string(), z.unknown()).nullable(),
-  })
-  .openapi('TrainingView');
-
 const getRoute = createRoute({
   method: 'get',
   path: '/v1/rollouts/{id}',
   summary: 'One rollout, or for a task id its group; `view=training` gives what a loss needs (finished rollouts only; null for unfinished members of a group)',
-  request: { params: IdParam, query: z.object({ view: z.string().optional().openapi({ enum: ['training'], description: 'training: the training view (already snake_case)' }) }) },
+  request: { params: IdParam, query: z.object({ view: ViewParam }) },
   responses: {
     200: {
       description: 'The rollout (RolloutView), its task (TaskRollouts), or with `view=training` their training views',
@@ -207,9 +187,7 @@ export function rolloutsApi({ service }: ApiContext, warnings: BackendWarnings):
 
   app.openapi(getRoute, async (c) => {
     const { id } = c.req.valid('param');
-    const viewName = c.req.valid('query').view;
-    if (viewName !== undefined && viewName !== 'training') throw new RolloutError({ code: 'BAD_REQUEST', message: `view is "training" or omitted, not "${viewName}"` });
-    const training = viewName === 'training';
+    const training = wantsTrainingView(c.req.valid('query').view);
     const view = await service.get(id);
     if (view) {
       if (!training) return c.json(toWireView(view), 200);

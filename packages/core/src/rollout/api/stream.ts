@@ -9,7 +9,8 @@ import { RolloutError } from '../../errors.ts';
 import type { RolloutService } from '../service.ts';
 import type { RolloutResult } from '../types.ts';
 import type { ApiContext } from './context.ts';
-import { errorResponses, toWireGroup, toWireResult, WireGroup, WireResult } from './wire.ts';
+import { trainingView } from '../training-view.ts';
+import { errorResponses, toWireGroup, toWireResult, TrainingView, ViewParam, wantsTrainingView, WireGroup, WireResult } from './wire.ts';
 
 const Format = z
   .string()
@@ -21,26 +22,30 @@ const streamRoute = createRoute({
   path: '/v1/rollouts/stream',
   summary:
     'Results as they complete: NDJSON (default) or SSE (`format=sse` or Accept: text/event-stream). With `ids`, the stream includes those already finished and ends when all are.',
-  request: { query: z.object({ ids: z.string().optional().openapi({ description: 'Comma-separated rollout or task ids' }), format: Format }) },
+  request: { query: z.object({ ids: z.string().optional().openapi({ description: 'Comma-separated rollout or task ids' }), format: Format, view: ViewParam }) },
   responses: {
     200: {
-      description: 'One RolloutResult per line (NDJSON) or per `result` event (SSE; an `end` event closes it)',
-      content: { 'application/x-ndjson': { schema: WireResult }, 'text/event-stream': { schema: z.string() } },
+      description: 'One RolloutResult (with `view=training`: one TrainingView) per line (NDJSON) or per `result` event (SSE; an `end` event closes it)',
+      content: { 'application/x-ndjson': { schema: z.union([WireResult, TrainingView]) }, 'text/event-stream': { schema: z.string() } },
     },
     ...errorResponses(400, 401, 404, 422),
   },
 });
+
+const TrainingGroup = z.strictObject({ task_id: z.string(), results: z.array(TrainingView) }).openapi('TrainingGroup');
+
+const trainingGroup = (group: { taskId: string; results: RolloutResult[] }) => ({ task_id: group.taskId, results: group.results.map(trainingView) });
 
 const groupsRoute = createRoute({
   method: 'get',
   path: '/v1/rollouts/groups/stream',
   summary:
     'Whole groups as they complete: each task once all its samples have finished, advantages and credit filled. NDJSON (default) or SSE; ends when every task named was sent.',
-  request: { query: z.object({ ids: z.string().min(1).openapi({ description: 'Comma-separated task ids' }), format: Format }) },
+  request: { query: z.object({ ids: z.string().min(1).openapi({ description: 'Comma-separated task ids' }), format: Format, view: ViewParam }) },
   responses: {
     200: {
-      description: 'One RolloutGroup per line (NDJSON) or per `group` event (SSE; an `end` event closes it)',
-      content: { 'application/x-ndjson': { schema: WireGroup }, 'text/event-stream': { schema: z.string() } },
+      description: 'One RolloutGroup (with `view=training`: its results as TrainingViews) per line (NDJSON) or per `group` event (SSE; an `end` event closes it)',
+      content: { 'application/x-ndjson': { schema: z.union([WireGroup, TrainingGroup]) }, 'text/event-stream': { schema: z.string() } },
     },
     ...errorResponses(400, 401, 404, 422),
   },
@@ -216,6 +221,7 @@ export function streamApi({ service }: ApiContext): OpenAPIHono {
   app.openapi(streamRoute, async (c) => {
     const query = c.req.valid('query');
     const format = formatOf(c, query.format);
+    const wire = wantsTrainingView(query.view) ? trainingView : toWireResult;
     const wanted = new Set<string>();
     for (const id of (query.ids ?? '').split(',').filter(Boolean)) {
       const members = (await service.taskRollouts(id)) ?? ((await service.get(id)) ? [id] : undefined);
@@ -223,13 +229,14 @@ export function streamApi({ service }: ApiContext): OpenAPIHono {
       members.forEach((m) => wanted.add(m));
     }
     const aborted = clientGone(c);
-    return send(c, format, aborted, { event: 'result', id: (result) => result.id, wire: toWireResult }, (emit) => pumpResults(service, wanted, emit, aborted));
+    return send(c, format, aborted, { event: 'result', id: (result) => result.id, wire }, (emit) => pumpResults(service, wanted, emit, aborted));
   });
 
   // Whole groups, with the group's advantages and credit filled in (what a GRPO/GTPO trainer consumes).
   app.openapi(groupsRoute, async (c) => {
     const query = c.req.valid('query');
     const format = formatOf(c, query.format);
+    const wire = wantsTrainingView(query.view) ? trainingGroup : toWireGroup;
     const tasks = new Map<string, string[]>();
     for (const id of query.ids.split(',').filter(Boolean)) {
       const members = await service.taskRollouts(id);
@@ -238,7 +245,7 @@ export function streamApi({ service }: ApiContext): OpenAPIHono {
     }
     if (tasks.size === 0) throw new RolloutError({ code: 'UNPROCESSABLE', message: 'ids: the task ids whose groups to stream' });
     const aborted = clientGone(c);
-    return send(c, format, aborted, { event: 'group', id: (group) => group.taskId, wire: toWireGroup }, (emit) => pumpGroups(service, tasks, emit, aborted));
+    return send(c, format, aborted, { event: 'group', id: (group) => group.taskId, wire }, (emit) => pumpGroups(service, tasks, emit, aborted));
   });
 
   return app;

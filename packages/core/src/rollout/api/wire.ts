@@ -1,5 +1,5 @@
 import { z } from '@hono/zod-openapi';
-import { ERROR_CODES, type RolloutErrorCode } from '../../errors.ts';
+import { ERROR_CODES, RolloutError, type RolloutErrorCode } from '../../errors.ts';
 import type { RolloutService } from '../service.ts';
 import { CriticalError, RolloutState, ToolCallStatus, TurnRewards, TurnStatus, type CreditRecord, type RolloutResult, type RolloutView, type StageTiming, type ToolCallRecord, type TurnRecord } from '../types.ts';
 
@@ -284,4 +284,36 @@ export function toWireStatus(status: ReturnType<RolloutService['status']>, extra
     llm_backends: extra.backends.map(toWireBackend),
     warnings: extra.warnings,
   };
+}
+
+/** ?view=training: already snake_case (training-view.ts); declared loosely, as its own module documents it. */
+export const TrainingView = z
+  .looseObject({
+    id: z.string(),
+    task_id: z.string(),
+    sample_index: z.number().int(),
+    reward: z.number(),
+    advantage: z.number().nullable(),
+    filter: z.boolean(),
+    prompt_ids: z.array(z.number().int()).nullable(),
+    response_ids: z.array(z.number().int()).nullable(),
+    response_mask: z.array(z.number().int()).nullable(),
+    response_logprobs: z.array(z.number()).nullable(),
+    response_turn: z.array(z.number().int()).nullable(),
+    sequence_error: z.string().nullable(),
+    turns: z.array(z.record(z.string(), z.unknown())),
+    credit: z.record(z.string(), z.unknown()).nullable(),
+  })
+  .openapi('TrainingView');
+
+/** `?view=`: omitted (results as they are) or `training` (what a loss needs, each token id once). */
+export const ViewParam = z
+  .string()
+  .optional()
+  .openapi({ enum: ['training'], description: "training: training views (already snake_case): the first prompt, one response sequence with its mask, logprobs and each token's turn, per-turn credit; each token id once, where a result repeats the conversation in every turn" });
+
+/** Whether `?view=` asks for training views; any other value is a 400. */
+export function wantsTrainingView(view: string | undefined): boolean {
+  if (view !== undefined && view !== 'training') throw new RolloutError({ code: 'BAD_REQUEST', message: `view is "training" or omitted, not "${view}"` });
+  return view === 'training';
 }
