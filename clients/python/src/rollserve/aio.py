@@ -126,24 +126,20 @@ class AsyncClient:
         async for raw in self._stream(as_id_list(ids), "training"):
             yield TrainingView.from_json(raw)
 
-    async def iter_training_groups(self, tasks: Ids, *, refresh: bool = True) -> AsyncIterator[Group]:
+    def iter_training_groups(self, tasks: Ids, *, refresh: bool = True) -> AsyncIterator[Group]:
         """As :meth:`Client.iter_training_groups`, without blocking the loop."""
-        grouper = Grouper(await asyncio.to_thread(self.sync._members, tasks))
-        async for raw in self._stream(list(grouper.members), "training"):
-            group = grouper.add(TrainingView.from_json(raw))
-            if group is None:
-                continue
-            if refresh and Grouper.lacks_advantages(group):
-                group = Grouper.refreshed_training(group, await self.training(group.task_id))
-            yield group
+        return self._groups(tasks, refresh, "training")
 
-    async def iter_groups(self, tasks: Ids, *, refresh: bool = True) -> AsyncIterator[Group]:
+    def iter_groups(self, tasks: Ids, *, refresh: bool = True) -> AsyncIterator[Group]:
         """As :meth:`Client.iter_groups`, without blocking the loop."""
+        return self._groups(tasks, refresh, None)
+
+    async def _groups(self, tasks: Ids, refresh: bool, view: Optional[str]) -> AsyncIterator[Group]:
         grouper = Grouper(await asyncio.to_thread(self.sync._members, tasks))
-        async for raw in self._stream(list(grouper.members)):
-            group = grouper.add(Result.from_json(raw))
+        async for raw in self._stream(list(grouper.members), view):
+            group = grouper.add(TrainingView.from_json(raw) if view else Result.from_json(raw))
             if group is None:
                 continue
             if refresh and Grouper.lacks_advantages(group):
-                group = Grouper.refreshed(group, await self.get(group.task_id))
+                group = Grouper.refreshed_training(group, await self.training(group.task_id)) if view else Grouper.refreshed(group, await self.get(group.task_id))
             yield group

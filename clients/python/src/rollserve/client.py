@@ -253,27 +253,23 @@ class Client:
 
     def iter_training_groups(self, tasks: Ids, *, refresh: bool = True) -> Iterator[Group]:
         """As :meth:`iter_groups`, each group's samples as TrainingViews."""
-        grouper = Grouper(self._members(tasks))
-        for _, raw in self._stream(list(grouper.members), "training"):
-            group = grouper.add(TrainingView.from_json(raw))
-            if group is None:
-                continue
-            if refresh and Grouper.lacks_advantages(group):
-                group = Grouper.refreshed_training(group, self.training(group.task_id))
-            yield group
+        return self._groups(tasks, refresh, "training")
 
     def iter_groups(self, tasks: Ids, *, refresh: bool = True) -> Iterator[Group]:
         """Whole groups (all n samples of a task) as each task's last sample finishes. Task
         ids or SubmittedTasks (a Submission: no extra call to learn each task's n). With
         ``refresh``, a group whose streamed samples lack advantages is read again from the
         service (which fills them once the group is complete); else it is yielded as is."""
+        return self._groups(tasks, refresh, None)
+
+    def _groups(self, tasks: Ids, refresh: bool, view: Optional[str]) -> Iterator[Group]:
         grouper = Grouper(self._members(tasks))
-        for _, raw in self._stream(list(grouper.members)):
-            group = grouper.add(Result.from_json(raw))
+        for _, raw in self._stream(list(grouper.members), view):
+            group = grouper.add(TrainingView.from_json(raw) if view else Result.from_json(raw))
             if group is None:
                 continue
             if refresh and Grouper.lacks_advantages(group):
-                group = Grouper.refreshed(group, self.get(group.task_id))
+                group = Grouper.refreshed_training(group, self.training(group.task_id)) if view else Grouper.refreshed(group, self.get(group.task_id))
             yield group
 
 
