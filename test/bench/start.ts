@@ -140,9 +140,12 @@ export default async function bench(): Promise<void> {
     console.log(`one rollout alone, end to end minus the policy's time: p50 ${fixed(percentile(alone, 50), 2)} ms  p99 ${fixed(percentile(alone, 99), 2)} ms (target p50 <= 1 ms; issue 16 measured ~7.7 ms)`);
     console.log(`  its parts, p50: ${Object.entries(parts).map(([name, values]) => `${name} ${fixed(percentile(values, 50), 3)}`).join('  ')} ms (accepted: the 202 at the client; the stages queued + active; total: the result's total_ms)`);
     const floor = await loneFloor(dir);
-    const floorTotal = 1.5 * floor.roundTrip + floor.accept + floor.commit + floor.grade;
+    // One round trip is on a lone rollout's path: the request going in, the result coming out on the
+    // stream (a timeline of both processes on one clock showed the 202 and the stream's request
+    // travel while the policy answers).
+    const floorTotal = floor.roundTrip + floor.accept + floor.commit + floor.grade;
     console.log(
-      `  floor of a lone rollout here, each part alone (p50): HTTP round trip ${fixed(floor.roundTrip, 3)} (the 202's, plus half of one for the result on the stream)  ` +
+      `  floor of a lone rollout here, each part alone (p50): HTTP round trip ${fixed(floor.roundTrip, 3)} (the request in, the result out)  ` +
         `store accept+lease ${fixed(floor.accept, 3)}  commit ${fixed(floor.commit, 3)}  grading in the worker pool ${fixed(floor.grade, 3)}  ` +
         `= ${fixed(floorTotal, 2)} ms before any of the service's own work; the service's own share of the p50 above: ${fixed(percentile(alone, 50) - floorTotal, 2)} ms`,
     );
