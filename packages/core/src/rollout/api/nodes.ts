@@ -1,12 +1,12 @@
 import { createRoute, OpenAPIHono, z } from '@hono/zod-openapi';
 import type { ModelTurn } from '../agent-loop.ts';
 import type { ChatMessage, ChatTool } from '../messages.ts';
+import { integerArray, numberArray } from '../number-arrays.ts';
 import type { HeartbeatAnswer, NodeClaim, NodeCommit, NodeCommitStatus, NodeCoordinator, NodeLease, NodeModelRequest, NodeRegistered, NodeRegistration, NodeView } from '../nodes.ts';
 import { decodeResult, encodeResult } from '../result-codec.ts';
 import { RolloutResult, RolloutTask } from '../types.ts';
 import type { ApiContext } from './context.ts';
 import { errorResponses } from './wire.ts';
-import { integerArray, numberArray } from '../number-arrays.ts';
 
 // The rollout-node protocol on HTTP (see ../nodes.ts). Wire names are snake_case like the rest of
 // the API, except the results a node commits: those are RolloutResult as the runner made it
@@ -102,7 +102,7 @@ const WireClaim = z.strictObject({
 });
 export const WireClaims = z.strictObject({ claims: z.array(WireClaim) }).openapi('NodeClaims');
 
-/** A sent result's token ids whole again before it is checked; a malformed encoding is a 400 naming where. */
+/** A sent result's token ids whole again before it is checked; a malformed encoding is a 422 naming where. */
 function decodeSent(value: unknown, ctx: { addIssue(issue: { code: 'custom'; message: string; input: unknown }): void }): unknown {
   try {
     return decodeResult(value);
