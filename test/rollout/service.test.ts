@@ -3,7 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { defineEnvironment, defineTool, openStore, type RolloutService, type RolloutResult, type RolloutTaskInput } from '@rollserve/core';
 import math from '@rollserve/env-math';
-import { counterEnvironment, type FakePolicy, type FakeReply, startFakePolicy, startTestRolloutService, toyTokenizer } from '@rollserve/testing';
+import { counterEnvironment, type FakePolicy, type FakeReply, renderPrompt, startFakePolicy, startTestRolloutService, toyTokenizer } from '@rollserve/testing';
 import { afterEach, describe, expect, it } from 'vitest';
 import { z } from 'zod';
 
@@ -136,6 +136,20 @@ describe('rollout service: tools, turns and limits', () => {
     const types = (result.response!.output as Array<{ type: string }>).map((o) => o.type);
     expect(types.filter((t) => t === 'function_call')).toHaveLength(6);
     expect(types.at(-1)).toBe('message');
+  });
+
+  it('gives every turn back its whole prompt, as the policy tokenised it, re-tokenisation drift included', async () => {
+    // (a rollout in flight holds each prompt id once; the prompts are whole again when its loop ends)
+    const fake = await policy({ drifting: true, script: (_request, ctx) => (ctx.turn < 5 ? { toolCalls: [{ name: 'increment_counter', arguments: { count: 1 } }] } : 'The count is 6.') });
+    const svc = await service({ backends: [fake.url] });
+    await svc.submit([counterTask('prompts')]);
+    const result = await svc.wait('prompts');
+    expect(result.turns).toHaveLength(6);
+    expect(result.reward).toBe(1);
+    const tokenised = fake.requests.map((r) => toyTokenizer.encode(renderPrompt(r.messages, r.tools as unknown[] | undefined)));
+    expect(result.turns.map((t) => t.promptTokenIds)).toEqual(tokenised);
+    const items = (result.response!.output as Array<Record<string, unknown>>).filter((item) => 'prompt_token_ids' in item);
+    expect(items.map((item) => item.prompt_token_ids)).toEqual(tokenised);
   });
 
   it('offers the environment\'s tools unless it offers only what rows declare', async () => {

@@ -5,6 +5,7 @@ import type { Environment, EnvironmentContext } from '../spec/environment.ts';
 import { invokeTool, toolCallCode, toolOutputText } from '../spec/invoke-tool.ts';
 import { toolDeclaration, type ToolDefinition, type ToolExecution } from '../spec/tool.ts';
 import { inputToMessages, responsesToolsToChat, type ChatMessage, type ChatTool } from './messages.ts';
+import { PromptLog } from './prompt-log.ts';
 import { TURN_REWARD_NAMES } from './rewards/components.ts';
 import type { ToolCallRecord, ToolCallStatus, TurnRecord } from './types.ts';
 
@@ -37,7 +38,10 @@ export interface AgentLoopOptions {
   maxTurns: number;
   toolTimeoutMs: number;
   signal: AbortSignal;
-  /** Called after each turn (progress, metrics). */
+  /**
+   * Called after each turn (progress, metrics). While the loop runs, an earlier turn's
+   * `promptTokenIds` may be null (held once, see PromptLog); every turn has it whole once the loop ends.
+   */
   onTurn?: (turn: TurnRecord) => void;
   /** Called after each tool call. */
   onToolCall?: (call: ToolCallRecord) => void;
@@ -142,6 +146,7 @@ export async function runAgentLoop(options: AgentLoopOptions): Promise<AgentLoop
   const chatTools = responsesToolsToChat(tools);
   const messages = inputToMessages(params);
   const turns: TurnRecord[] = [];
+  const prompts = new PromptLog();
   const usage = { input: 0, output: 0 };
   let stop: AgentLoopResult['stop'] = 'max_turns';
 
@@ -180,6 +185,7 @@ export async function runAgentLoop(options: AgentLoopOptions): Promise<AgentLoop
       normalizedReturn: null,
     };
     turns.push(turn);
+    prompts.add(turn);
     if (model.finishReason === 'length') {
       // A generation cut by the length limit ends the rollout cleanly; its tool calls are not run.
       stop = 'length';
@@ -195,6 +201,7 @@ export async function runAgentLoop(options: AgentLoopOptions): Promise<AgentLoop
       const limit = options.checkLimits?.();
       if (limit !== undefined) {
         options.onTurn?.(turn);
+        prompts.restore();
         return { turns, messages, offeredTools: tools, usage, stop: 'resource_limit', limit };
       }
     }
@@ -207,5 +214,6 @@ export async function runAgentLoop(options: AgentLoopOptions): Promise<AgentLoop
       }
     }
   }
+  prompts.restore();
   return { turns, messages, offeredTools: tools, usage, stop };
 }

@@ -36,7 +36,8 @@ function sameNumbers(a: readonly number[], b: readonly number[]): boolean {
   return true;
 }
 
-function commonPrefix(a: readonly number[], b: readonly number[]): number {
+/** How many ids `a` and `b` start with in common. */
+export function commonPrefix(a: readonly number[], b: readonly number[]): number {
   const n = Math.min(a.length, b.length);
   let i = 0;
   while (i < n && a[i] === b[i]) i++;
