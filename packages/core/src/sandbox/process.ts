@@ -70,9 +70,14 @@ export function killTree(leader: number | undefined, options: KillTreeOptions = 
     let found = 0;
     for (const pid of listPids()) {
       if (pid === process.pid) continue;
-      const info = readStat(pid);
-      if (info === undefined) continue;
-      let hit = leader !== undefined && (info.pgrp === leader || info.session === leader);
+      // (a process's stat is read only to match a leader: with a tag alone, a scan of a machine
+      // running many sandboxes spent most of its time opening stat files it did not need)
+      let hit = false;
+      if (leader !== undefined) {
+        const info = readStat(pid);
+        if (info === undefined) continue;
+        hit = info.pgrp === leader || info.session === leader;
+      }
       if (!hit && tag !== undefined && (options.pidNamespace === undefined || pidNamespaceOf(pid) === options.pidNamespace)) {
         try {
           const environ = readFileSync(`/proc/${pid}/environ`);
