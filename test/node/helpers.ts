@@ -247,14 +247,24 @@ export async function until(check: () => boolean | Promise<boolean>, everyMs = 5
 /**
  * A proxy in front of the service that loses commits: the first `lostAnswers` POST …/results
  * reach the service but their answer is dropped (the connection cut), the next `unavailable`
- * get a 503 without reaching it. Everything else passes through.
+ * get a 503 without reaching it. With `oldService`, commits whose results come with their token
+ * ids sent once get the 422 a service from before that form gives them. Everything else passes through.
  */
-export async function startCommitFaults(resources: Resources, target: string, faults: { lostAnswers: number; unavailable: number }): Promise<{ url: string; seen: { lost: number; refused: number; passed: number } }> {
-  const seen = { lost: 0, refused: 0, passed: 0 };
+export async function startCommitFaults(
+  resources: Resources,
+  target: string,
+  faults: { lostAnswers: number; unavailable: number; oldService?: boolean },
+): Promise<{ url: string; seen: { lost: number; refused: number; passed: number; refusedForm: number } }> {
+  const seen = { lost: 0, refused: 0, passed: 0, refusedForm: 0 };
   const server = createServer(async (req, res) => {
     const chunks: Buffer[] = [];
     for await (const chunk of req) chunks.push(chunk as Buffer);
     const isCommit = req.method === 'POST' && /\/results$/.test(req.url ?? '');
+    if (isCommit && faults.oldService && Buffer.concat(chunks).includes('"$tokens"')) {
+      seen.refusedForm++;
+      res.writeHead(422, { 'content-type': 'application/json' }).end(JSON.stringify({ error: { code: 'UNPROCESSABLE', message: 'results.0.result.turns.1.promptTokenIds: Invalid input: expected array, received object', retryable: false } }));
+      return;
+    }
     if (isCommit && seen.lost >= faults.lostAnswers && seen.refused < faults.unavailable) {
       seen.refused++;
       res.writeHead(503, { 'content-type': 'application/json' }).end(JSON.stringify({ error: { code: 'UNAVAILABLE', message: 'proxy says no', retryable: true } }));

@@ -248,4 +248,20 @@ describe('rollout nodes', () => {
     for (const id of rest) expect(await a.waitFor('committed', (e) => e.rolloutId === id)).toMatchObject({ status: 'committed', state: 'done' });
     expect(proxy.seen).toMatchObject({ lost: 1, refused: 2 });
   }, 180_000);
+
+  it('a service from before results were sent with each token id once: the node sends them whole, each rollout once', async () => {
+    const fake = await startShellPolicy(resources);
+    const { url, results } = await startService(resources, fake.url);
+    const proxy = await startCommitFaults(resources, url, { lostAnswers: 0, unavailable: 0, oldService: true });
+    const sandboxes = await sandboxDir(resources);
+    const a = await startNode(resources, { serviceUrl: proxy.url, nodeId: 'upgraded', pools: { init: 2, run: 2, eval: 2 }, maxRollouts: 2 }, sandboxes);
+    const rollouts = await submit(url, ids('whole', 4));
+    await streamResults(url, rollouts);
+    expectOneGoodResultEach(results, rollouts);
+    for (const id of rollouts) expect(await a.waitFor('committed', (e) => e.rolloutId === id)).toMatchObject({ status: 'committed', state: 'done' });
+    // refused once in the compact form, then whole from then on
+    expect(proxy.seen).toMatchObject({ refusedForm: 1 });
+    expect(proxy.seen.passed).toBeGreaterThanOrEqual(1);
+    for (const result of results) expect(result.turns.every((t) => Array.isArray(t.promptTokenIds))).toBe(true);
+  }, 180_000);
 });

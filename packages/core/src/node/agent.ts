@@ -108,6 +108,8 @@ export class RolloutNode {
   readonly #draining = new Map<string, Promise<unknown>>();
   /** Finished rollouts waiting for a commit. */
   #pending: Held[] = [];
+  /** Results go to the service whole, not with each token id once (it refused that form). */
+  #wholeCommits = false;
   #committing: Promise<void> | undefined;
   #timings: NodeRegistered;
   #registering: Promise<void> | undefined;
@@ -353,12 +355,21 @@ export class RolloutNode {
     if (this.#committing) return;
     this.#committing = (async () => {
       let failures = 0;
+      // set when the service refused a batch sent with each token id once: it goes again whole
+      let wholeAgain = false;
       await new Promise((resolve) => setImmediate(resolve)); // what finished together goes together
       while (this.#pending.length > 0 && !this.#stop.signal.aborted) {
         const batch = this.#pending.slice(0, 256);
         const commits: NodeCommit[] = batch.map((held) => ({ rolloutId: held.claim.rolloutId, attempt: held.claim.attempt, result: held.result! }));
+        const whole = this.#wholeCommits || wholeAgain;
         try {
-          const statuses = await this.#client.commit(this.nodeId, commits);
+          const statuses = await this.#client.commit(this.nodeId, commits, { whole });
+          if (whole && !this.#wholeCommits) {
+            // a service from before that form (an older rollserve): whole from now on
+            this.#wholeCommits = true;
+            this.logger.warn({ service: this.#client.serviceUrl }, 'the service does not read results with their token ids sent once (an older rollserve?): sending them whole');
+          }
+          wholeAgain = false;
           failures = 0;
           batch.forEach((held, i) => this.#committed(held, statuses[i] ?? 'not_found'));
         } catch (error) {
@@ -366,7 +377,12 @@ export class RolloutNode {
             await this.#reregister().catch(() => undefined);
             continue;
           }
+          if (RolloutError.isInstance(error) && error.code === 'UNPROCESSABLE' && !whole) {
+            wholeAgain = true;
+            continue;
+          }
           if (!isRetryable(error)) {
+            wholeAgain = false;
             // a commit the service refuses as malformed will not get better: drop it (its lease expires)
             this.logger.error({ err: error, rollouts: commits.map((c) => c.rolloutId) }, 'commit refused');
             for (const held of batch) this.#committed(held, 'not_found');

@@ -148,8 +148,9 @@ export class NodeClient {
     return answer.claims.map(fromWireClaim);
   }
 
-  async commit(nodeId: string, commits: readonly NodeCommit[], signal?: AbortSignal): Promise<NodeCommitStatus[]> {
-    const answer = await this.#call('POST', `${this.#node(nodeId)}/results`, WireCommitAnswer, { results: commits.map(toWireCommit) }, signal ? { signal } : {});
+  /** Commits results, their token ids sent once; `whole` sends them as they are (for a service before that form). */
+  async commit(nodeId: string, commits: readonly NodeCommit[], { signal, whole = false }: { signal?: AbortSignal; whole?: boolean } = {}): Promise<NodeCommitStatus[]> {
+    const answer = await this.#call('POST', `${this.#node(nodeId)}/results`, WireCommitAnswer, { results: commits.map((c) => toWireCommit(c, whole)) }, signal ? { signal } : {});
     return answer.results.map((r) => r.status);
   }
 

@@ -248,8 +248,11 @@ export const fromWireClaim = (w: z.infer<typeof WireClaim>): NodeClaim => ({
   task: RolloutTask.parse(w.task),
 });
 
-/** A commit as a node sends it: the result with each token id once (its ids, whole in every turn, would be most of the body). */
-export const toWireCommit = (c: NodeCommit) => ({ rollout_id: c.rolloutId, attempt: c.attempt, result: encodeResult(c.result) });
+/**
+ * A commit as a node sends it: the result with each token id once (its ids, whole in every turn,
+ * would be most of the body), or `whole` for a service that does not read that form.
+ */
+export const toWireCommit = (c: NodeCommit, whole = false) => ({ rollout_id: c.rolloutId, attempt: c.attempt, result: whole ? c.result : encodeResult(c.result) });
 
 export const toWireModelRequest = (r: NodeModelRequest) => ({ rollout_id: r.rolloutId, attempt: r.attempt, messages: r.request.messages, tools: r.request.tools });
 
