@@ -1,4 +1,4 @@
-import { commonPrefix } from './result-codec.ts';
+import { fromDelta, promptDelta, type PromptDelta } from './result-codec.ts';
 import type { TurnRecord } from './types.ts';
 
 /**
@@ -13,30 +13,24 @@ import type { TurnRecord } from './types.ts';
 export class PromptLog {
   readonly #turns: TurnRecord[] = [];
   /** Per turn: how to rebuild its prompt from the previous one, or null when it is held whole. */
-  readonly #deltas: Array<{ keep: number; add: number[] } | null> = [];
-  /** The latest turn's prompt (the one the next is compared with). */
-  #latest: number[] | null = null;
+  readonly #deltas: Array<PromptDelta | null> = [];
 
   /** A new turn, its prompt whole; the turn before it gives up its own if it can be rebuilt. */
   add(turn: TurnRecord): void {
-    const prompt = turn.promptTokenIds;
-    const previous = this.#latest;
-    const keep = prompt && previous ? commonPrefix(previous, prompt) : 0;
-    this.#deltas.push(keep > 0 ? { keep, add: prompt!.slice(keep) } : null);
-    const before = this.#turns.length - 1;
-    // the turn before can be rebuilt from the one before it: drop its ids
-    if (before > 0 && this.#deltas[before] !== null) this.#turns[before]!.promptTokenIds = null;
+    const previous = this.#turns.at(-1);
+    // (the latest turn still holds its prompt: it is the one the new prompt is compared with)
+    const delta = promptDelta(previous?.promptTokenIds, turn.promptTokenIds);
+    if (previous && this.#deltas.at(-1)) previous.promptTokenIds = null;
     this.#turns.push(turn);
-    this.#latest = prompt;
+    this.#deltas.push(delta);
   }
 
   /** Every turn's prompt whole again (the records are the ones given to `add`). */
   restore(): void {
-    let previous: number[] | null = null;
     this.#turns.forEach((turn, t) => {
       const delta = this.#deltas[t];
-      if (turn.promptTokenIds === null && delta && previous) turn.promptTokenIds = previous.slice(0, delta.keep).concat(delta.add);
-      previous = turn.promptTokenIds;
+      const previous = this.#turns[t - 1]?.promptTokenIds;
+      if (turn.promptTokenIds === null && delta && previous) turn.promptTokenIds = fromDelta(previous, delta);
     });
   }
 }

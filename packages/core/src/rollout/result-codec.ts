@@ -13,7 +13,7 @@ const ENCODING = '$tokens';
 const VERSION = 1;
 
 /** A prompt stored as the first `keep` ids of the previous turn's prompt, then `add`. */
-interface PromptDelta {
+export interface PromptDelta {
   keep: number;
   add: number[];
 }
@@ -36,13 +36,21 @@ function sameNumbers(a: readonly number[], b: readonly number[]): boolean {
   return true;
 }
 
-/** How many ids `a` and `b` start with in common. */
-export function commonPrefix(a: readonly number[], b: readonly number[]): number {
+function commonPrefix(a: readonly number[], b: readonly number[]): number {
   const n = Math.min(a.length, b.length);
   let i = 0;
   while (i < n && a[i] === b[i]) i++;
   return i;
 }
+
+/** `prompt` as the part of `previous` it starts with and the ids after it; null when they share no prefix (or either is missing). */
+export function promptDelta(previous: readonly number[] | null | undefined, prompt: readonly number[] | null): PromptDelta | null {
+  const keep = prompt && previous ? commonPrefix(previous, prompt) : 0;
+  return keep > 0 ? { keep, add: prompt!.slice(keep) } : null;
+}
+
+/** A prompt whole again from the previous prompt and its delta. */
+export const fromDelta = (previous: readonly number[], delta: PromptDelta): number[] => previous.slice(0, delta.keep).concat(delta.add);
 
 /** The turn (from `from` on) whose ids of this kind are the same as `ids`, else -1. */
 function turnWith(turns: readonly TurnRecord[], field: 'promptTokenIds' | 'generationTokenIds' | 'generationLogprobs', ids: readonly number[], from: number): number {
@@ -57,12 +65,9 @@ function turnWith(turns: readonly TurnRecord[], field: 'promptTokenIds' | 'gener
 export function encodeResult(result: RolloutResult): unknown {
   const turns = result.turns;
   if (turns.length === 0) return result;
-  let previous: readonly number[] | null = null;
-  const storedTurns = turns.map((turn) => {
-    const prompt = turn.promptTokenIds;
-    const keep = prompt && previous ? commonPrefix(previous, prompt) : 0;
-    previous = prompt;
-    return keep > 0 ? { ...turn, promptTokenIds: { keep, add: prompt!.slice(keep) } satisfies PromptDelta } : turn;
+  const storedTurns = turns.map((turn, t) => {
+    const delta = promptDelta(turns[t - 1]?.promptTokenIds, turn.promptTokenIds);
+    return delta ? { ...turn, promptTokenIds: delta } : turn;
   });
   let response = result.response;
   const output = (response as { output?: unknown } | null)?.output;
@@ -110,7 +115,7 @@ export function decodeResult(stored: unknown): RolloutResult {
       if (!Array.isArray(previous) || !Number.isInteger(keep) || keep! < 0 || keep! > previous.length || !Array.isArray(add)) {
         throw new Error(`turns[${t}].promptTokenIds: expected {keep, add} with keep at most the previous prompt's length and add an array`);
       }
-      turn.promptTokenIds = previous.slice(0, keep).concat(add);
+      turn.promptTokenIds = fromDelta(previous, { keep: keep!, add });
     }
     previous = turn.promptTokenIds;
   });

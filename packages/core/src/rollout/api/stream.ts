@@ -10,7 +10,7 @@ import type { RolloutService } from '../service.ts';
 import type { RolloutResult } from '../types.ts';
 import type { ApiContext } from './context.ts';
 import { trainingView } from '../training-view.ts';
-import { errorResponses, toWireGroup, toWireResult, TrainingView, ViewParam, wantsTrainingView, WireGroup, WireResult } from './wire.ts';
+import { errorResponses, toTrainingGroup, toWireGroup, toWireResult, TrainingGroup, TrainingView, ViewParam, wantsTrainingView, WireGroup, WireResult } from './wire.ts';
 
 const Format = z
   .string()
@@ -31,10 +31,6 @@ const streamRoute = createRoute({
     ...errorResponses(400, 401, 404, 422),
   },
 });
-
-const TrainingGroup = z.strictObject({ task_id: z.string(), results: z.array(TrainingView) }).openapi('TrainingGroup');
-
-const trainingGroup = (group: { taskId: string; results: RolloutResult[] }) => ({ task_id: group.taskId, results: group.results.map(trainingView) });
 
 const groupsRoute = createRoute({
   method: 'get',
@@ -236,7 +232,7 @@ export function streamApi({ service }: ApiContext): OpenAPIHono {
   app.openapi(groupsRoute, async (c) => {
     const query = c.req.valid('query');
     const format = formatOf(c, query.format);
-    const wire = wantsTrainingView(query.view) ? trainingGroup : toWireGroup;
+    const wire = wantsTrainingView(query.view) ? toTrainingGroup : toWireGroup;
     const tasks = new Map<string, string[]>();
     for (const id of query.ids.split(',').filter(Boolean)) {
       const members = await service.taskRollouts(id);

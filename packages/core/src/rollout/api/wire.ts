@@ -1,6 +1,7 @@
 import { z } from '@hono/zod-openapi';
 import { ERROR_CODES, RolloutError, type RolloutErrorCode } from '../../errors.ts';
 import type { RolloutService } from '../service.ts';
+import { trainingView } from '../training-view.ts';
 import { CriticalError, RolloutState, ToolCallStatus, TurnRewards, TurnStatus, type CreditRecord, type RolloutResult, type RolloutView, type StageTiming, type ToolCallRecord, type TurnRecord } from '../types.ts';
 
 // Results go out snake_case, like requests come in. Internals and the store stay camelCase; these
@@ -305,6 +306,11 @@ export const TrainingView = z
     credit: z.record(z.string(), z.unknown()).nullable(),
   })
   .openapi('TrainingView');
+
+export const TrainingGroup = z.strictObject({ task_id: z.string(), results: z.array(TrainingView) }).openapi('TrainingGroup');
+
+/** A whole group, its samples as training views (`view=training`). */
+export const toTrainingGroup = (group: { taskId: string; results: RolloutResult[] }) => ({ task_id: group.taskId, results: group.results.map(trainingView) });
 
 /** `?view=`: omitted (results as they are) or `training` (what a loss needs, each token id once). */
 export const ViewParam = z
