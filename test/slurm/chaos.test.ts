@@ -42,7 +42,8 @@ interface WireNode {
   leases: number;
   state: 'up' | 'lost' | 'left';
   lost_reason?: string;
-  slurm?: { node_name?: string; job_id?: string; array_task_id?: string };
+  last_seen_at: string;
+  slurm?: { node_name?: string; job_id?: string; array_job_id?: string; array_task_id?: string };
 }
 
 /** `count` consecutive free loopback ports (the service's, then one per environment server). */
@@ -146,7 +147,12 @@ describe.skipIf(missing !== undefined)('rollout nodes on Slurm, under failures',
       const running = (await slurm.jobs(nodesJob)).filter((t) => t.state === 'RUNNING');
       const hosts = new Set(up.map((n) => n.slurm?.node_name));
       return up.length === NODES && running.length === NODES && hosts.size === NODES && up.every((n) => existsSync(`/proc/${n.pid}`));
-    }, { timeoutMs: 180_000, intervalMs: 500 });
+    }, { timeoutMs: 180_000, intervalMs: 500 }).catch(async (error: Error) => {
+      const up = (await upNodes()).map((n) => n.slurm?.node_name);
+      const tasks = (await slurm.jobs(nodesJob)).map((t) => `${t.arrayTaskId} ${t.state} ${t.nodeList}`);
+      const states = await Promise.all(slurm.nodes.map(async (node) => `${node} ${(await slurm.nodeState(node)).base}`));
+      throw new Error(`${error.message}; rollout nodes up on [${up.join(', ')}]; tasks [${tasks.join('; ')}]; Slurm nodes [${states.join(', ')}]`);
+    });
   };
 
   beforeAll(async () => {
@@ -272,17 +278,30 @@ describe.skipIf(missing !== undefined)('rollout nodes on Slurm, under failures',
     await batchSurvives('slurmd-kill', async (victim) => {
       const host = victim.slurm!.node_name!;
       await slurm.killSlurmd(host);
-      await slurm.waitFor(`${host} DOWN`, async () => (await slurm.nodeState(host)).base === 'DOWN', { timeoutMs: 120_000 });
-      // Slurm has given up on the node and requeued its job, but the agent there still runs (its
-      // slurmstepd lives on) and still heartbeats: the service hears from squeue that its job is
-      // gone, takes its work back, and refuses to take the node back, so the orphan leaves.
-      const lost = await slurm.waitFor('the service to drop the orphan', async () => {
-        const node = (await nodes()).find((n) => n.node_id === victim.node_id);
-        return node?.state === 'lost' && node;
-      }, { timeoutMs: 60_000 });
-      expect(lost.lost_reason).toMatch(/^Slurm job \d+_\d+ is gone$/);
-      await slurm.waitFor('the orphaned agent to exit', () => readProc(String(victim.pid), 'cmdline') === undefined, { timeoutMs: 60_000 });
-      await slurm.restartSlurmd(host);
+      try {
+        await slurm.waitFor(`${host} DOWN`, async () => (await slurm.nodeState(host)).base === 'DOWN', { timeoutMs: 120_000 });
+        // Slurm has given up on the node and requeued its job, but the agent there still runs (its
+        // slurmstepd lives on) and still heartbeats: the service hears from squeue that its job is
+        // gone, takes its work back, and refuses to take the node back, so the orphan leaves.
+        const lost = await slurm
+          .waitFor('the service to drop the orphan', async () => {
+            const node = (await nodes()).find((n) => n.node_id === victim.node_id);
+            return node?.state === 'lost' && node;
+          }, { timeoutMs: 60_000 })
+          .catch(async (error: Error) => {
+            // what the service and Slurm said, in the failure itself (a CI log keeps its end)
+            const job = `${victim.slurm!.array_job_id}_${victim.slurm!.array_task_id}`;
+            const task = (await slurm.jobs(nodesJob)).find((t) => `${t.arrayJobId}_${t.arrayTaskId}` === job);
+            const node = (await nodes()).find((n) => n.node_id === victim.node_id);
+            const said = service?.output().split('\n').filter((line) => /slurm|node/i.test(line)).slice(-5).join('\n');
+            throw new Error(`${error.message}; the victim: ${JSON.stringify({ state: node?.state, lost_reason: node?.lost_reason, last_seen_at: node?.last_seen_at })}; Slurm's ${job}: ${task?.state} on ${task?.nodeList}; the service said:\n${said}`);
+          });
+        expect(lost.lost_reason).toMatch(/^Slurm job \d+_\d+ is gone$/);
+        await slurm.waitFor('the orphaned agent to exit', () => readProc(String(victim.pid), 'cmdline') === undefined, { timeoutMs: 60_000 });
+      } finally {
+        // whatever happened, the next test gets its four Slurm nodes back
+        await slurm.restartSlurmd(host);
+      }
     });
     await restoreFleet();
   }, 600_000);

@@ -1,5 +1,9 @@
-import { goneSlurmJobs, slurmJobOf } from '@rollserve/core';
-import { slurmMissing, startTestSlurm, type TestSlurm } from '@rollserve/testing';
+import { readFileSync } from 'node:fs';
+import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { goneSlurmJobs, slurmJobOf, SlurmUnanswered, type NodeRegistration } from '@rollserve/core';
+import { counterEnvironment, slurmMissing, startFakePolicy, startTestRolloutService, startTestSlurm, type TestSlurm } from '@rollserve/testing';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 // How the service learns from Slurm that a node's job is gone (squeue against a real controller).
@@ -27,18 +31,74 @@ describe.skipIf(missing !== undefined)('asking Slurm whether node jobs are gone'
     expect(first).toBe(`${array}_0`);
     const node = (await slurm.jobs(running))[0]!.nodeList;
     const refs = [{ id: running, node }, { id: first }];
-    await waitFor(async () => (await goneSlurmJobs(refs, { env }))?.size === 0);
+    const ids = async (jobs: typeof refs) => (await goneSlurmJobs(jobs, { env })).map((job) => job.id);
+    await waitFor(async () => (await ids(refs)).length === 0);
     // the same job id running on another Slurm node than the one a node registered from: a new run
-    expect([...(await goneSlurmJobs([{ id: running, node: 'elsewhere' }], { env }))!]).toEqual([running]);
+    expect(await ids([{ id: running, node: 'elsewhere' }])).toEqual([running]);
+    // two runs of one job (a requeued task started again elsewhere): only the old run's ref is gone
+    const stale = { id: running, node: 'elsewhere' };
+    expect(await goneSlurmJobs([{ id: running, node }, stale], { env })).toEqual([stale]);
 
     await slurm.cancel(running);
-    await waitFor(async () => (await goneSlurmJobs(refs, { env }))?.has(running) === true);
-    expect((await goneSlurmJobs(refs, { env }))!.has(first)).toBe(false);
+    await waitFor(async () => (await ids(refs)).includes(running));
+    expect(await ids(refs)).toEqual([running]);
     // a job id the controller never knew (or purged): gone, and it does not hide the others' state
-    expect([...(await goneSlurmJobs([{ id: '999999' }, { id: first }], { env }))!]).toEqual(['999999']);
-    // a controller that does not answer: nothing concluded; no squeue at all: an error
-    expect(await goneSlurmJobs([{ id: first }], { env: { ...env, SLURM_CONF: '/nonexistent/slurm.conf' } })).toBeUndefined();
+    expect(await ids([{ id: '999999' }, { id: first }])).toEqual(['999999']);
+    // a controller that does not answer: nothing concluded, squeue's reason given; no squeue at all: ENOENT
+    const unanswered = goneSlurmJobs([{ id: first }], { env: { ...env, SLURM_CONF: '/nonexistent/slurm.conf' } });
+    await expect(unanswered).rejects.toBeInstanceOf(SlurmUnanswered);
+    await expect(unanswered).rejects.toThrow(/slurm\.conf/);
     await expect(goneSlurmJobs([{ id: first }], { env, squeue: '/nonexistent/squeue' })).rejects.toMatchObject({ code: 'ENOENT' });
     await slurm.cancel(array);
+  }, 120_000);
+
+  it('loses the node of a run Slurm reports gone, and not the new run of the same job', async () => {
+    const env = { ...process.env, ...slurm.env };
+    const dir = await mkdtemp(join(tmpdir(), 'rollserve-watch-'));
+    const fake = await startFakePolicy({ script: () => 'done' });
+    // squeue itself, each call written down: the service is seen asking again after the loss
+    const calls = join(dir, 'calls');
+    const squeue = join(dir, 'squeue');
+    await writeFile(squeue, `#!/bin/sh\necho >> '${calls}'\nexec squeue "$@"\n`);
+    await chmod(squeue, 0o755);
+    const asked = () => readFileSync(calls, 'utf8').length;
+    const { service, close } = await startTestRolloutService({ environments: [counterEnvironment], backends: [fake.url], runLocally: 'never', slurmWatch: { everyMs: 100, squeue, env } });
+    try {
+      const array = await slurm.sbatch(['--array=1', '--wrap', 'sleep 300']);
+      const task = `${array}_1`;
+      const { nodeList: host } = await slurm.waitFor('the array task to run', async () => (await slurm.jobs(array)).find((t) => t.arrayTaskId === '1' && t.state === 'RUNNING'));
+      const node = (nodeId: string, nodeName: string, restartCount: string): NodeRegistration => ({
+        nodeId,
+        host: 'localhost',
+        pid: process.pid,
+        capacity: { init: 1, run: 1, eval: 1 },
+        maxRollouts: 1,
+        environments: ['counter'],
+        slurm: { jobId: '1', arrayJobId: array, arrayTaskId: '1', nodeName, restartCount },
+      });
+      // the task's first run, on a node it no longer runs on, and its requeued run, where it runs
+      await service.registerNode(node('old-run', 'elsewhere', '0'));
+      await service.registerNode(node('new-run', host, '1'));
+      const state = (id: string) => service.nodes().find((n) => n.nodeId === id);
+      await slurm.waitFor('the old run to be lost', () => state('old-run')?.state === 'lost', { timeoutMs: 30_000, intervalMs: 50 });
+      expect(state('old-run')?.lostReason).toBe(`Slurm job ${task} is gone`);
+      // still up after the service asked Slurm twice more
+      const seen = asked();
+      while (asked() < seen + 2) {
+        expect(state('new-run')?.state).toBe('up');
+        await new Promise((resolve) => setTimeout(resolve, 50));
+      }
+      expect(state('new-run')?.state).toBe('up');
+      // the old run cannot come back; the new one can register again
+      await expect(service.registerNode(node('old-run', 'elsewhere', '0'))).rejects.toMatchObject({ code: 'CONFLICT' });
+      await service.registerNode(node('new-run', host, '1'));
+
+      await slurm.cancel(array);
+      await slurm.waitFor('the new run to be lost once its job is cancelled', () => state('new-run')?.state === 'lost', { timeoutMs: 30_000, intervalMs: 50 });
+    } finally {
+      await close();
+      await fake.close();
+      await rm(dir, { recursive: true, force: true });
+    }
   }, 120_000);
 });

@@ -10,6 +10,6 @@ export * from './openapi.ts';
 export { RolloutRunner, type RolloutRunnerOptions, type RunnerJob, type RunningRollout } from './runner.ts';
 export * from './server.ts';
 export * from './service.ts';
-export { goneSlurmJobs, slurmJobOf, type SlurmJobRef } from './slurm-watch.ts';
+export { goneSlurmJobs, slurmJobOf, SlurmUnanswered, type SlurmJobRef } from './slurm-watch.ts';
 export * from './training-view.ts';
 export * from './types.ts';

@@ -526,36 +526,43 @@ export class RolloutService implements NodeCoordinator {
   /** Runs of Slurm jobs seen gone (see slurmRunOf): a node of one of them is not taken back. */
   readonly #goneRuns = new Set<string>();
   #slurmUnavailable = false;
+  /** A squeue is running (a slow controller must not pile them up). */
+  #slurmAsking = false;
+  /** The last squeue did not answer (said once in the log until one does). */
+  #slurmSilent = false;
 
   /** Nodes whose Slurm job is gone are lost now, not at their node timeout. */
   async #watchSlurm(): Promise<void> {
-    if (this.#closed || this.#slurmUnavailable || this.#options.slurmWatch === false) return;
-    const byJob = new Map<string, string[]>();
-    const refs: SlurmJobRef[] = [];
+    if (this.#closed || this.#slurmUnavailable || this.#slurmAsking || this.#options.slurmWatch === false) return;
+    const refs: Array<SlurmJobRef & { nodeId: string }> = [];
     for (const [nodeId, node] of this.#nodes) {
       const job = node.state === 'up' ? slurmJobOf(node.registration) : undefined;
-      if (!job) continue;
-      byJob.set(job, [...(byJob.get(job) ?? []), nodeId]);
-      refs.push({ id: job, node: node.registration.slurm?.nodeName });
+      if (job) refs.push({ id: job, node: node.registration.slurm?.nodeName, nodeId });
     }
-    if (byJob.size === 0) return;
+    if (refs.length === 0) return;
+    this.#slurmAsking = true;
     try {
       const options = this.#options.slurmWatch || {};
       const gone = await goneSlurmJobs(refs, { ...(options.squeue ? { squeue: options.squeue } : {}), ...(options.env ? { env: options.env } : {}) });
-      if (gone === undefined) return;
+      if (this.#slurmSilent) this.logger.warn('Slurm answers about node jobs again');
+      this.#slurmSilent = false;
       let released = 0;
-      for (const job of gone) {
-        for (const nodeId of byJob.get(job) ?? []) {
-          const node = this.#nodes.get(nodeId);
-          if (node?.state !== 'up') continue;
-          this.#goneRuns.add(slurmRunOf(node.registration)!);
-          released += await this.#lose(nodeId, node, `Slurm job ${job} is gone`);
-        }
+      for (const { id, nodeId } of gone) {
+        const node = this.#nodes.get(nodeId);
+        if (node?.state !== 'up' || slurmJobOf(node.registration) !== id) continue; // registered again meanwhile
+        this.#goneRuns.add(slurmRunOf(node.registration)!);
+        released += await this.#lose(nodeId, node, `Slurm job ${id} is gone`);
       }
       if (released > 0) this.#workArrived();
     } catch (error) {
       if ((error as { code?: unknown }).code === 'ENOENT') this.#slurmUnavailable = true;
-      else this.logger.warn({ err: error }, 'asking Slurm about node jobs failed');
+      else if (!this.#slurmSilent) {
+        // said once until Slurm answers again: nodes are lost by their heartbeats meanwhile
+        this.#slurmSilent = true;
+        this.logger.warn({ err: error }, 'asking Slurm about node jobs failed; nodes are lost only by their node timeout until it answers');
+      }
+    } finally {
+      this.#slurmAsking = false;
     }
   }
 

@@ -4,8 +4,12 @@ import type { NodeRegistration } from './nodes.ts';
 
 const run = promisify(execFile);
 
-/** Job states in which the job's processes are gone or going (Slurm's squeue --states names). */
-const GONE = new Set(['BOOT_FAIL', 'CANCELLED', 'COMPLETED', 'DEADLINE', 'FAILED', 'NODE_FAIL', 'OUT_OF_MEMORY', 'PREEMPTED', 'REQUEUED', 'REQUEUE_FED', 'REQUEUE_HOLD', 'REVOKED', 'SPECIAL_EXIT', 'TIMEOUT', 'PENDING', 'SUSPENDED', 'STOPPED']);
+/**
+ * Job states in which the job's processes are gone or going (squeue's %T names). squeue names a
+ * job by its flags first: a job requeued off a failed node shows COMPLETING until its nodes are
+ * released, then PENDING.
+ */
+const GONE = new Set(['BOOT_FAIL', 'CANCELLED', 'COMPLETED', 'COMPLETING', 'DEADLINE', 'FAILED', 'NODE_FAIL', 'OUT_OF_MEMORY', 'PREEMPTED', 'REQUEUED', 'REQUEUE_FED', 'REQUEUE_HOLD', 'RESV_DEL_HOLD', 'REVOKED', 'SPECIAL_EXIT', 'STAGE_OUT', 'TIMEOUT', 'PENDING', 'SUSPENDED', 'STOPPED']);
 
 /** The id squeue shows for a node's job: `<array job>_<task>` for an array task, else the job id. */
 export function slurmJobOf(registration: Pick<NodeRegistration, 'slurm'>): string | undefined {
@@ -30,40 +34,46 @@ export interface SlurmJobRef {
   node?: string | undefined;
 }
 
+/** Why squeue could not answer: its own words when it gave any. */
+export class SlurmUnanswered extends Error {
+  override readonly name = 'SlurmUnanswered';
+}
+
 /**
  * Which of `jobs` Slurm says are gone: no longer known to the controller, in a state whose
  * processes have ended or are being ended (requeued, cancelled, node failure, …), or running
- * again on another Slurm node (a requeued array task keeps its id). Undefined when Slurm cannot
- * answer (the controller down): nothing is concluded then. Throws ENOENT without squeue at all.
+ * again on another Slurm node than the ref's (a requeued array task keeps its id, so of two refs
+ * to one job, the old run's is gone and the new run's is not). Returns the refs themselves.
+ * Rejects with SlurmUnanswered when Slurm cannot answer (the controller down, squeue timed out):
+ * nothing is concluded then. Rejects with ENOENT without squeue at all.
  */
-export async function goneSlurmJobs(jobs: readonly SlurmJobRef[], options: { squeue?: string; env?: NodeJS.ProcessEnv } = {}): Promise<Set<string> | undefined> {
-  if (jobs.length === 0) return new Set();
+export async function goneSlurmJobs<Ref extends SlurmJobRef>(jobs: readonly Ref[], options: { squeue?: string; env?: NodeJS.ProcessEnv } = {}): Promise<Ref[]> {
+  if (jobs.length === 0) return [];
+  const ids = [...new Set(jobs.map((job) => job.id))];
   let stdout: string;
   try {
-    const ids = [...new Set(jobs.map((job) => job.id))];
     ({ stdout } = await run(options.squeue ?? 'squeue', ['--noheader', '--states=all', '--format=%i %T %N', `--jobs=${ids.join(',')}`], { env: options.env ?? process.env, timeout: 10_000 }));
   } catch (error) {
     if ((error as { code?: unknown }).code === 'ENOENT') throw error; // no Slurm client here at all
+    const stderr = (error as { stderr?: string }).stderr?.trim() ?? '';
     // a job id the controller does not know (purged) fails the whole list: ask about each alone
-    if (!(error as { stderr?: string }).stderr?.includes('Invalid job id')) return undefined;
-    if (jobs.length === 1) return new Set([jobs[0]!.id]);
-    const each = await Promise.all(jobs.map((job) => goneSlurmJobs([job], options)));
-    if (each.some((gone) => gone === undefined)) return undefined;
-    return new Set(each.flatMap((gone) => [...gone!]));
+    if (!stderr.includes('Invalid job id')) {
+      const said = stderr.split('\n').at(-1);
+      const why = (error as { killed?: boolean }).killed ? `squeue gave no answer within 10 s${said ? ` (${said})` : ''}` : said || (error as Error).message;
+      throw new SlurmUnanswered(why, { cause: error });
+    }
+    if (ids.length === 1) return [...jobs];
+    return (await Promise.all(ids.map((id) => goneSlurmJobs(jobs.filter((job) => job.id === id), options)))).flat();
   }
   const seen = new Map<string, { state: string; nodes: string }>();
   for (const line of stdout.split('\n')) {
     const [id, state, nodes = ''] = line.trim().split(/\s+/);
     if (id && state) seen.set(id, { state, nodes });
   }
-  return new Set(
-    jobs
-      .filter((job) => {
-        const now = seen.get(job.id);
-        if (now === undefined || GONE.has(now.state)) return true;
-        // single-node tasks: a node list naming another host is a new run of the same task
-        return job.node !== undefined && now.nodes !== '' && !now.nodes.includes('[') && now.nodes !== job.node;
-      })
-      .map((job) => job.id),
-  );
+  return jobs.filter((job) => {
+    const now = seen.get(job.id);
+    if (now === undefined || GONE.has(now.state)) return true;
+    // single-node tasks: a node list naming another host is a new run of the same task
+    return job.node !== undefined && now.nodes !== '' && !now.nodes.includes('[') && now.nodes !== job.node;
+  });
 }
