@@ -287,7 +287,7 @@ describe.skipIf(missing !== undefined)('rollout nodes on Slurm, under failures',
           .waitFor('the service to drop the orphan', async () => {
             const node = (await nodes()).find((n) => n.node_id === victim.node_id);
             return node?.state === 'lost' && node;
-          }, { timeoutMs: 60_000 })
+          }, { timeoutMs: 120_000 })
           .catch(async (error: Error) => {
             // what the service and Slurm said, in the failure itself (a CI log keeps its end)
             const job = `${victim.slurm!.array_job_id}_${victim.slurm!.array_task_id}`;

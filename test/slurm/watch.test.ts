@@ -89,8 +89,11 @@ describe.skipIf(missing !== undefined)('asking Slurm whether node jobs are gone'
         await new Promise((resolve) => setTimeout(resolve, 50));
       }
       expect(state('new-run')?.state).toBe('up');
-      // the old run cannot come back; the new one can register again
+      // the old run cannot come back, and when it leaves (as a refused node does) it stays listed
+      // as lost, with why; the new run can register again
       await expect(service.registerNode(node('old-run', 'elsewhere', '0'))).rejects.toMatchObject({ code: 'CONFLICT' });
+      expect(await service.deregisterNode('old-run')).toEqual({ released: 0 });
+      expect(state('old-run')).toMatchObject({ state: 'lost', lostReason: `Slurm job ${task} is gone` });
       await service.registerNode(node('new-run', host, '1'));
 
       await slurm.cancel(array);

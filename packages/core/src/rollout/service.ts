@@ -884,6 +884,11 @@ export class RolloutService implements NodeCoordinator {
 
   async deregisterNode(nodeId: string): Promise<{ released: number }> {
     const node = this.#node(nodeId);
+    if (node.state === 'lost') {
+      // its work was re-issued when it was lost; it stays listed as lost, with why
+      this.logger.info({ node: nodeId, reason: node.lostReason }, 'a lost node left');
+      return { released: 0 };
+    }
     node.state = 'left';
     const ids = await this.store.releaseWorker(nodeId);
     this.#dropRemote(nodeId);

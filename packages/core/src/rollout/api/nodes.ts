@@ -61,7 +61,7 @@ export const WireNodeView = WireNodeRegistration.extend({
   /** Results it committed since the service started. */
   committed: z.number().int(),
   state: z.enum(['up', 'lost', 'left']),
-  /** Why a lost node was lost: no heartbeat for its timeout, or its Slurm job gone. */
+  /** Why a lost node was lost: no heartbeat for its timeout, or its Slurm job gone. A lost node that leaves stays lost. */
   lost_reason: z.string().optional(),
 }).openapi('NodeView');
 export type WireNodeView = z.infer<typeof WireNodeView>;
