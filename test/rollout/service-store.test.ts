@@ -150,6 +150,35 @@ describe('rollout service on its store', () => {
     expect(fake.requests).toHaveLength(0);
   });
 
+  it('forgets a node that left or was lost once its retention has passed; one that comes back registers again', async () => {
+    const fake = await policy({ script: () => 'done' });
+    const svc = await service({ backends: [fake.url], runLocally: 'never', heartbeatMs: 20, nodeTimeoutMs: 1_000, nodeRetentionMs: 4_000 });
+    await svc.registerNode(node('leaving'));
+    await svc.registerNode(node('silent'));
+    await svc.registerNode(node('alive'));
+    await svc.deregisterNode('leaving');
+    // a node that keeps its heartbeats stays, however long
+    let beating = true;
+    const beats = (async () => {
+      while (beating) {
+        await svc.heartbeat('alive', []);
+        await new Promise((r) => setTimeout(r, 20));
+      }
+    })();
+    const listed = () => svc.nodes().map((n) => `${n.nodeId} ${n.state}`).sort();
+    // the silent one is lost, and both departed nodes are still listed for a while
+    await until(() => listed().includes('silent lost'));
+    expect(listed()).toEqual(['alive up', 'leaving left', 'silent lost']);
+    await until(() => listed().length === 1);
+    expect(listed()).toEqual(['alive up']);
+    beating = false;
+    await beats;
+    // a forgotten node that heartbeats is not known (the agent registers again on that answer)
+    await expect(svc.heartbeat('silent', [])).rejects.toMatchObject({ code: 'NOT_FOUND' });
+    await svc.registerNode(node('silent'));
+    expect(svc.nodes().find((n) => n.nodeId === 'silent')?.state).toBe('up');
+  });
+
   it('runs on PostgreSQL: a database restart mid-batch loses and duplicates nothing, and a new service finds the results', async () => {
     const pg = await startTestPostgres();
     cleanups.push(() => pg.close());

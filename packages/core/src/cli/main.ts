@@ -114,6 +114,7 @@ const start = defineCommand({
     'run-locally': { type: 'string', description: 'Run rollouts in this process: auto (while no rollout node is up), always or never', default: 'auto' },
     'lease-s': { type: 'string', description: 'Lease of a rollout node on its work, renewed by heartbeats', default: '30' },
     'node-timeout-s': { type: 'string', description: 'A node silent this long is lost and its work re-issued', default: '10' },
+    'node-retention-s': { type: 'string', description: 'A node that left or was lost is listed this long after it was last heard from', default: '3600' },
     ...tokenArgs,
   },
   async run({ args }) {
@@ -133,6 +134,7 @@ const start = defineCommand({
       runLocally: runLocallyFlag(args['run-locally']),
       leaseMs: numberFlag('lease-s', args['lease-s'], { min: 1 })! * 1000,
       nodeTimeoutMs: numberFlag('node-timeout-s', args['node-timeout-s'], { min: 1 })! * 1000,
+      nodeRetentionMs: numberFlag('node-retention-s', args['node-retention-s'], { min: 0 })! * 1000,
       allowNoToken: access.allowNoToken,
       ...(access.token ? { token: access.token } : {}),
       ...(args.model ? { defaultModel: args.model } : {}),

@@ -30,6 +30,7 @@ export interface RolloutServerOptions {
   leaseMs?: number;
   heartbeatMs?: number;
   nodeTimeoutMs?: number;
+  nodeRetentionMs?: number;
   pools?: Partial<Record<StageName, number>>;
   logger?: Logger;
 }
@@ -60,6 +61,7 @@ export async function startRolloutServer(options: RolloutServerOptions): Promise
     ...(options.leaseMs !== undefined ? { leaseMs: options.leaseMs } : {}),
     ...(options.heartbeatMs !== undefined ? { heartbeatMs: options.heartbeatMs } : {}),
     ...(options.nodeTimeoutMs !== undefined ? { nodeTimeoutMs: options.nodeTimeoutMs } : {}),
+    ...(options.nodeRetentionMs !== undefined ? { nodeRetentionMs: options.nodeRetentionMs } : {}),
     ...(options.pools ? { pools: options.pools } : {}),
     ...(options.logger ? { logger: options.logger } : {}),
   });

@@ -49,6 +49,12 @@ export interface RolloutServiceOptions extends Omit<RolloutRunnerOptions, 'metri
   /** A node silent this long is lost: what it holds is re-issued. @default 10_000 */
   nodeTimeoutMs?: number;
   /**
+   * A node that left or was lost stays listed this long after it was last heard from, then is
+   * forgotten (a service running for weeks does not list every node that ever ran; one that comes
+   * back registers again). @default 3_600_000
+   */
+  nodeRetentionMs?: number;
+  /**
    * Whether the service runs rollouts itself: 'auto' while no rollout node is up (the default),
    * 'always', or 'never' (only nodes run them).
    */
@@ -143,6 +149,7 @@ export class RolloutService implements NodeCoordinator {
   readonly #leaseMs: number;
   readonly #heartbeatMs: number;
   readonly #nodeTimeoutMs: number;
+  readonly #nodeRetentionMs: number;
   readonly #localLimit: number;
   /** Rollouts the service's own pools run, by id: their lease's attempt. */
   readonly #local = new Map<string, number>();
@@ -182,6 +189,7 @@ export class RolloutService implements NodeCoordinator {
     this.#leaseMs = options.leaseMs ?? 30_000;
     this.#heartbeatMs = options.heartbeatMs ?? 2_000;
     this.#nodeTimeoutMs = options.nodeTimeoutMs ?? 10_000;
+    this.#nodeRetentionMs = options.nodeRetentionMs ?? 3_600_000;
     this.#events.setMaxListeners(0);
     this.metrics = createServiceMetrics(() => this.status());
     this.#runner = new RolloutRunner({ ...options, logger: this.logger, metrics: this.metrics });
@@ -494,7 +502,7 @@ export class RolloutService implements NodeCoordinator {
     }
   }
 
-  /** Expired leases and silent nodes: their work goes back to the queue. */
+  /** Expired leases and silent nodes: their work goes back to the queue. Old departed nodes are forgotten. */
   async #sweep(): Promise<void> {
     if (this.#closed) return;
     try {
@@ -503,7 +511,11 @@ export class RolloutService implements NodeCoordinator {
       let released = expired.length;
       const now = Date.now();
       for (const [nodeId, node] of this.#nodes) {
-        if (node.state !== 'up' || now - node.lastSeen <= this.#nodeTimeoutMs) continue;
+        if (node.state !== 'up') {
+          if (now - node.lastSeen > this.#nodeRetentionMs) this.#nodes.delete(nodeId);
+          continue;
+        }
+        if (now - node.lastSeen <= this.#nodeTimeoutMs) continue;
         released += await this.#lose(nodeId, node, `no heartbeat for ${now - node.lastSeen} ms`);
       }
       if (released > 0) this.#workArrived();
