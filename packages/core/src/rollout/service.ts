@@ -561,7 +561,7 @@ export class RolloutService implements NodeCoordinator {
       let released = 0;
       for (const { id, nodeId } of gone) {
         const node = this.#nodes.get(nodeId);
-        if (node?.state !== 'up' || slurmJobOf(node.registration) !== id) continue; // registered again meanwhile
+        if (node?.state !== 'up' || slurmJobOf(node.registration) !== id) continue; // gone, or registered again from another job meanwhile
         this.#goneRuns.add(slurmRunOf(node.registration)!);
         released += await this.#lose(nodeId, node, `Slurm job ${id} is gone`);
       }

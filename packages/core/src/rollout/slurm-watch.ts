@@ -6,8 +6,7 @@ const run = promisify(execFile);
 
 /**
  * Job states in which the job's processes are gone or going (squeue's %T names). squeue names a
- * job by its flags first: a job requeued off a failed node shows COMPLETING until its nodes are
- * released, then PENDING.
+ * job by its flags before its base state, so a job whose processes are being ended shows COMPLETING.
  */
 const GONE = new Set(['BOOT_FAIL', 'CANCELLED', 'COMPLETED', 'COMPLETING', 'DEADLINE', 'FAILED', 'NODE_FAIL', 'OUT_OF_MEMORY', 'PREEMPTED', 'REQUEUED', 'REQUEUE_FED', 'REQUEUE_HOLD', 'RESV_DEL_HOLD', 'REVOKED', 'SPECIAL_EXIT', 'STAGE_OUT', 'TIMEOUT', 'PENDING', 'SUSPENDED', 'STOPPED']);
 
