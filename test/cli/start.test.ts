@@ -3,10 +3,40 @@ import { once } from 'node:events';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { RolloutTask } from '@rollserve/core';
+import { NodeClient, RolloutTask } from '@rollserve/core';
 import { call, startFakePolicy, workspaceRoot } from '@rollserve/testing';
 import { request } from 'undici';
 import { describe, expect, it } from 'vitest';
+
+const ROLLSERVE = join(workspaceRoot(), 'packages', 'core', 'bin', 'rollserve.js');
+
+/** `rollserve start` on free ports with `args`, its output kept. */
+function startCli(args: string[]) {
+  const child = spawn(process.execPath, [ROLLSERVE, 'start', '--port', '0', ...args], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+    env: { ...process.env, ROLLSERVE_LOG_LEVEL: 'silent' },
+  });
+  let output = '';
+  child.stdout!.on('data', (c: Buffer) => (output += c));
+  child.stderr!.on('data', (c: Buffer) => (output += c));
+  return { child, output: () => output };
+}
+
+/** The URLs it printed, once every server is up. */
+async function started({ child, output }: ReturnType<typeof startCli>): Promise<Record<string, string>> {
+  const deadline = Date.now() + 20_000;
+  while (!/^swe\s+http/m.test(output())) {
+    if (Date.now() > deadline || child.exitCode !== null) throw new Error(`not started: ${output()}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  return Object.fromEntries([...output().matchAll(/^(\S+)\s+(http:\/\/127\.0\.0\.1:\d+)/gm)].map((m) => [m[1]!, m[2]!]));
+}
+
+async function stop(child: ChildProcess): Promise<number | null> {
+  child.kill('SIGINT');
+  const [code] = (await once(child, 'exit')) as [number | null];
+  return code;
+}
 
 // The main job the README's quickstart starts: the rollout service and every installed
 // environment as a NeMo Gym resources server.
@@ -19,29 +49,7 @@ describe('rollserve start', () => {
     const old = RolloutTask.parse({ id: 'old', env: 'math', row: { responses_create_params: { input: 'What is 4+4?' }, question: 'What is 4+4?', expected_answer: '8' }, policy: { model: 'fake-policy' } });
     await writeFile(journal, `${JSON.stringify({ type: 'task', taskId: 'old', task: old, rolloutIds: ['old'], at: new Date().toISOString() })}\n`);
     const store = `sqlite://${join(dir, 'store.db')}`;
-    const start = () => {
-      const child = spawn(process.execPath, [join(workspaceRoot(), 'packages', 'core', 'bin', 'rollserve.js'), 'start', '--port', '0', '--llm', fake.url, '--store', store, '--journal', journal], {
-        stdio: ['ignore', 'pipe', 'pipe'],
-        env: { ...process.env, ROLLSERVE_LOG_LEVEL: 'silent' },
-      });
-      let output = '';
-      child.stdout!.on('data', (c: Buffer) => (output += c));
-      child.stderr!.on('data', (c: Buffer) => (output += c));
-      return { child, output: () => output };
-    };
-    const started = async ({ child, output }: ReturnType<typeof start>) => {
-      const deadline = Date.now() + 20_000;
-      while (!/^swe\s+http/m.test(output())) {
-        if (Date.now() > deadline || child.exitCode !== null) throw new Error(`not started: ${output()}`);
-        await new Promise((r) => setTimeout(r, 50));
-      }
-      return Object.fromEntries([...output().matchAll(/^(\S+)\s+(http:\/\/127\.0\.0\.1:\d+)/gm)].map((m) => [m[1]!, m[2]!]));
-    };
-    const stop = async (child: ChildProcess) => {
-      child.kill('SIGINT');
-      const [code] = (await once(child, 'exit')) as [number | null];
-      return code;
-    };
+    const start = () => startCli(['--llm', fake.url, '--store', store, '--journal', journal]);
     const first = start();
     try {
       const urls = await started(first);
@@ -78,4 +86,27 @@ describe('rollserve start', () => {
       await rm(dir, { recursive: true, force: true });
     }
   }, 90_000);
+
+  it('forgets a node that left once --node-retention-s has passed', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'rollserve-start-'));
+    const service = startCli(['--store', `sqlite://${join(dir, 'store.db')}`, '--journal', join(dir, 'journal.jsonl'), '--run-locally', 'never', '--node-retention-s', '0']);
+    try {
+      const urls = await started(service);
+      const node = new NodeClient({ serviceUrl: urls.rollouts! });
+      const listed = async () => ((await call(urls.rollouts!, 'GET', '/v1/nodes')).json as { nodes: Array<{ node_id: string; state: string }> }).nodes.map((n) => [n.node_id, n.state]);
+      try {
+        await node.register({ nodeId: 'passing', host: 'localhost', pid: process.pid, capacity: { init: 1, run: 1, eval: 1 }, maxRollouts: 1, environments: ['code', 'math', 'stem', 'swe'] });
+        expect(await listed()).toEqual([['passing', 'up']]);
+        await node.deregister('passing');
+        // gone at the service's next sweep (every 2 s)
+        while ((await listed()).length > 0) await new Promise((r) => setTimeout(r, 100));
+      } finally {
+        await node.close();
+      }
+      expect(await stop(service.child)).toBe(0);
+    } finally {
+      if (service.child.exitCode === null) service.child.kill('SIGKILL');
+      await rm(dir, { recursive: true, force: true });
+    }
+  }, 60_000);
 });
