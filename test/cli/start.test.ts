@@ -98,8 +98,12 @@ describe('rollserve start', () => {
         await node.register({ nodeId: 'passing', host: 'localhost', pid: process.pid, capacity: { init: 1, run: 1, eval: 1 }, maxRollouts: 1, environments: ['code', 'math', 'stem', 'swe'] });
         expect(await listed()).toEqual([['passing', 'up']]);
         await node.deregister('passing');
-        // gone at the service's next sweep (every 2 s)
-        while ((await listed()).length > 0) await new Promise((r) => setTimeout(r, 100));
+        // gone at the service's next sweep (every 2 s); a deadline, so a failure still stops the service
+        const deadline = Date.now() + 30_000;
+        while ((await listed()).length > 0) {
+          if (Date.now() > deadline) throw new Error(`still listed after 30 s: ${JSON.stringify(await listed())}`);
+          await new Promise((r) => setTimeout(r, 100));
+        }
       } finally {
         await node.close();
       }

@@ -84,8 +84,10 @@ describe.skipIf(missing !== undefined)('asking Slurm whether node jobs are gone'
       expect(state('old-run')?.lostReason).toBe(`Slurm job ${task} is gone`);
       // still up after the service asked Slurm twice more
       const seen = asked();
+      const deadline = Date.now() + 30_000;
       while (asked() < seen + 2) {
         expect(state('new-run')?.state).toBe('up');
+        if (Date.now() > deadline) throw new Error('the service did not ask Slurm again within 30 s');
         await new Promise((resolve) => setTimeout(resolve, 50));
       }
       expect(state('new-run')?.state).toBe('up');
