@@ -15,6 +15,8 @@ const BENCHES: Record<string, () => Promise<{ default: () => Promise<void> }>> =
   'service-memory': () => import('./service-memory.ts'),
   nodes: () => import('./nodes.ts'),
   'node-loss': () => import('./node-loss.ts'),
+  'body-flood': () => import('./body-flood.ts'),
+  'heartbeat-flood': () => import('./heartbeat-flood.ts'),
 };
 
 const chosen = process.argv.slice(2);

@@ -114,7 +114,7 @@ async function fill(store: RolloutStore, prefix: string, total: number, size: ()
     await store.putTasks(Array.from({ length: batch }, (_, k) => task(`${prefix}-${stored + k}`)));
     for (let claimed = 0; claimed < batch; ) {
       const work = await store.claim({ workerId: 'filler', limit: 100, leaseMs: 600_000 });
-      await Promise.all(work.map((w) => store.commit({ rolloutId: w.id, attempt: w.attempt, result: payload(w.id) })));
+      await Promise.all(work.map((w) => store.commit({ rolloutId: w.id, attempt: w.attempt, workerId: 'filler', result: payload(w.id) })));
       claimed += work.length;
     }
     stored += batch;

@@ -24,7 +24,7 @@ interface Timed {
 
 export default async function bench(): Promise<void> {
   const built = buildSweFixtures();
-  const app = createResourcesServer(swe, {});
+  const app = createResourcesServer(swe, { config: { repos_root: built.root } });
   const server = await serveFetch(app);
   const url = server.url;
 

@@ -13,6 +13,11 @@ afterEach(() => resources.cleanup());
 const TOKEN = 'cli-node-token';
 
 async function startService(environments: Array<Environment<any, any, any>>): Promise<string> {
+  return (await startStoppableService(environments)).url;
+}
+
+/** The service, with a `stop` that ends it while the node runs on (its address then refuses connections). */
+async function startStoppableService(environments: Array<Environment<any, any, any>>): Promise<{ url: string; stop: () => Promise<void> }> {
   const fake = await startFakePolicy({ script: () => 'The sum is \\boxed{8}.' });
   resources.add(() => fake.close());
   const backends = new LlmBackendPool();
@@ -20,12 +25,15 @@ async function startService(environments: Array<Environment<any, any, any>>): Pr
   const models = new PoolModelProvider(backends);
   const service = await RolloutService.create({ environments, models, runLocally: 'never', heartbeatMs: 250, nodeTimeoutMs: 3_000 });
   const running = await serveFetch(createRolloutApi(service, { backends, token: TOKEN }));
-  resources.add(async () => {
-    await running.close();
-    await service.close();
-    await models.close();
-  });
-  return running.url;
+  let stopped: Promise<void> | undefined;
+  const stop = () =>
+    (stopped ??= (async () => {
+      await running.close();
+      await service.close();
+      await models.close();
+    })());
+  resources.add(stop);
+  return { url: running.url, stop };
 }
 
 function startCli(args: string[], env: Record<string, string>) {
@@ -89,6 +97,26 @@ describe('rollserve node', () => {
     const cli = startCli(['--service', url, '--token', TOKEN, '--run', '1'], {});
     expect(await cli.exited).toEqual({ code: 1, signal: null });
     expect(cli.out.stderr).toMatch(/^rollserve node: .*shell/m);
+    expect(cli.out.stdout).toBe('');
+  }, 120_000);
+
+  it('whose service is gone: exits with status 3 and a line that says so once --service-lost-s has passed', async () => {
+    const service = await startStoppableService([math]);
+    const sandboxes = await sandboxDir(resources);
+    const cli = startCli(['--id', 'orphan-to-be', '--run', '1', '--service-lost-s', '2'], { ROLLSERVE_SERVICE: service.url, ROLLSERVE_TOKEN: TOKEN, TMPDIR: sandboxes });
+    await until(() => cli.out.stdout.includes('registered') || cli.child.exitCode !== null);
+    expect(cli.out.stdout).toMatch(/^node orphan-to-be registered/);
+    await service.stop();
+    expect(await cli.exited).toEqual({ code: 3, signal: null });
+    expect(cli.out.stderr).toMatch(/^rollserve node: the service at .* has not answered for \d+ s .*; exiting$/m);
+  }, 120_000);
+
+  it('whose service never answers: gives up registering after --service-lost-s, status 3', async () => {
+    const service = await startStoppableService([math]);
+    await service.stop(); // an address where nothing listens
+    const cli = startCli(['--service', service.url, '--token', TOKEN, '--run', '1', '--service-lost-s', '1'], {});
+    expect(await cli.exited).toEqual({ code: 3, signal: null });
+    expect(cli.out.stderr).toMatch(/has not answered/);
     expect(cli.out.stdout).toBe('');
   }, 120_000);
 

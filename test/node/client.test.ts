@@ -47,11 +47,11 @@ describe('NodeClient', () => {
   });
 
   it('withRetry calls again through 5xx answers until one succeeds, and not after a 4xx', async () => {
-    const answer = JSON.stringify({ node_id: 'c1', lease_ms: 1, heartbeat_ms: 2, node_timeout_ms: 3 });
+    const answer = JSON.stringify({ node_id: 'c1', credential: 'secret', lease_ms: 1, heartbeat_ms: 2, node_timeout_ms: 3 });
     const server = await flaky(3, answer);
     const client = new NodeClient({ serviceUrl: server.url });
     resources.add(() => client.close());
-    expect(await withRetry(() => client.register(registration), { minMs: 1, maxMs: 5 })).toEqual({ nodeId: 'c1', leaseMs: 1, heartbeatMs: 2, nodeTimeoutMs: 3 });
+    expect(await withRetry(() => client.register(registration), { minMs: 1, maxMs: 5 })).toEqual({ nodeId: 'c1', credential: 'secret', leaseMs: 1, heartbeatMs: 2, nodeTimeoutMs: 3 });
     expect(server.hits()).toBe(4);
 
     let calls = 0;

@@ -1,3 +1,4 @@
+import { readFileSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -150,11 +151,12 @@ describe('rollout nodes', () => {
     await a.waitFor('registered', (e) => e.again); // and it comes back for more work
     expect(a.events.filter((e) => e.type === 'committed')).toEqual([]);
 
-    // what a lost node would commit late changes nothing
+    // a late commit in the frozen node's name, without its credential, changes nothing (one with
+    // it is stale: the store takes a result only from the lease's holder; see hostile.test.ts)
     const first = claims[0]!;
     const stored = (await service.result(first.rolloutId))!;
     const late = await getJson(url, '/v1/nodes/frozen/results', { body: { results: [{ rollout_id: first.rolloutId, attempt: first.attempt, result: { ...stored, reward: 0 } }] } });
-    expect(late).toEqual({ status: 200, json: { results: [{ rollout_id: first.rolloutId, status: 'stale' }] } });
+    expect(late).toMatchObject({ status: 401, json: { error: { code: 'UNAUTHORIZED' } } });
     expect((await service.result(first.rolloutId))!.reward).toBe(1);
     expect(results.filter((r) => r.id === first.rolloutId)).toHaveLength(1);
   }, 180_000);
@@ -182,6 +184,31 @@ describe('rollout nodes', () => {
     await startNode(resources, { serviceUrl: url, nodeId: 'arriving', pools: { init: 2, run: 2, eval: 2 }, maxRollouts: 2 }, sandboxes);
     await streamResults(url, rollouts);
     expectOneGoodResultEach(results, rollouts);
+  }, 180_000);
+
+  it('a node whose service is gone for its serviceLostMs kills its sandboxes and ends (status 3), instead of retrying for ever', async () => {
+    const fake = await startShellPolicy(resources);
+    fake.sleep = 600;
+    const { url, close } = await startService(resources, fake.url, { nodeTimeoutMs: 600_000, leaseMs: 600_000 });
+    const sandboxes = await sandboxDir(resources);
+    const a = await startNode(resources, { serviceUrl: url, nodeId: 'orphan', pools: { init: 2, run: 2, eval: 2 }, maxRollouts: 2, serviceLostMs: 1_500 }, sandboxes);
+    await submit(url, ids('orphan', 2));
+    await a.waitForCount('claimed', 2);
+    await until(() => fake.requests.length >= 2 && bwrapUnder(a.pid).length >= 2);
+    const sandboxPids = bwrapUnder(a.pid).map((p) => p.pid);
+
+    await close();
+    expect(await a.exited).toEqual({ code: 3, signal: null });
+    expect(a.events.filter((e) => e.type === 'orphaned')).toEqual([{ type: 'orphaned', reason: expect.stringMatching(/has not answered/) }]);
+    expect(a.events.filter((e) => e.type === 'committed')).toEqual([]);
+    const gone = (pid: number) => {
+      try {
+        return readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.startsWith('Z');
+      } catch {
+        return true;
+      }
+    };
+    await until(() => sandboxPids.every(gone));
   }, 180_000);
 
   it('cancelling a rollout that runs on a node: the node aborts it, kills its sandbox and commits the cancelled result', async () => {

@@ -17,8 +17,18 @@ beforeAll(async () => {
 }, 60_000);
 afterAll(() => resources.cleanup());
 
-const call = (path: string, init: { method?: string; body?: unknown; raw?: string; token?: boolean } = {}) =>
-  getJson(url, path, { ...init, headers: init.token === false ? {} : auth });
+/** The credentials registrations answered, by node id. */
+const credentials = new Map<string, string>();
+const call = (path: string, init: { method?: string; body?: unknown; raw?: string; token?: boolean; as?: string } = {}) =>
+  getJson(url, path, {
+    ...init,
+    headers: { ...(init.token === false ? {} : auth), ...(init.as && credentials.has(init.as) ? { 'x-rollserve-node-credential': credentials.get(init.as)! } : {}) },
+  });
+const register = async (body: unknown) => {
+  const answer = await call('/v1/nodes', { body });
+  if (answer.status === 201) credentials.set(answer.json.node_id, answer.json.credential);
+  return answer;
+};
 
 function expectError(answer: { status: number; json: any }, status: number, code: string, says?: RegExp): void {
   expect(answer.status, JSON.stringify(answer.json)).toBe(status);
@@ -35,41 +45,47 @@ describe('node routes: bad requests', () => {
     expectError(await call('/v1/nodes', { body: { ...registration, capacity: { init: 0, run: 1, eval: 1 } } }), 422, 'UNPROCESSABLE', /capacity/);
     expectError(await call('/v1/nodes', { body: { ...registration, node_id: 'a b/c' } }), 422, 'UNPROCESSABLE', /node_id/);
     expectError(await call('/v1/nodes', { body: { ...registration, environments: ['math'] } }), 422, 'UNPROCESSABLE', /shell/);
-    const ok = await call('/v1/nodes', { body: { ...registration, slurm: { job_id: '7', node_name: 'n1' } } });
+    expectError(await call('/v1/nodes', { body: { ...registration, node_id: 'service' } }), 422, 'UNPROCESSABLE', /reserved.*node_id/s);
+    expectError(await call('/v1/nodes', { body: { ...registration, node_id: 'SERVICE' } }), 422, 'UNPROCESSABLE', /reserved/);
+    const ok = await register({ ...registration, slurm: { job_id: '7', node_name: 'n1' } });
     expect(ok.status).toBe(201);
-    expect(ok.json).toMatchObject({ node_id: 'n1' });
+    expect(ok.json).toMatchObject({ node_id: 'n1', credential: expect.stringMatching(/^[\w-]{43}$/) });
     const listed = await call('/v1/nodes');
     expect(listed.json.nodes).toMatchObject([{ node_id: 'n1', slurm: { job_id: '7', node_name: 'n1' }, state: 'up', leases: 0 }]);
   });
 
   it('unknown nodes are a 404 (register again); bad bodies a 422 or 400', async () => {
-    expectError(await call('/v1/nodes/ghost/heartbeat', { body: { leases: [] } }), 404, 'NOT_FOUND', /ghost/);
-    expectError(await call('/v1/nodes/ghost/claim', { body: { limit: 1, wait_ms: 0 } }), 404, 'NOT_FOUND');
-    expectError(await call('/v1/nodes/ghost', { method: 'DELETE' }), 404, 'NOT_FOUND');
-    expectError(await call('/v1/nodes/n1/heartbeat', { body: { leases: [{ rollout_id: 'x', attempt: -1, stage: 'run' }] } }), 422, 'UNPROCESSABLE', /attempt/);
-    expectError(await call('/v1/nodes/n1/heartbeat', { body: { leases: [{ rollout_id: 'x', attempt: 1, stage: 'flying' }] } }), 422, 'UNPROCESSABLE', /stage/);
-    expectError(await call('/v1/nodes/n1/claim', { body: { limit: 0 } }), 422, 'UNPROCESSABLE', /limit/);
-    expectError(await call('/v1/nodes/n1/claim', { raw: 'limit=1' }), 400, 'BAD_REQUEST');
-    expectError(await call('/v1/nodes/n1/results', { body: { results: [] } }), 422, 'UNPROCESSABLE', /results/);
-    expectError(await call('/v1/nodes/n1/results', { body: { results: [{ rollout_id: 'x', attempt: 1, result: { id: 'x' } }] } }), 422, 'UNPROCESSABLE', /taskId/);
+    expectError(await call('/v1/nodes/ghost/heartbeat', { as: 'n1', body: { leases: [] } }), 404, 'NOT_FOUND', /ghost/);
+    expectError(await call('/v1/nodes/ghost/claim', { as: 'n1', body: { limit: 1, wait_ms: 0 } }), 404, 'NOT_FOUND');
+    expectError(await call('/v1/nodes/ghost', { as: 'n1', method: 'DELETE' }), 404, 'NOT_FOUND');
+    expectError(await call('/v1/nodes/n1/heartbeat', { as: 'n1', body: { leases: [{ rollout_id: 'x', attempt: -1, stage: 'run' }] } }), 422, 'UNPROCESSABLE', /attempt/);
+    expectError(await call('/v1/nodes/n1/heartbeat', { as: 'n1', body: { leases: [{ rollout_id: 'x', attempt: 1, stage: 'flying' }] } }), 422, 'UNPROCESSABLE', /stage/);
+    expectError(await call('/v1/nodes/n1/claim', { as: 'n1', body: { limit: 0 } }), 422, 'UNPROCESSABLE', /limit/);
+    expectError(await call('/v1/nodes/n1/claim', { as: 'n1', raw: 'limit=1' }), 400, 'BAD_REQUEST');
+    expectError(await call('/v1/nodes/n1/results', { as: 'n1', body: { results: [] } }), 422, 'UNPROCESSABLE', /results/);
+    expectError(await call('/v1/nodes/n1/results', { as: 'n1', body: { results: [{ rollout_id: 'x', attempt: 1, result: { id: 'x' } }] } }), 422, 'UNPROCESSABLE', /taskId/);
     // results whose token ids come sent once ($tokens) but do not decode
     const sent = (result: unknown) => ({ body: { results: [{ rollout_id: 'x', attempt: 1, result }] } });
-    expectError(await call('/v1/nodes/n1/results', sent({ $tokens: 9, turns: [] })), 422, 'UNPROCESSABLE', /token encoding 9/);
-    expectError(await call('/v1/nodes/n1/results', sent({ $tokens: 1, turns: [{ promptTokenIds: { keep: 3, add: [1] } }] })), 422, 'UNPROCESSABLE', /turns\[0\]\.promptTokenIds/);
-    expectError(await call('/v1/nodes/n1/results', sent({ $tokens: 1, turns: [], response: { output: [{ prompt_token_ids: { $turn: 0 } }] } })), 422, 'UNPROCESSABLE', /response\.output\[0\]\.prompt_token_ids: no turn 0/);
-    expectError(await call('/v1/nodes/n1/model', { body: { rollout_id: 'x', attempt: 1, messages: 'hi', tools: [] } }), 422, 'UNPROCESSABLE', /messages/);
+    expectError(await call('/v1/nodes/n1/results', { as: 'n1', ...sent({ $tokens: 9, turns: [] }) }), 422, 'UNPROCESSABLE', /token encoding 9/);
+    expectError(await call('/v1/nodes/n1/results', { as: 'n1', ...sent({ $tokens: 1, turns: [{ promptTokenIds: { keep: 3, add: [1] } }] }) }), 422, 'UNPROCESSABLE', /turns\[0\]\.promptTokenIds/);
+    expectError(await call('/v1/nodes/n1/results', { as: 'n1', ...sent({ $tokens: 1, turns: [], response: { output: [{ prompt_token_ids: { $turn: 0 } }] } }) }), 422, 'UNPROCESSABLE', /response\.output\[0\]\.prompt_token_ids: no turn 0/);
+    expectError(await call('/v1/nodes/n1/model', { as: 'n1', body: { rollout_id: 'x', attempt: 1, messages: 'hi', tools: [] } }), 422, 'UNPROCESSABLE', /messages/);
     // a turn for a rollout the node does not hold
-    expectError(await call('/v1/nodes/n1/model', { body: { rollout_id: 'x', attempt: 1, messages: [{ role: 'user', content: 'hi' }], tools: [] } }), 409, 'CONFLICT', /x/);
+    expectError(await call('/v1/nodes/n1/model', { as: 'n1', body: { rollout_id: 'x', attempt: 1, messages: [{ role: 'user', content: 'hi' }], tools: [] } }), 409, 'CONFLICT', /x/);
   });
 
   it('a node that leaves is answered 404 until it registers again', async () => {
-    expect(await call('/v1/nodes', { body: { ...registration, node_id: 'n2' } })).toMatchObject({ status: 201 });
-    expect(await call('/v1/nodes/n2/heartbeat', { body: { leases: [] } })).toEqual({ status: 200, json: { renewed: [], lost: [], cancel: [] } });
-    expect(await call('/v1/nodes/n2/claim', { body: { limit: 1, wait_ms: 0 } })).toEqual({ status: 200, json: { claims: [] } });
-    expect(await call('/v1/nodes/n2', { method: 'DELETE' })).toEqual({ status: 200, json: { released: 0 } });
-    expectError(await call('/v1/nodes/n2/heartbeat', { body: { leases: [] } }), 404, 'NOT_FOUND');
-    expect(await call('/v1/nodes', { body: { ...registration, node_id: 'n2' } })).toMatchObject({ status: 201 });
-    expect((await call('/v1/nodes/n2/heartbeat', { body: { leases: [] } })).status).toBe(200);
+    expect(await register({ ...registration, node_id: 'n2' })).toMatchObject({ status: 201 });
+    expect(await call('/v1/nodes/n2/heartbeat', { as: 'n2', body: { leases: [] } })).toEqual({ status: 200, json: { renewed: [], lost: [], cancel: [] } });
+    expect(await call('/v1/nodes/n2/claim', { as: 'n2', body: { limit: 1, wait_ms: 0 } })).toEqual({ status: 200, json: { claims: [] } });
+    expect(await call('/v1/nodes/n2', { as: 'n2', method: 'DELETE' })).toEqual({ status: 200, json: { released: 0 } });
+    expectError(await call('/v1/nodes/n2/heartbeat', { as: 'n2', body: { leases: [] } }), 404, 'NOT_FOUND');
+    // a node that left may come back without its old credential: it gets a new one
+    const old = credentials.get('n2');
+    expect(await register({ ...registration, node_id: 'n2' })).toMatchObject({ status: 201 });
+    expect(credentials.get('n2')).not.toBe(old);
+    expect((await call('/v1/nodes/n2/heartbeat', { as: 'n2', body: { leases: [] } })).status).toBe(200);
+    expectError(await getJson(url, '/v1/nodes/n2/heartbeat', { body: { leases: [] }, headers: { ...auth, 'x-rollserve-node-credential': old! } }), 401, 'UNAUTHORIZED', /credential/);
   });
 });
 

@@ -276,35 +276,43 @@ describe('the OpenAPI document against real responses', () => {
   }, 120_000);
 
   it('rollout nodes: register, list, claim, heartbeat, model turn, commit, leave, and their errors', async () => {
-    // (last but one: while a node is up the service leaves its rollouts to nodes)
+    // (last but one: while a node takes work the service leaves its rollouts to nodes)
     const node = { node_id: 'oa-node', host: 'h', pid: 1, capacity: { init: 1, run: 1, eval: 1 }, max_rollouts: 1, environments: ['math', 'counter'] };
-    expect((await exercise('POST /v1/nodes', '/v1/nodes', { body: node })).status).toBe(201);
+    const registered = await exercise('POST /v1/nodes', '/v1/nodes', { body: node });
+    expect(registered.status).toBe(201);
+    const headers = { 'x-rollserve-node-credential': (registered.json as { credential: string }).credential };
     expect((await exercise('POST /v1/nodes', '/v1/nodes', { body: { ...node, environments: ['math'] } })).status).toBe(422);
+    // its id in use: not taken over without its credential (409), taken back with it
+    expect((await exercise('POST /v1/nodes', '/v1/nodes', { body: node })).status).toBe(409);
+    expect((await exercise('POST /v1/nodes', '/v1/nodes', { body: node, headers })).json).toMatchObject({ credential: headers['x-rollserve-node-credential'] });
+    expect((await exercise('POST /v1/nodes/{node_id}/heartbeat', '/v1/nodes/oa-node/heartbeat', { body: { leases: [] } })).status).toBe(401);
     expect((await exercise('GET /v1/nodes', '/v1/nodes')).json).toMatchObject({ nodes: [{ node_id: 'oa-node', state: 'up' }] });
+    // a node asking for work (a claim answered within the last seconds): the service leaves its rollouts to it
+    expect((await exercise('POST /v1/nodes/{node_id}/claim', '/v1/nodes/oa-node/claim', { headers, body: { limit: 1, wait_ms: 0 } })).status).toBe(200);
     // (its own policy server: the ProRL test above cleared the service's backends)
     await exercise('POST /v1/rollouts', '/v1/rollouts', { body: task('on-node', '5+5', '10', { policy: { model: 'fake-policy', base_url: fake.url } }) });
-    const claimed = await exercise('POST /v1/nodes/{node_id}/claim', '/v1/nodes/oa-node/claim', { body: { limit: 1, wait_ms: 10_000 } });
+    const claimed = await exercise('POST /v1/nodes/{node_id}/claim', '/v1/nodes/oa-node/claim', { headers, body: { limit: 1, wait_ms: 10_000 } });
     const [claim] = (claimed.json as { claims: Array<{ rollout_id: string; attempt: number }> }).claims;
     expect(claim).toMatchObject({ rollout_id: 'on-node' });
-    expect((await exercise('POST /v1/nodes/{node_id}/claim', '/v1/nodes/oa-node/claim', { body: { limit: 0 } })).status).toBe(422);
+    expect((await exercise('POST /v1/nodes/{node_id}/claim', '/v1/nodes/oa-node/claim', { headers, body: { limit: 0 } })).status).toBe(422);
     const lease = { rollout_id: 'on-node', attempt: claim!.attempt };
-    expect((await exercise('POST /v1/nodes/{node_id}/heartbeat', '/v1/nodes/oa-node/heartbeat', { body: { leases: [{ ...lease, stage: 'run' }] } })).json).toEqual({ renewed: ['on-node'], lost: [], cancel: [] });
-    expect((await exercise('POST /v1/nodes/{node_id}/heartbeat', '/v1/nodes/ghost/heartbeat', { body: { leases: [] } })).status).toBe(404);
-    const turn = await exercise('POST /v1/nodes/{node_id}/model', '/v1/nodes/oa-node/model', { body: { ...lease, messages: [{ role: 'user', content: '5+5' }], tools: [] } });
+    expect((await exercise('POST /v1/nodes/{node_id}/heartbeat', '/v1/nodes/oa-node/heartbeat', { headers, body: { leases: [{ ...lease, stage: 'run' }] } })).json).toEqual({ renewed: ['on-node'], lost: [], cancel: [] });
+    expect((await exercise('POST /v1/nodes/{node_id}/heartbeat', '/v1/nodes/ghost/heartbeat', { headers, body: { leases: [] } })).status).toBe(404);
+    const turn = await exercise('POST /v1/nodes/{node_id}/model', '/v1/nodes/oa-node/model', { headers, body: { ...lease, messages: [{ role: 'user', content: '5+5' }], tools: [] } });
     expect(turn.json).toMatchObject({ content: '\\boxed{10}', tool_calls: [] });
-    expect((await exercise('POST /v1/nodes/{node_id}/model', '/v1/nodes/oa-node/model', { body: { ...lease, attempt: lease.attempt + 1, messages: [], tools: [] } })).status).toBe(409);
+    expect((await exercise('POST /v1/nodes/{node_id}/model', '/v1/nodes/oa-node/model', { headers, body: { ...lease, attempt: lease.attempt + 1, messages: [], tools: [] } })).status).toBe(409);
     const stage = { queuedMs: 0, activeMs: 0 };
     const result = {
       id: 'on-node', taskId: 'on-node', sampleIndex: 0, env: 'math', state: 'done', reward: 1, rewardComponents: null, verifyExtras: {}, criticalError: null, filter: false, error: null,
       advantage: null, credit: null, timing: { init: stage, run: stage, eval: stage, totalMs: 0 }, response: null, messages: [], turns: [], finishedAt: new Date().toISOString(),
     };
     const commit = { results: [{ ...lease, result }] };
-    expect((await exercise('POST /v1/nodes/{node_id}/results', '/v1/nodes/oa-node/results', { body: commit })).json).toEqual({ results: [{ rollout_id: 'on-node', status: 'committed' }] });
-    expect((await exercise('POST /v1/nodes/{node_id}/results', '/v1/nodes/oa-node/results', { body: commit })).json).toEqual({ results: [{ rollout_id: 'on-node', status: 'duplicate' }] });
-    expect((await exercise('POST /v1/nodes/{node_id}/results', '/v1/nodes/oa-node/results', { raw: '{nope' })).status).toBe(400);
+    expect((await exercise('POST /v1/nodes/{node_id}/results', '/v1/nodes/oa-node/results', { headers, body: commit })).json).toEqual({ results: [{ rollout_id: 'on-node', status: 'committed' }] });
+    expect((await exercise('POST /v1/nodes/{node_id}/results', '/v1/nodes/oa-node/results', { headers, body: commit })).json).toEqual({ results: [{ rollout_id: 'on-node', status: 'duplicate' }] });
+    expect((await exercise('POST /v1/nodes/{node_id}/results', '/v1/nodes/oa-node/results', { headers, raw: '{nope' })).status).toBe(400);
     expect((await exercise('GET /v1/rollouts/{id}', '/v1/rollouts/on-node')).json).toMatchObject({ state: 'done', result: { reward: 1 } });
-    expect((await exercise('DELETE /v1/nodes/{node_id}', '/v1/nodes/oa-node')).json).toEqual({ released: 0 });
-    expect((await exercise('DELETE /v1/nodes/{node_id}', '/v1/nodes/oa-node')).status).toBe(404);
+    expect((await exercise('DELETE /v1/nodes/{node_id}', '/v1/nodes/oa-node', { headers })).json).toEqual({ released: 0 });
+    expect((await exercise('DELETE /v1/nodes/{node_id}', '/v1/nodes/oa-node', { headers })).status).toBe(404);
   }, 60_000);
 
   it('every operation of the document was exercised with a real request', () => {

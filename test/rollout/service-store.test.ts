@@ -88,29 +88,30 @@ describe('rollout service on its store', () => {
 
     // a node that claims both, runs one and goes silent
     const registered = await svc.registerNode(node('n-lost'));
-    expect(registered).toEqual({ nodeId: 'n-lost', leaseMs: 30_000, heartbeatMs: 20, nodeTimeoutMs: 150 });
-    const claims = await svc.claimForNode('n-lost', 2, 0);
+    expect(registered).toEqual({ nodeId: 'n-lost', credential: expect.stringMatching(/^[\w-]{43}$/), leaseMs: 30_000, heartbeatMs: 20, nodeTimeoutMs: 150 });
+    const nLost = registered;
+    const claims = await svc.claimForNode(nLost, 2, 0);
     expect(claims.map((c) => [c.rolloutId, c.attempt])).toEqual([['a', 1], ['b', 1]]);
     expect((await svc.get('a'))!.state).toBe('queued'); // leased, not started on the node yet
-    const runner = new RolloutRunner({ environments: [counterEnvironment], models: { forRollout: (id, p) => (request, signal) => svc.modelTurn('n-lost', { rolloutId: id, attempt: 1, request }, signal), release: () => undefined } });
+    const runner = new RolloutRunner({ environments: [counterEnvironment], models: { forRollout: (id, p) => (request, signal) => svc.modelTurn(nLost, { rolloutId: id, attempt: 1, request }, signal), release: () => undefined } });
     cleanups.push(() => runner.close());
     const early = await runner.run({ id: 'a', taskId: 'a', sampleIndex: 0, attempt: 1, task: claims[0]!.task });
     expect(early).toMatchObject({ state: 'done', reward: 1 });
-    expect(await svc.commitFromNode('n-lost', [{ rolloutId: 'a', attempt: 1, result: early }])).toEqual(['committed']);
+    expect(await svc.commitFromNode(nLost, [{ rolloutId: 'a', attempt: 1, result: early }])).toEqual(['committed']);
     const late = await runner.run({ id: 'b', taskId: 'b', sampleIndex: 0, attempt: 1, task: claims[1]!.task });
 
     // silent past its timeout: lost, its other rollout re-issued
     await until(() => svc.nodes().find((n) => n.nodeId === 'n-lost')?.state === 'lost');
-    expect((await svc.heartbeat('n-lost', [{ rolloutId: 'b', attempt: 1, stage: 'eval' }])).lost).toEqual(['b']);
-    await svc.registerNode(node('n-2'));
-    const again = await svc.claimForNode('n-2', 4, 0);
+    expect((await svc.heartbeat(nLost, [{ rolloutId: 'b', attempt: 1, stage: 'eval' }])).lost).toEqual(['b']);
+    const n2 = await svc.registerNode(node('n-2'));
+    const again = await svc.claimForNode(n2, 4, 0);
     expect(again.map((c) => [c.rolloutId, c.attempt])).toEqual([['b', 2]]);
     // the lost node's result comes in late: refused, and its policy calls are refused too
-    expect(await svc.commitFromNode('n-lost', [{ rolloutId: 'b', attempt: 1, result: late }])).toEqual(['stale']);
-    await expect(svc.modelTurn('n-lost', { rolloutId: 'b', attempt: 1, request: { messages: [], tools: [] } }, new AbortController().signal)).rejects.toMatchObject({ code: 'CONFLICT' });
+    expect(await svc.commitFromNode(nLost, [{ rolloutId: 'b', attempt: 1, result: late }])).toEqual(['stale']);
+    await expect(svc.modelTurn(nLost, { rolloutId: 'b', attempt: 1, request: { messages: [], tools: [] } }, new AbortController().signal)).rejects.toMatchObject({ code: 'CONFLICT' });
     const waited = svc.wait('b');
     const current: RolloutResult = { ...late, reward: 1, finishedAt: new Date().toISOString() };
-    expect(await svc.commitFromNode('n-2', [{ rolloutId: 'b', attempt: 2, result: current }, { rolloutId: 'b', attempt: 2, result: current }])).toEqual(['committed', 'duplicate']);
+    expect(await svc.commitFromNode(n2, [{ rolloutId: 'b', attempt: 2, result: current }, { rolloutId: 'b', attempt: 2, result: current }])).toEqual(['committed', 'duplicate']);
     expect((await waited).finishedAt).toBe(current.finishedAt);
     expect(await svc.store.counts()).toEqual({ queued: 0, leased: 0, done: 2, failed: 0, cancelled: 0 });
     expect((await svc.store.listResults()).items.map((r) => r.id).sort()).toEqual(['a', 'b']);
@@ -120,18 +121,18 @@ describe('rollout service on its store', () => {
     const fake = await policy({ script: () => 'done' });
     const svc = await service({ backends: [fake.url] });
     await expect(svc.registerNode({ ...node('n'), environments: ['math'] })).rejects.toMatchObject({ code: 'UNPROCESSABLE', message: expect.stringMatching(/does not serve environment counter/) });
-    await expect(svc.heartbeat('nobody', [])).rejects.toMatchObject({ code: 'NOT_FOUND' });
-    await expect(svc.claimForNode('nobody', 1, 0)).rejects.toMatchObject({ code: 'NOT_FOUND' });
+    await expect(svc.heartbeat({ nodeId: 'nobody' }, [])).rejects.toMatchObject({ code: 'NOT_FOUND' });
+    await expect(svc.claimForNode({ nodeId: 'nobody' }, 1, 0)).rejects.toMatchObject({ code: 'NOT_FOUND' });
   });
 
   it('delivers a cancel to the node holding the rollout with its next heartbeat', async () => {
     const fake = await policy({ script: () => 'done' });
     const svc = await service({ backends: [fake.url], runLocally: 'never' });
     await svc.submit([task('c')]);
-    await svc.registerNode(node('n'));
-    const [claim] = await svc.claimForNode('n', 1, 0);
+    const n = await svc.registerNode(node('n'));
+    const [claim] = await svc.claimForNode(n, 1, 0);
     await svc.cancel('c');
-    expect((await svc.heartbeat('n', [{ rolloutId: 'c', attempt: claim!.attempt, stage: 'run' }])).cancel).toEqual(['c']);
+    expect((await svc.heartbeat(n, [{ rolloutId: 'c', attempt: claim!.attempt, stage: 'run' }])).cancel).toEqual(['c']);
     expect((await svc.get('c'))!.state).toBe('run'); // as the node reported it
   });
 
@@ -139,13 +140,13 @@ describe('rollout service on its store', () => {
     const fake = await policy({ script: () => 'done' });
     const svc = await service({ backends: [fake.url], runLocally: 'never', heartbeatMs: 20, nodeTimeoutMs: 150 });
     await svc.submit([task('c')]);
-    await svc.registerNode(node('n-gone'));
-    expect(await svc.claimForNode('n-gone', 1, 0)).toHaveLength(1);
+    const gone = await svc.registerNode(node('n-gone'));
+    expect(await svc.claimForNode(gone, 1, 0)).toHaveLength(1);
     const view = await svc.cancel('c');
     expect(view.state).toBe('queued'); // leased; the node would hear at its next heartbeat, but it never comes
     await until(() => svc.nodes().find((n) => n.nodeId === 'n-gone')?.state === 'lost');
-    await svc.registerNode(node('n-next'));
-    expect(await svc.claimForNode('n-next', 1, 0)).toEqual([]); // not handed out again
+    const next = await svc.registerNode(node('n-next'));
+    expect(await svc.claimForNode(next, 1, 0)).toEqual([]); // not handed out again
     expect(await svc.wait('c')).toMatchObject({ state: 'cancelled', criticalError: 'cancelled', filter: true });
     expect(fake.requests).toHaveLength(0);
   });
@@ -153,15 +154,15 @@ describe('rollout service on its store', () => {
   it('forgets a node that left or was lost once its retention has passed; one that comes back registers again', async () => {
     const fake = await policy({ script: () => 'done' });
     const svc = await service({ backends: [fake.url], runLocally: 'never', heartbeatMs: 20, nodeTimeoutMs: 1_000, nodeRetentionMs: 4_000 });
-    await svc.registerNode(node('leaving'));
-    await svc.registerNode(node('silent'));
-    await svc.registerNode(node('alive'));
-    await svc.deregisterNode('leaving');
+    const leaving = await svc.registerNode(node('leaving'));
+    const silent = await svc.registerNode(node('silent'));
+    const alive = await svc.registerNode(node('alive'));
+    await svc.deregisterNode(leaving);
     // a node that keeps its heartbeats stays, however long
     let beating = true;
     const beats = (async () => {
       while (beating) {
-        await svc.heartbeat('alive', []);
+        await svc.heartbeat(alive, []);
         await new Promise((r) => setTimeout(r, 20));
       }
     })();
@@ -174,7 +175,7 @@ describe('rollout service on its store', () => {
     beating = false;
     await beats;
     // a forgotten node that heartbeats is not known (the agent registers again on that answer)
-    await expect(svc.heartbeat('silent', [])).rejects.toMatchObject({ code: 'NOT_FOUND' });
+    await expect(svc.heartbeat(silent, [])).rejects.toMatchObject({ code: 'NOT_FOUND' });
     await svc.registerNode(node('silent'));
     expect(svc.nodes().find((n) => n.nodeId === 'silent')?.state).toBe('up');
   });

@@ -5,7 +5,18 @@ import { createServer, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
-import { bashTool, bwrapAvailable, cgroupSupport, defineEnvironment, editorTool, pythonTool, startRolloutServer, type RolloutServer } from '@rollserve/core';
+import {
+  bashTool,
+  bwrapAvailable,
+  cgroupSupport,
+  createBwrapProvider,
+  defineEnvironment,
+  editorTool,
+  inodeShares,
+  pythonTool,
+  startRolloutServer,
+  type RolloutServer,
+} from '@rollserve/core';
 import { startFakePolicy, type FakePolicy, type FakeReply } from '@rollserve/testing';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
@@ -29,6 +40,17 @@ const hostile = defineEnvironment({
   row: z.object({}).passthrough(),
   tools: { bash: bashTool, execute_python: pythonTool, str_replace_editor: editorTool },
   sandbox: { network: false },
+  verify: () => ({ reward: 0 }),
+});
+
+// the same, on a bwrap provider without cgroups: it cannot keep a sandbox's total memory
+const noCgroups = createBwrapProvider({ cgroups: false });
+const hostileNoCgroup = defineEnvironment({
+  name: 'hostile-no-cgroup',
+  domain: 'agent',
+  row: z.object({}).passthrough(),
+  tools: { bash: bashTool },
+  sandbox: { network: false, provider: () => noCgroups },
   verify: () => ({ reward: 0 }),
 });
 
@@ -58,16 +80,16 @@ const hits: string[] = [];
 const abstractName = `rollserve-canary-${randomBytes(4).toString('hex')}`;
 const secretFile = join(tmpdir(), `rollserve-canary-${randomBytes(4).toString('hex')}`);
 
-async function rollout(id: string, calls: Plan['calls'], extra: Record<string, unknown> = {}): Promise<Result> {
+async function rollout(id: string, calls: Plan['calls'], extra: Record<string, unknown> = {}, env = 'hostile'): Promise<Result> {
   const body = {
     id,
-    env: 'hostile',
+    env,
     row: { responses_create_params: { input: JSON.stringify({ calls }) } },
     policy: { model: 'fake-policy' },
     limits: { max_turns: calls.length + 1, tool_timeout_s: 60, ...extra },
   };
   const submitted = await fetch(`${server.url}/v1/rollouts`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
-  expect(submitted.status).toBe(202);
+  expect(submitted.status, await submitted.clone().text()).toBe(202);
   for (;;) {
     const view = (await (await fetch(`${server.url}/v1/rollouts/${id}`)).json()) as { state: string; result?: Result | null };
     if (view.result !== undefined && view.result !== null) {
@@ -99,12 +121,13 @@ describe.skipIf(skip !== undefined)('hostile policy through the rollout service'
     await new Promise<void>((resolve) => udpCanary.bind(0, '127.0.0.1', resolve));
     writeFileSync(secretFile, 'host secret', { mode: 0o644 });
     fake = await startFakePolicy({ script: planPolicy as never });
-    server = await startRolloutServer({ environments: [hostile], llmBackends: [fake.url] });
+    server = await startRolloutServer({ environments: [hostile, hostileNoCgroup], llmBackends: [fake.url] });
   });
 
   afterAll(async () => {
     await server?.close();
     await fake?.close();
+    await noCgroups.close?.();
     await new Promise<void>((resolve) => tcpCanary?.close(() => resolve()));
     await new Promise<void>((resolve) => unixCanary?.close(() => resolve()));
     udpCanary?.close();
@@ -256,9 +279,66 @@ print('wrote')
       sandbox: { max_inodes: 1000 },
     });
     expect(inodes.error?.code).toBe('RESOURCE_LIMIT');
-    expect(inodes.error?.message).toMatch(/too many files: the sandbox may create 1000/);
+    expect(inodes.error?.message).toMatch(/too many files: workspace holds the 750 files and directories it may \(the sandbox may create 1000/);
     const workspace = await rollout('ws-full', [bash('head -c 64M /dev/zero > big; echo rc=$?')], { sandbox: { workspace_mib: 8 } });
     expect(workspace.error?.message).toContain('workspace is full');
+  });
+
+  it('stops one Python call at the file cap, not after it: the kernel refuses the next file', async () => {
+    // seen: one call made 60,000 files in a sandbox allowed 20,000 (the cap was sampled afterwards)
+    const made = await rollout(
+      'inodes-python',
+      [
+        python(
+          [
+            'import os',
+            'os.makedirs("d", exist_ok=True)',
+            'n = 0',
+            'try:',
+            '    while n < 60000:',
+            '        open("d/f%d" % n, "w").close(); n += 1',
+            'except OSError as e:',
+            '    print("made", n, os.strerror(e.errno))',
+            'print("total", sum(len(files) + len(dirs) for _, dirs, files in os.walk(".")))',
+          ].join('\n'),
+        ),
+        bash('echo never'),
+      ],
+      { sandbox: { max_inodes: 20_000 } },
+    );
+    const share = inodeShares(20_000).workspace;
+    // the directory d takes one of the workspace's 15,000
+    expect(outputs(made)[0]).toContain(`made ${share - 1} No space left on device`);
+    expect(outputs(made)[0]).toContain(`total ${share}`);
+    expect(made.error?.code).toBe('RESOURCE_LIMIT');
+    expect(made.error?.message).toContain('too many files');
+    expect(made.filter).toBe(false);
+    expect(made.turns).toHaveLength(1);
+  });
+
+  it('gives every tool an open-files limit: past it, EMFILE', async () => {
+    const openAll = 'import os\nfds = []\ntry:\n    while True: fds.append(os.open("/dev/null", os.O_RDONLY))\nexcept OSError as e:\n    print("opened", len(fds), os.strerror(e.errno))';
+    const result = await rollout('nofile', [python(openAll), bash(`python3 -c '${openAll}'; ulimit -n`)], { sandbox: { max_open_files: 100 } });
+    const out = outputs(result);
+    expect(out[0]).toMatch(/opened \d+ Too many open files/);
+    expect(Number(/opened (\d+)/.exec(out[0]!)![1])).toBeLessThan(100);
+    expect(out[1]).toMatch(/opened \d+ Too many open files\n100\n/);
+    expect(result.critical_error).toBeNull();
+    // and a default where the task gives none: far below the ~120,000 one sandbox was seen holding
+    const plain = await rollout('nofile-default', [python(openAll)]);
+    expect(Number(/opened (\d+)/.exec(outputs(plain)[0]!)![1])).toBeLessThan(1024);
+  });
+
+  it('refuses a task limit its provider cannot keep: an INIT failure naming it, filtered, never silently dropped', async () => {
+    const refused = await rollout('refused', [bash('echo ran')], { sandbox: { total_memory_mib: 256 } }, 'hostile-no-cgroup');
+    expect(refused.critical_error).toBe('init');
+    expect(refused.filter).toBe(true);
+    expect(refused.error?.code).toBe('SANDBOX');
+    expect(refused.error?.message).toContain('cannot keep the limit totalMemoryMib (total_memory_mib)');
+    expect(refused.turns).toEqual([]);
+    // the same provider runs a task that gives no such limit (its default is not applied there)
+    const ran = await rollout('not-refused', [bash('echo ran')], {}, 'hostile-no-cgroup');
+    expect(outputs(ran)[0]).toBe('ran\n');
   });
 
   it.skipIf(cgroupSupport() === null)('caps the memory of the sandbox as a whole (several processes together)', async () => {

@@ -10,7 +10,7 @@ import { dirname, join } from 'node:path';
  * (mksquashfs) and a SIF around that squashfs.
  */
 
-const TOOLS = ['cat', 'ls', 'mkdir', 'dirname', 'id', 'env', 'rm', 'touch', 'pwd', 'sleep', 'head', 'true', 'tr', 'wc', 'sha256sum'];
+const TOOLS = ['cat', 'grep', 'stat', 'ls', 'mkdir', 'dirname', 'id', 'env', 'rm', 'touch', 'pwd', 'sleep', 'head', 'true', 'tr', 'wc', 'sha256sum'];
 
 /** A root filesystem in `dir` with /bin/sh and a few tools; `files` are added (path → text). */
 export function makeRootfs(dir: string, files: Record<string, string> = {}): void {
@@ -43,7 +43,73 @@ export interface OciConfigInput {
   workdir?: string;
   user?: string;
   tag?: string;
+  /** Layers over the rootfs's (tar archives, e.g. from makeTar). */
+  extraLayers?: Buffer[];
 }
+
+/** An entry of a hand-made tar layer. */
+export interface TarEntry {
+  name: string;
+  type: 'file' | 'dir' | 'symlink' | 'char' | 'block' | 'fifo';
+  /** Permission bits, setuid/setgid/sticky included. @default 0o644 (0o755 for dirs) */
+  mode?: number;
+  content?: string;
+  target?: string;
+  major?: number;
+  minor?: number;
+}
+
+/**
+ * A ustar archive of `entries`, written byte by byte: a layer can then hold what the test's user
+ * could not create on disk (device nodes, files of other owners), as a hostile image would.
+ */
+export function makeTar(entries: TarEntry[]): Buffer {
+  const TYPES = { file: '0', symlink: '2', char: '3', block: '4', dir: '5', fifo: '6' } as const;
+  const blocks: Buffer[] = [];
+  for (const entry of entries) {
+    const header = Buffer.alloc(512);
+    const content = Buffer.from(entry.type === 'file' ? (entry.content ?? '') : '');
+    const octal = (value: number, width: number, at: number) => header.write(`${value.toString(8).padStart(width - 1, '0')}\0`, at, 'latin1');
+    header.write(entry.name, 0, 100, 'utf8');
+    octal(entry.mode ?? (entry.type === 'dir' ? 0o755 : 0o644), 8, 100);
+    octal(0, 8, 108);
+    octal(0, 8, 116);
+    octal(content.length, 12, 124);
+    octal(1_700_000_000, 12, 136);
+    header.write(TYPES[entry.type], 156, 'latin1');
+    if (entry.target !== undefined) header.write(entry.target, 157, 100, 'utf8');
+    header.write('ustar\0', 257, 'latin1');
+    header.write('00', 263, 'latin1');
+    octal(entry.major ?? 0, 8, 329);
+    octal(entry.minor ?? 0, 8, 337);
+    header.fill(' ', 148, 156);
+    let sum = 0;
+    for (const byte of header) sum += byte;
+    header.write(`${sum.toString(8).padStart(6, '0')}\0 `, 148, 'latin1');
+    blocks.push(header, content, Buffer.alloc((512 - (content.length % 512)) % 512));
+  }
+  blocks.push(Buffer.alloc(1024));
+  return Buffer.concat(blocks);
+}
+
+/**
+ * What a hostile image carries, as tar entries over a makeRootfs root: device nodes of the host's
+ * first disk and of /dev/mem's class, a fifo, a setuid-root and a setgid binary, a world-writable
+ * directory and file.
+ */
+export const HOSTILE_ENTRIES: TarEntry[] = [
+  { name: 'hostile/', type: 'dir' },
+  { name: 'hostile/disk', type: 'block', mode: 0o666, major: 8, minor: 0 },
+  { name: 'hostile/vda', type: 'block', mode: 0o666, major: 254, minor: 0 },
+  { name: 'hostile/mem', type: 'char', mode: 0o666, major: 1, minor: 1 },
+  { name: 'hostile/null', type: 'char', mode: 0o666, major: 1, minor: 3 },
+  { name: 'hostile/pipe', type: 'fifo', mode: 0o666 },
+  { name: 'hostile/suid', type: 'file', mode: 0o4755, content: '#!/bin/sh\necho suid\n' },
+  { name: 'hostile/sgid', type: 'file', mode: 0o2755, content: '#!/bin/sh\necho sgid\n' },
+  { name: 'hostile/shared/', type: 'dir', mode: 0o777 },
+  { name: 'hostile/shared/open-file', type: 'file', mode: 0o666, content: 'anyone may write\n' },
+  { name: 'hostile/sticky/', type: 'dir', mode: 0o1777 },
+];
 
 function sha256(data: Buffer | string): string {
   return createHash('sha256').update(data).digest('hex');
@@ -58,7 +124,8 @@ export function makeOciLayout(rootfs: string, layout: string, config: OciConfigI
     return { digest: `sha256:${hex}`, size: Buffer.byteLength(data) };
   };
   const layer = execFileSync('tar', ['-C', rootfs, '--numeric-owner', '--sort=name', '-cf', '-', '.'], { maxBuffer: 512 * 1024 * 1024 });
-  const layerBlob = blob(layer);
+  const layerBlobs = [layer, ...(config.extraLayers ?? [])].map(blob);
+  const layerBlob = layerBlobs[0]!;
   const configBlob = blob(
     JSON.stringify({
       architecture: 'amd64',
@@ -68,7 +135,7 @@ export function makeOciLayout(rootfs: string, layout: string, config: OciConfigI
         ...(config.workdir === undefined ? {} : { WorkingDir: config.workdir }),
         ...(config.user === undefined ? {} : { User: config.user }),
       },
-      rootfs: { type: 'layers', diff_ids: [layerBlob.digest] },
+      rootfs: { type: 'layers', diff_ids: layerBlobs.map((b) => b.digest) },
     }),
   );
   const manifest = blob(
@@ -76,7 +143,7 @@ export function makeOciLayout(rootfs: string, layout: string, config: OciConfigI
       schemaVersion: 2,
       mediaType: 'application/vnd.oci.image.manifest.v1+json',
       config: { mediaType: 'application/vnd.oci.image.config.v1+json', ...configBlob },
-      layers: [{ mediaType: 'application/vnd.oci.image.layer.v1.tar', ...layerBlob }],
+      layers: layerBlobs.map((b) => ({ mediaType: 'application/vnd.oci.image.layer.v1.tar', ...b })),
     }),
   );
   writeFileSync(join(layout, 'oci-layout'), JSON.stringify({ imageLayoutVersion: '1.0.0' }));
@@ -96,9 +163,25 @@ export function makeOciLayout(rootfs: string, layout: string, config: OciConfigI
   return manifest.digest;
 }
 
-/** A squashfs of `rootfs` at `file`. */
-export function makeSquashfs(rootfs: string, file: string): void {
-  execFileSync('mksquashfs', [rootfs, file, '-noappend', '-quiet', '-no-progress', '-all-root'], { stdio: 'ignore' });
+/** mksquashfs pseudo definitions of HOSTILE_ENTRIES: no device node is made on the host. */
+export function hostilePseudoArgs(): string[] {
+  const kinds = { dir: 'd', file: 'f', char: 'c', block: 'b', fifo: 'i', symlink: 's' } as const;
+  const pseudo: string[] = [];
+  for (const entry of HOSTILE_ENTRIES) {
+    const name = entry.name.replace(/\/$/, '');
+    const mode = (entry.mode ?? (entry.type === 'dir' ? 0o755 : 0o644)).toString(8);
+    const rest =
+      entry.type === 'char' || entry.type === 'block' ? ` ${entry.major} ${entry.minor}` : entry.type === 'file' ? ` printf '%b' ${JSON.stringify(entry.content ?? '')}` : entry.type === 'fifo' ? ' f' : '';
+    pseudo.push('-p', `${name} ${kinds[entry.type]} ${mode} 0 0${rest}`);
+  }
+  pseudo.push('-p', 'hostile/socket i 666 0 0 s');
+  return pseudo;
+}
+
+/** A squashfs of `rootfs` at `file`; `hostile` adds HOSTILE_ENTRIES (and a socket). */
+export function makeSquashfs(rootfs: string, file: string, options: { hostile?: boolean } = {}): void {
+  const pseudo = options.hostile === true ? hostilePseudoArgs() : [];
+  execFileSync('mksquashfs', [rootfs, file, '-noappend', '-quiet', '-no-progress', '-all-root', ...pseudo], { stdio: 'ignore' });
 }
 
 /**

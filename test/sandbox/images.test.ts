@@ -1,6 +1,6 @@
 import { execFileSync, spawnSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { chmodSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { chmodSync, lstatSync, type Stats, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
@@ -17,7 +17,7 @@ import {
   type SandboxSpec,
 } from '../../packages/core/src/index.ts';
 import { describeSandboxBehaviour } from '@rollserve/testing';
-import { makeOciLayout, makeRootfs, makeSif, makeSquashfs } from './image-fixtures.ts';
+import { HOSTILE_ENTRIES, makeOciLayout, makeRootfs, makeSif, makeSquashfs, makeTar } from './image-fixtures.ts';
 
 // Images built here from files the test writes (image-fixtures.ts), run under bwrap with the
 // image's root read-only under a writable overlay layer per sandbox.
@@ -41,7 +41,7 @@ describe.skipIf(skip !== undefined)('images on bwrap', () => {
 
   beforeAll(() => {
     dir = mkdtempSync(join(tmpdir(), 'rs-images-test-'));
-    // the sandbox uid (65534 under a root service) mounts the image root: the path must be searchable
+    // the sandbox uid (65534 under a root service) makes its mounts in the sandboxes' directory below
     chmodSync(dir, 0o755);
     cacheDir = join(dir, 'cache');
     sandboxDir = join(dir, 'sandboxes');
@@ -51,6 +51,10 @@ describe.skipIf(skip !== undefined)('images on bwrap', () => {
     makeOciLayout(rootfs, join(dir, 'layout'), { tag: 'v1', env: ['PATH=/bin', 'IMAGE_VAR=from-config'], workdir: '/testbed' });
     makeOciLayout(rootfs, join(dir, 'user-layout'), { tag: 'v1', user: 'worker', workdir: '/home/worker' });
     makeSquashfs(rootfs, join(dir, 'root.sqfs'));
+    // what a hostile image carries (device nodes, a fifo and a socket, setuid/setgid binaries,
+    // world-writable files), as a second OCI layer and in a squashfs
+    makeOciLayout(rootfs, join(dir, 'hostile-layout'), { tag: 'v1', env: ['PATH=/bin'], extraLayers: [makeTar(HOSTILE_ENTRIES)] });
+    makeSquashfs(rootfs, join(dir, 'hostile.sqfs'), { hostile: true });
     makeSif(join(dir, 'root.sqfs'), join(dir, 'root.sif'));
     writeFileSync(join(dir, 'corrupt.sqfs'), 'not a squashfs at all\n'.repeat(100));
     provider = createBwrapProvider({ imageCacheDir: cacheDir, tmpDir: sandboxDir });
@@ -167,7 +171,7 @@ describe.skipIf(skip !== undefined)('images on bwrap', () => {
     const cache = join(dir, 'cache-crash');
     const file = join(dir, 'root.sqfs');
     const hex = createHash('sha256').update(readFileSync(file)).digest('hex');
-    const entry = `sha256-${hex}${process.getuid?.() === 0 ? '-u65534' : ''}`;
+    const entry = `sha256-${hex}`;
     const dead = spawnSync('true').pid!;
     mkdirSync(join(cache, `.tmp-${entry}-0123456789ab`, 'rootfs/data'), { recursive: true });
     writeFileSync(join(cache, `.tmp-${entry}-0123456789ab`, 'rootfs/data/marker'), 'half\n');
@@ -219,6 +223,154 @@ describe.skipIf(skip !== undefined)('images on bwrap', () => {
       expect(readFileSync(join(dir, 'rootfs/data/marker'), 'utf8')).toBe('from the image\n');
       expect(readdirSync(layer)).toEqual([]);
     }
+  });
+
+  describe('sealed images', () => {
+    const hostile = (): string[] => [`oci:${dir}/hostile-layout:v1`, `squashfs:${dir}/hostile.sqfs`];
+
+    /** Every file of an unpacked root, by lstat (symlinks not followed). */
+    function walk(root: string): Array<{ path: string; stat: Stats }> {
+      const out: Array<{ path: string; stat: Stats }> = [];
+      const visit = (path: string): void => {
+        const stat = lstatSync(path);
+        out.push({ path, stat });
+        if (stat.isDirectory()) for (const name of readdirSync(path)) visit(join(path, name));
+      };
+      visit(root);
+      return out;
+    }
+
+    it('an image is sealed when unpacked: no device nodes, fifos or sockets, no setuid/setgid, nothing writable by group or others', async () => {
+      for (const image of hostile()) {
+        const sandbox = await create(image);
+        const resolved = await resolveImage(image, { cacheDir });
+        const files = walk(resolved.rootfs);
+        expect(files.length, image).toBeGreaterThan(20);
+        const special = files.filter(({ stat }) => stat.isBlockDevice() || stat.isCharacterDevice() || stat.isFIFO() || stat.isSocket());
+        expect(special.map((f) => f.path), image).toEqual([]);
+        const setid = files.filter(({ stat }) => !stat.isSymbolicLink() && (stat.mode & 0o6000) !== 0);
+        expect(setid.map((f) => f.path), image).toEqual([]);
+        const writable = files.filter(({ stat }) => !stat.isSymbolicLink() && (stat.mode & 0o022) !== 0);
+        expect(writable.map((f) => f.path), image).toEqual([]);
+        // the service's files, in a cache only it can enter
+        const uid = process.getuid!();
+        expect(files.filter(({ stat }) => stat.uid !== uid).map((f) => f.path), image).toEqual([]);
+        // (0711 under root: the unpacking uid enters its staging directory; every entry is 0700)
+        expect(statSync(cacheDir).mode & 0o777).toBe(process.getuid?.() === 0 ? 0o711 : 0o700);
+        expect(statSync(join(resolved.rootfs, '..')).mode & 0o777).toBe(0o700);
+        expect(statSync(cacheDir).uid).toBe(uid);
+        // inside, the same: the sandbox's files, its own to change (in its layer), none special
+        const inside = await sandbox.exec('stat -c "%A %n" /hostile/* /hostile/shared/open-file; echo mine > /hostile/shared/open-file && cat /hostile/shared/open-file');
+        expect(inside.stderr, image).toBe('');
+        const modes = inside.stdout.split('\n').filter((line) => line.includes(' /hostile/'));
+        expect(modes.filter((line) => /^[bcps]/.test(line)), image).toEqual([]);
+        expect(modes.filter((line) => /^.{3}[sS]|^.{6}[sS]|^.{5}w|^.{8}w/.test(line)), image).toEqual([]);
+        expect(inside.stdout.endsWith('mine\n'), image).toBe(true);
+        expect(readFileSync(join(resolved.rootfs, 'hostile/shared/open-file'), 'utf8'), image).toBe('anyone may write\n');
+      }
+    });
+
+    it.skipIf(process.getuid?.() !== 0)('as root, the sandbox uid cannot reach the cache on the host (the sandbox sees the image through an idmapped clone)', async () => {
+      const sandbox = await create(hostile()[1]!);
+      const resolved = await resolveImage(hostile()[1]!, { cacheDir });
+      // inside: the files are the sandbox uid's
+      expect((await sandbox.exec('id -u; stat -c "%u %a" /data/marker')).stdout).toBe('65534\n65534 644\n');
+      // outside: uid 65534 (every root service's sandboxes run as it) reads nothing of the cache
+      const asNobody = (args: string[]) => spawnSync('setpriv', ['--reuid=65534', '--regid=65534', '--clear-groups', ...args], { encoding: 'utf8' });
+      const read = asNobody(['cat', join(resolved.rootfs, 'data/marker')]);
+      expect(read.status).not.toBe(0);
+      expect(read.stderr).toMatch(/Permission denied/);
+      const write = asNobody(['sh', '-c', `echo poisoned > ${join(resolved.rootfs, 'hostile/shared/open-file')}`]);
+      expect(write.status).not.toBe(0);
+      expect(readFileSync(join(resolved.rootfs, 'hostile/shared/open-file'), 'utf8')).toBe('anyone may write\n');
+      // the unpack tools run as that uid too: an image only root may read is not unpacked
+      const secret = join(dir, 'root-only.sqfs');
+      execFileSync('cp', [join(dir, 'root.sqfs'), secret]);
+      chmodSync(secret, 0o600);
+      const refused = await resolveImage(`squashfs:${secret}`, { cacheDir: join(dir, 'cache-root-only') }).then(
+        () => undefined,
+        (e: unknown) => e,
+      );
+      expect(RolloutError.isInstance(refused) && refused.status).toBe(422);
+      expect((refused as Error).message).toMatch(/cannot unpack the squashfs.*(Permission denied|Could not open)/s);
+    });
+
+    it.skipIf(process.getuid?.() !== 0)('an unprivileged service (uid 65534) seals images the same way, in a cache of its own', async () => {
+      const own = join(dir, 'as-nobody');
+      mkdirSync(join(own, 'sandboxes'), { recursive: true });
+      execFileSync('chown', ['-R', '65534:65534', own]);
+      const tsx = join(__dirname, '../../node_modules/.bin/tsx');
+      for (const image of hostile()) {
+        const cache = join(own, `cache-${image.split(':')[0]}`);
+        const probe = spawnSync('setpriv', ['--reuid=65534', '--regid=65534', '--clear-groups', tsx, join(__dirname, 'image-probe.ts'), cache, join(own, 'sandboxes'), image], {
+          encoding: 'utf8',
+          env: { ...process.env, HOME: own },
+        });
+        expect(probe.status, `${image}: ${probe.stderr}`).toBe(0);
+        const seen = JSON.parse(probe.stdout.trim().split('\n').pop()!) as {
+          uid: number;
+          inside: { stdout: string; stderr: string };
+          cacheMode: number;
+          files: Array<{ path: string; mode: number; uid: number; special: boolean }>;
+        };
+        expect(seen.uid).toBe(65534);
+        expect(seen.cacheMode, image).toBe(0o700);
+        expect(seen.files.length, image).toBeGreaterThan(20);
+        expect(seen.files.filter((f) => f.special || (f.mode & 0o6022) !== 0 || f.uid !== 65534).map((f) => f.path), image).toEqual([]);
+        const [id, ...rest] = seen.inside.stdout.split('\n');
+        expect(id, image).toBe('65534');
+        expect(rest.filter((line) => line.includes(' /hostile/') && /^[bcps]|^.{3}[sS]|^.{6}[sS]|^.{5}w|^.{8}w/.test(line)), image).toEqual([]);
+        expect(seen.inside.stdout, image).toContain('mine\n');
+        expect(seen.inside.stdout, image).toMatch(/lowerdir=\/proc\/self\/fd\/\d+,upperdir=upper,workdir=work/);
+        expect(seen.inside.stdout, image).not.toContain(cache);
+      }
+      expect(readdirSync(join(own, 'sandboxes'))).toEqual([]);
+    });
+
+    it('a cached entry is used only when it is sealed for its digest; anything else is unpacked again', async () => {
+      const cache = join(dir, 'cache-seal');
+      const image = `squashfs:${dir}/root.sqfs`;
+      const first = await resolveImage(image, { cacheDir: cache });
+      expect(first.unpacked).toBe(true);
+      const entry = join(first.rootfs, '..');
+      const record = JSON.parse(readFileSync(join(entry, 'image.json'), 'utf8')) as Record<string, unknown>;
+      expect(record).toMatchObject({ digest: first.digest, sealed: expect.any(Number) });
+      // an entry from before sealing (or one with its seal removed) is not trusted
+      const { sealed: _sealed, ...unsealed } = record;
+      writeFileSync(join(entry, 'image.json'), JSON.stringify(unsealed));
+      writeFileSync(join(first.rootfs, 'data/marker'), 'tampered\n');
+      const again = await resolveImage(image, { cacheDir: cache });
+      expect(again.unpacked).toBe(true);
+      expect(readFileSync(join(again.rootfs, 'data/marker'), 'utf8')).toBe('from the image\n');
+      // nor one whose record names another digest, nor one writable by others
+      writeFileSync(join(entry, 'image.json'), JSON.stringify({ ...record, digest: `sha256:${'0'.repeat(64)}` }));
+      expect((await resolveImage(image, { cacheDir: cache })).unpacked).toBe(true);
+      chmodSync(first.rootfs, 0o777);
+      expect((await resolveImage(image, { cacheDir: cache })).unpacked).toBe(true);
+      expect((await resolveImage(image, { cacheDir: cache })).unpacked).toBe(false);
+      // a layout whose index names a digest that is a path is refused, not used as a cache name
+      const layout = join(dir, 'evil-layout');
+      execFileSync('cp', ['-r', join(dir, 'layout'), layout]);
+      const index = JSON.parse(readFileSync(join(layout, 'index.json'), 'utf8')) as { manifests: Array<{ digest: string }> };
+      index.manifests[0]!.digest = 'sha256:../../../../tmp/escape';
+      writeFileSync(join(layout, 'index.json'), JSON.stringify(index));
+      await expect(resolveImage(`oci:${layout}:v1`, { cacheDir: cache })).rejects.toThrow(/malformed manifest digest/);
+    });
+
+    it("no host path in an image sandbox's mount table: the overlay names its layers by descriptor and relative paths", async () => {
+      const sandbox = await create(oci());
+      const { stdout } = await sandbox.exec('cat /proc/self/mountinfo; echo ===; cat /proc/mounts');
+      const [mountinfo = '', mounts = ''] = stdout.split('===\n');
+      const overlay = mountinfo.split('\n').find((line) => / - overlay /.test(line)) ?? '';
+      expect(overlay).toMatch(/lowerdir=\/proc\/self\/fd\/\d+,upperdir=upper,workdir=work/);
+      for (const path of [cacheDir, dir, sandboxDir, join(dir, 'layout')]) {
+        expect(mounts, path).not.toContain(path);
+        // (mountinfo's fourth field of a bind mount is its source's path within its filesystem:
+        // the service's input directory is a tmpfs for that; see host-paths.test.ts)
+        expect(mountinfo, path).not.toContain(path);
+      }
+      expect(mountinfo).not.toContain(cacheDir);
+    });
   });
 
   it('parses references', () => {

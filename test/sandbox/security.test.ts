@@ -4,20 +4,33 @@ import { createServer, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { bwrapAvailable, cgroupSupport, createBwrapProvider, removeStaleSandboxDirs, type Sandbox, type SandboxSpec } from '../../packages/core/src/sandbox/index.ts';
-import { BashSession } from '../../packages/core/src/tools/index.ts';
+import {
+  bwrapAvailable,
+  cgroupCpuSupport,
+  cgroupSupport,
+  createBwrapProvider,
+  inodeShares,
+  removeStaleSandboxDirs,
+  type Sandbox,
+  type SandboxSpec,
+} from '../../packages/core/src/sandbox/index.ts';
+import { serviceHardLimit } from '../../packages/core/src/sandbox/limits.ts';
+import { BashSession, PythonKernel } from '../../packages/core/src/tools/index.ts';
 import { SandboxPool } from '@rollserve/testing';
 
 const skip = bwrapAvailable() ? undefined : 'bwrap is not installed';
 if (skip !== undefined) console.warn(`[sandbox security] skipping: ${skip}`);
 
-/** Host pids whose command line mentions `needle` (our bwrap processes carry the sandbox id). */
+/**
+ * Host pids whose command line or working directory mentions `needle` (bwrap runs in its
+ * sandbox's directory, which carries the sandbox id).
+ */
 function pidsMentioning(needle: string): number[] {
   const pids: number[] = [];
   for (const name of readdirSync('/proc')) {
     if (!/^\d+$/.test(name)) continue;
     try {
-      if (readFileSync(`/proc/${name}/cmdline`, 'latin1').includes(needle)) pids.push(Number(name));
+      if (readFileSync(`/proc/${name}/cmdline`, 'latin1').includes(needle) || readlinkSync(`/proc/${name}/cwd`).includes(needle)) pids.push(Number(name));
     } catch {
       // exited
     }
@@ -101,7 +114,8 @@ describe.skipIf(skip !== undefined)('bwrap sandbox security', () => {
 
   it('writes only to the workspace and /tmp', async () => {
     const sandbox = await create();
-    for (const path of ['/usr/rs-probe', '/etc/rs-probe', '/rs-probe', '/bin/rs-probe', '/run/rs-probe']) {
+    // (/dev is a tmpfs: writable, it would be one of no size the sandbox's limits name)
+    for (const path of ['/usr/rs-probe', '/etc/rs-probe', '/rs-probe', '/bin/rs-probe', '/run/rs-probe', '/dev/rs-probe']) {
       const result = await sandbox.exec(`touch ${path}`);
       expect(result.returnCode, path).not.toBe(0);
       expect(existsSync(path), path).toBe(false);
@@ -189,6 +203,92 @@ describe.skipIf(skip !== undefined)('bwrap sandbox security', () => {
     expect([128 + 24, 128 + 9]).toContain(result.returnCode);
   });
 
+  // Python making files as fast as it can, in one call, in each place the count is shared by
+  const makeFiles = [
+    'import os',
+    'made = []',
+    'for d in (".", "/tmp", "/dev/shm"):',
+    '    n = 0',
+    '    try:',
+    '        while n < 5000:',
+    '            open(os.path.join(d, "f%d" % n), "w").close(); n += 1',
+    '    except OSError as e:',
+    '        made.append("%s:%d:%s" % (d, n, os.strerror(e.errno)))',
+    '    else:',
+    '        made.append("%s:%d:none" % (d, n))',
+    'print(" ".join(made))',
+  ].join('\n');
+
+  it('has the kernel keep the file count, in one command: each tmpfs stops at its share with ENOSPC', async () => {
+    const sandbox = await create({ resources: { maxInodes: 2000 } });
+    const shares = inodeShares(2000);
+    const result = await sandbox.exec(`python3 -c '${makeFiles}'`);
+    // not one file past the cap (a sampled cap let a single call make 60,000 with 20,000 allowed)
+    expect(result.stdout).toBe(
+      `.:${shares.workspace}:No space left on device /tmp:${shares.tmp}:No space left on device /dev/shm:${shares.shm}:No space left on device\n`,
+    );
+    // reaching it ends the sandbox with the reason (the runner's RESOURCE_LIMIT)
+    expect(sandbox.checkLimits()).toMatch(/^too many files: workspace holds the 1500 files and directories it may \(the sandbox may create 2000/);
+    expect(result.returnCode).toBe(125);
+  });
+
+  it('has the kernel keep the open files of every process (EMFILE), by exec, the bash tool and the Python kernel', async () => {
+    const sandbox = await create({ resources: { maxOpenFiles: 64 } });
+    const openAll = 'import os\nfds = []\ntry:\n    while True: fds.append(os.open("/dev/null", os.O_RDONLY))\nexcept OSError as e:\n    print(len(fds), os.strerror(e.errno))';
+    const exec = await sandbox.exec(`python3 -c '${openAll}'`);
+    expect(exec.stdout).toMatch(/^\d+ Too many open files\n$/);
+    expect(Number(exec.stdout.split(' ')[0])).toBeLessThan(64);
+    const bash = await BashSession.start(sandbox);
+    try {
+      expect((await bash.run(`python3 -c '${openAll}'`)).output).toMatch(/^\d+ Too many open files\n$/);
+      expect((await bash.run('ulimit -n; ulimit -Hn')).output).toBe('64\n64\n');
+      // and it cannot be raised again from inside
+      expect((await bash.run('ulimit -n 4096 2>&1; echo rc=$?')).output).toMatch(/rc=1/);
+    } finally {
+      await bash.close();
+    }
+    const kernel = await PythonKernel.start(sandbox);
+    try {
+      const result = await kernel.run(openAll);
+      expect(result.stdout).toMatch(/^\d+ Too many open files\n$/);
+    } finally {
+      await kernel.close();
+    }
+    // the default holds where the spec says nothing
+    const plain = await create();
+    expect((await plain.exec('ulimit -n')).stdout).toBe('1024\n');
+  });
+
+  it('refuses, at create, a limit it cannot keep here, naming it, and leaves nothing behind', async () => {
+    const before = readdirSync(tmpdir()).filter((name) => name.startsWith('rollserve-rs-')).length;
+    const noCgroup = createBwrapProvider({ cgroups: false });
+    expect(noCgroup.limits?.().totalMemoryMib).toBeUndefined();
+    await expect(noCgroup.create({ resources: { totalMemoryMib: 256 } })).rejects.toThrow(
+      /the bwrap sandbox provider cannot keep the limit totalMemoryMib \(total_memory_mib\) here/,
+    );
+    await expect(noCgroup.create({ resources: { cpus: 1 } })).rejects.toThrow(/cannot keep the limit cpus/);
+    // its default is not applied there, and nothing is refused for it
+    const sandbox = await noCgroup.create();
+    expect((await sandbox.exec('echo ok')).stdout).toBe('ok\n');
+    await sandbox.close();
+    const hard = serviceHardLimit('Max open files');
+    if (hard !== undefined) {
+      await expect(create({ resources: { maxOpenFiles: hard + 1 } })).rejects.toThrow(`the service's own hard limit is ${hard}`);
+    }
+    expect(readdirSync(tmpdir()).filter((name) => name.startsWith('rollserve-rs-')).length).toBeLessThanOrEqual(before);
+  });
+
+  it.skipIf(!cgroupCpuSupport())('caps the CPUs of the sandbox as a whole: the kernel throttles it at its quota', async () => {
+    const sandbox = await create({ resources: { cpus: 0.2 } });
+    const own = readFileSync('/proc/self/cgroup', 'utf8').split('\n').find((line) => /^\d+:([^:]*,)?cpu(,[^:]*)?:/.test(line) || line.startsWith('0::'))!;
+    const dir = cgroupSupport() === 1 ? join('/sys/fs/cgroup/cpu', own.split(':')[2]!, `rollserve-${sandbox.id}`) : join('/sys/fs/cgroup', own.split(':')[2]!, `rollserve-${sandbox.id}`);
+    const stat = () => Object.fromEntries(readFileSync(join(dir, 'cpu.stat'), 'utf8').trim().split('\n').map((line) => line.split(' ') as [string, string]));
+    expect(Number(stat().nr_throttled)).toBe(0);
+    // two busy processes, each wanting a whole CPU: the sandbox may have a fifth of one
+    await sandbox.exec('for i in 1 2; do (while :; do :; done) & done; sleep 1; kill $(jobs -p)', { timeoutMs: 10_000 });
+    expect(Number(stat().nr_throttled)).toBeGreaterThan(0);
+  });
+
   it('ends the whole process tree at a time limit, setsid and double forks included', async () => {
     const sandbox = await create();
     const ns = namespaceOf(sandbox);
@@ -250,13 +350,14 @@ describe.skipIf(skip !== undefined)('bwrap sandbox security', () => {
     const script = [
       `import { createBwrapProvider } from ${JSON.stringify(join(import.meta.dirname, '../../packages/core/src/sandbox/index.ts'))};`,
       `import { BashSession } from ${JSON.stringify(join(import.meta.dirname, '../../packages/core/src/tools/index.ts'))};`,
-      'const sandbox = await createBwrapProvider().create();',
-      "const exec = await sandbox.exec('id -u; grep \"Max processes\" /proc/self/limits');",
+      'const sandbox = await createBwrapProvider().create({ resources: { maxInodes: 2000, maxOpenFiles: 64 } });',
+      "const exec = await sandbox.exec('id -u; grep \"Max processes\" /proc/self/limits; ulimit -n; touch /dev/x 2>&1');",
       'const bash = await BashSession.start(sandbox);',
       "const shell = await bash.run('echo from-bash');",
       'await bash.close();',
+      `const files = await sandbox.exec(${JSON.stringify(`python3 -c '${makeFiles}'`)});`,
       'await sandbox.close();',
-      'console.log(JSON.stringify({ exec, shell }));',
+      'console.log(JSON.stringify({ exec, shell, files }));',
     ].join('\n');
     const child = spawnSync(
       'setpriv',
@@ -264,9 +365,12 @@ describe.skipIf(skip !== undefined)('bwrap sandbox security', () => {
       { cwd: join(import.meta.dirname, '../..'), encoding: 'utf8', timeout: 20_000, env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: '/tmp' } },
     );
     expect(child.stderr).toBe('');
-    const out = JSON.parse(child.stdout.trim().split('\n').at(-1)!) as { exec: { stdout: string }; shell: { output: string } };
-    expect(out.exec.stdout).toMatch(/^65534\nMax processes\s+512\s+512/);
+    const out = JSON.parse(child.stdout.trim().split('\n').at(-1)!) as { exec: { stdout: string }; shell: { output: string }; files: { stdout: string } };
+    expect(out.exec.stdout).toMatch(/^65534\nMax processes\s+512\s+512.*\n64\ntouch: cannot touch '\/dev\/x': Read-only file system\n$/);
     expect(out.shell.output).toBe('from-bash\n');
+    // the tmpfs inode counts hold rootless too
+    const shares = inodeShares(2000);
+    expect(out.files.stdout).toBe(`.:${shares.workspace}:No space left on device /tmp:${shares.tmp}:No space left on device /dev/shm:${shares.shm}:No space left on device\n`);
   });
 
   it('dies with the service: a killed parent takes its sandboxes along', async () => {

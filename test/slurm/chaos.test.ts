@@ -1,6 +1,6 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import { existsSync, readFileSync, readdirSync } from 'node:fs';
+import { existsSync, readFileSync, readdirSync, readlinkSync } from 'node:fs';
 import { chmod, mkdir, mkdtemp, rm } from 'node:fs/promises';
 import { createServer, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
@@ -77,10 +77,17 @@ function readProc(pid: string, file: string): string | undefined {
   }
 }
 
-/** bwrap processes of sandboxes made under `sandboxTmp` (their command lines bind dirs from there). */
+/** bwrap processes of sandboxes made under `sandboxTmp` (each runs in its sandbox's directory there). */
 function sandboxesUnder(sandboxTmp: string): number[] {
+  const cwd = (pid: string): string => {
+    try {
+      return readlinkSync(`/proc/${pid}/cwd`);
+    } catch {
+      return '';
+    }
+  };
   return readdirSync('/proc')
-    .filter((pid) => /^\d+$/.test(pid) && readProc(pid, 'comm')?.trim() === 'bwrap' && (readProc(pid, 'cmdline') ?? '').includes(sandboxTmp))
+    .filter((pid) => /^\d+$/.test(pid) && readProc(pid, 'comm')?.trim() === 'bwrap' && cwd(pid).startsWith(`${sandboxTmp}/`))
     .map(Number);
 }
 

@@ -1,9 +1,12 @@
+import { spawn } from 'node:child_process';
+import { once } from 'node:events';
 import { readFileSync } from 'node:fs';
 import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { goneSlurmJobs, slurmJobOf, SlurmUnanswered, type NodeRegistration } from '@rollserve/core';
-import { counterEnvironment, slurmMissing, startFakePolicy, startTestRolloutService, startTestSlurm, type TestSlurm } from '@rollserve/testing';
+import { createRolloutApi, goneSlurmJobs, LlmBackendPool, PoolModelProvider, RolloutService, serveFetch, slurmJobOf, SlurmUnanswered, type NodeRegistration } from '@rollserve/core';
+import math from '@rollserve/env-math';
+import { counterEnvironment, slurmMissing, startFakePolicy, startTestRolloutService, startTestSlurm, workspaceRoot, type TestSlurm } from '@rollserve/testing';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 // How the service learns from Slurm that a node's job is gone (squeue against a real controller).
@@ -77,8 +80,8 @@ describe.skipIf(missing !== undefined)('asking Slurm whether node jobs are gone'
         slurm: { jobId: '1', arrayJobId: array, arrayTaskId: '1', nodeName, restartCount },
       });
       // the task's first run, on a node it no longer runs on, and its requeued run, where it runs
-      await service.registerNode(node('old-run', 'elsewhere', '0'));
-      await service.registerNode(node('new-run', host, '1'));
+      const oldRun = await service.registerNode(node('old-run', 'elsewhere', '0'));
+      const newRun = await service.registerNode(node('new-run', host, '1'));
       const state = (id: string) => service.nodes().find((n) => n.nodeId === id);
       await slurm.waitFor('the old run to be lost', () => state('old-run')?.state === 'lost', { timeoutMs: 30_000, intervalMs: 50 });
       expect(state('old-run')?.lostReason).toBe(`Slurm job ${task} is gone`);
@@ -93,10 +96,10 @@ describe.skipIf(missing !== undefined)('asking Slurm whether node jobs are gone'
       expect(state('new-run')?.state).toBe('up');
       // the old run cannot come back, and when it leaves (as a refused node does) it stays listed
       // as lost, with why; the new run can register again
-      await expect(service.registerNode(node('old-run', 'elsewhere', '0'))).rejects.toMatchObject({ code: 'CONFLICT' });
-      expect(await service.deregisterNode('old-run')).toEqual({ released: 0 });
+      await expect(service.registerNode(node('old-run', 'elsewhere', '0'), oldRun.credential)).rejects.toMatchObject({ code: 'CONFLICT' });
+      expect(await service.deregisterNode(oldRun)).toEqual({ released: 0 });
       expect(state('old-run')).toMatchObject({ state: 'lost', lostReason: `Slurm job ${task} is gone` });
-      await service.registerNode(node('new-run', host, '1'));
+      await service.registerNode(node('new-run', host, '1'), newRun.credential);
 
       await slurm.cancel(array);
       await slurm.waitFor('the new run to be lost once its job is cancelled', () => state('new-run')?.state === 'lost', { timeoutMs: 30_000, intervalMs: 50 });
@@ -104,6 +107,41 @@ describe.skipIf(missing !== undefined)('asking Slurm whether node jobs are gone'
       await close();
       await fake.close();
       await rm(dir, { recursive: true, force: true });
+    }
+  }, 120_000);
+  it('a rollserve node whose own Slurm job is gone ends itself (status 3), though its service still answers', async () => {
+    const job = await slurm.sbatch(['--wrap', 'sleep 300']);
+    const host = (await slurm.waitFor('the job to run', async () => (await slurm.jobs(job)).find((j) => j.state === 'RUNNING')))!.nodeList;
+    const fake = await startFakePolicy({ script: () => 'done' });
+    const backends = new LlmBackendPool();
+    backends.add({ baseUrl: fake.url });
+    const models = new PoolModelProvider(backends);
+    // the service does not watch Slurm here: the node has to find out by itself
+    const service = await RolloutService.create({ environments: [math], models, runLocally: 'never', slurmWatch: false });
+    const running = await serveFetch(createRolloutApi(service, { backends }));
+    // a node process outside its job's cgroup (as one that escaped it), told the job is its own
+    const child = spawn(process.execPath, [join(workspaceRoot(), 'packages', 'core', 'bin', 'rollserve.js'), 'node', '--service', running.url, '--run', '1', '--slurm-check-s', '0.3'], {
+      stdio: ['ignore', 'pipe', 'pipe'],
+      env: { ...process.env, ...slurm.env, SLURM_JOB_ID: job, SLURMD_NODENAME: host, ROLLSERVE_LOG_LEVEL: 'silent' },
+    });
+    const exited = once(child, 'exit') as Promise<[number | null, NodeJS.Signals | null]>;
+    const out = { stdout: '', stderr: '' };
+    child.stdout!.on('data', (chunk: Buffer) => (out.stdout += chunk));
+    child.stderr!.on('data', (chunk: Buffer) => (out.stderr += chunk));
+    try {
+      await slurm.waitFor('the node to register', () => out.stdout.includes('registered') || child.exitCode !== null, { intervalMs: 50 });
+      expect(out.stdout).toMatch(/registered/);
+      expect(service.nodes()).toMatchObject([{ state: 'up', slurm: { jobId: job, nodeName: host } }]);
+      await slurm.cancel(job);
+      expect(await exited).toEqual([3, null]);
+      expect(out.stderr).toMatch(new RegExp(`^rollserve node: Slurm job ${job} of this node is gone .*; exiting$`, 'm'));
+    } finally {
+      if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+      await exited;
+      await running.close();
+      await service.close();
+      await models.close();
+      await fake.close();
     }
   }, 120_000);
 });

@@ -1,4 +1,5 @@
 import { appendFile, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import {
@@ -14,7 +15,7 @@ import {
   type RolloutTaskInput,
   type TurnRecord,
 } from '@rollserve/core';
-import { startTestPostgres, type TestPostgres } from '@rollserve/testing';
+import { startTestPostgres, workspaceRoot, type TestPostgres } from '@rollserve/testing';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 
 // One behaviour suite, run against the embedded store (a SQLite file) and a real PostgreSQL.
@@ -130,9 +131,91 @@ describe.each(engines)('$name store', (engine) => {
 
   it('applies its migrations once', async () => {
     expect(store.kind).toBe(engine.name);
-    expect(await store.schemaVersion()).toBe(1);
+    expect(await store.schemaVersion()).toBe(2);
     const again = await open();
-    expect(await again.schemaVersion()).toBe(1);
+    expect(await again.schemaVersion()).toBe(2);
+  });
+
+  it('accepts a commit only from the worker holding the lease at that attempt, in the same statement as the fence', async () => {
+    await store.putTasks([task('a'), task('b'), task('c')]);
+    const [held] = await store.claim({ workerId: 'n1', limit: 1, leaseMs: 60_000 });
+    expect(held).toMatchObject({ id: 'a', attempt: 1 });
+    // another node, at the very attempt of n1's lease: refused, nothing stored
+    expect(await store.commit({ rolloutId: 'a', attempt: 1, result: result('a', 'a', 0, { reward: 0.777 }), workerId: 'n2' })).toEqual({ status: 'stale', currentAttempt: 1, state: 'leased' });
+    // a worker that never claimed anything, for a queued rollout no one holds: refused
+    expect(await store.commit({ rolloutId: 'b', attempt: 0, result: result('b', 'b', 0, { reward: 0.777 }), workerId: 'never-registered' })).toEqual({ status: 'stale', currentAttempt: 0, state: 'queued' });
+    // `unheld` ends a queued rollout (the service's own cancel), never a leased one
+    expect(await store.commit({ rolloutId: 'a', attempt: 1, result: result('a', 'a', 0, { reward: 0.777 }), workerId: 'service', unheld: true })).toMatchObject({ status: 'stale' });
+    expect(await store.getResult('a')).toBeUndefined();
+    expect(await store.getResult('b')).toBeUndefined();
+    expect(await store.getRollout('a')).toMatchObject({ state: 'leased', workerId: 'n1', attempt: 1 });
+    // in a batch too
+    expect(await store.commitMany([{ rolloutId: 'a', attempt: 1, result: result('a', 'a', 0, { reward: 0.777 }), workerId: 'n2' }])).toEqual([{ status: 'stale', currentAttempt: 1, state: 'leased' }]);
+    // the holder commits; another node repeating that commit is not told it was its own
+    expect(await store.commit({ rolloutId: 'a', attempt: 1, result: result('a', 'a'), workerId: 'n1' })).toEqual({ status: 'committed' });
+    expect(await store.commit({ rolloutId: 'a', attempt: 1, result: result('a', 'a', 0, { reward: 0.777 }), workerId: 'n2' })).toMatchObject({ status: 'stale' });
+    expect(await store.commit({ rolloutId: 'a', attempt: 1, result: result('a', 'a'), workerId: 'n1' })).toEqual({ status: 'duplicate' });
+    expect((await store.getResult('a'))?.reward).toBe(1);
+    // a renewal, too, renews only the holder's own leases
+    const [other] = await store.claim({ workerId: 'n2', limit: 1, leaseMs: 60_000 });
+    expect(await store.renewLeases('n1', [{ rolloutId: other!.id, attempt: other!.attempt }], 60_000)).toEqual({ renewed: [], lost: [other!.id] });
+    expect(await store.renewLeases('n2', [{ rolloutId: other!.id, attempt: other!.attempt }], 60_000)).toEqual({ renewed: [other!.id], lost: [] });
+    // and a release of single leases (one held too long) only the holder's, at their attempt
+    expect(await store.releaseLeases('n1', [{ rolloutId: other!.id, attempt: other!.attempt }])).toEqual([]);
+    expect(await store.releaseLeases('n2', [{ rolloutId: other!.id, attempt: other!.attempt + 1 }])).toEqual([]);
+    expect(await store.releaseLeases('n2', [{ rolloutId: other!.id, attempt: other!.attempt }])).toEqual([other!.id]);
+    expect(await store.getRollout(other!.id)).toMatchObject({ state: 'queued', workerId: null });
+  });
+
+  it('renews a long list of leases across its chunks, each answered once', async () => {
+    const ids = Array.from({ length: 1_300 }, (_, i) => `l${i}`);
+    await store.putTasks(ids.map((id) => task(id)));
+    const claimed = await store.claim({ workerId: 'n1', limit: 1_300, leaseMs: 1_000 });
+    const leases = [...claimed.map((c) => ({ rolloutId: c.id, attempt: c.attempt })), { rolloutId: 'made-up', attempt: 1 }, { rolloutId: 'l0', attempt: 7 }];
+    clock += 500;
+    const outcome = await store.renewLeases('n1', leases, 10_000);
+    expect(outcome.renewed).toHaveLength(1_300);
+    expect(outcome.lost).toEqual(['made-up', 'l0']);
+    clock += 5_000; // past the first lease, within the renewed one
+    expect(await store.expireLeases()).toEqual([]);
+  });
+
+  it("keeps rollout nodes' credential hashes, across a reopening", async () => {
+    expect(await store.getNodeCredential('n1')).toBeUndefined();
+    await store.putNodeCredential({ nodeId: 'n1', credentialHash: 'aa'.repeat(32), issuedAt: 5 });
+    await store.putNodeCredential({ nodeId: 'n2', credentialHash: 'bb'.repeat(32), issuedAt: 6 });
+    await store.putNodeCredential({ nodeId: 'n1', credentialHash: 'cc'.repeat(32), issuedAt: 7 }); // issued again
+    const again = await open();
+    expect(await again.getNodeCredential('n1')).toEqual({ nodeId: 'n1', credentialHash: 'cc'.repeat(32), issuedAt: 7 });
+    await again.deleteNodeCredential('n1');
+    expect(await store.getNodeCredential('n1')).toBeUndefined();
+    expect(await store.getNodeCredential('n2')).toMatchObject({ credentialHash: 'bb'.repeat(32) });
+  });
+
+  it('migrates a store of schema version 1 (before node credentials): its data kept, credentials kept from then on', async () => {
+    await store.putTasks([task('old')]);
+    await store.claim({ workerId: 'n1', limit: 1, leaseMs: 60_000 });
+    await store.close();
+    // back to version 1, as a database written by the release before
+    const downgrade = 'DROP TABLE nodes; DELETE FROM schema_version WHERE version = 2;';
+    const require = createRequire(join(workspaceRoot(), 'packages', 'core', 'package.json')); // the store's own drivers
+    if (engine.name === 'sqlite') {
+      const Database = require('better-sqlite3') as new (path: string) => { exec(sql: string): void; close(): void };
+      const db = new Database(url.slice('sqlite://'.length));
+      db.exec(downgrade);
+      db.close();
+    } else {
+      const { Client } = require('pg') as { Client: new (options: { connectionString: string }) => { connect(): Promise<void>; query(sql: string): Promise<unknown>; end(): Promise<void> } };
+      const client = new Client({ connectionString: url });
+      await client.connect();
+      await client.query(downgrade);
+      await client.end();
+    }
+    const migrated = await open();
+    expect(await migrated.schemaVersion()).toBe(2);
+    expect(await migrated.getRollout('old')).toMatchObject({ state: 'leased', workerId: 'n1', attempt: 1 });
+    await migrated.putNodeCredential({ nodeId: 'n1', credentialHash: 'dd'.repeat(32), issuedAt: 1 });
+    expect(await migrated.getNodeCredential('n1')).toMatchObject({ credentialHash: 'dd'.repeat(32) });
   });
 
   it('puts tasks idempotently by id, a batch whole or not at all', async () => {
@@ -248,11 +331,11 @@ describe.each(engines)('$name store', (engine) => {
     expect(await store.getRollout('a')).toMatchObject({ state: 'done', attempt: 2, workerId: 'n2', leaseExpiresAt: null });
 
     // after it is done: the old attempt is still stale, and nothing claims it again
-    expect(await store.commit({ rolloutId: 'a', attempt: 1, result: result('a', 'a', 0, { reward: 0 }) })).toMatchObject({ status: 'stale', state: 'done' });
+    expect(await store.commit({ rolloutId: 'a', attempt: 1, result: result('a', 'a', 0, { reward: 0 }), workerId: 'lost' })).toMatchObject({ status: 'stale', state: 'done' });
     expect(await store.getResult('a')).toEqual(result('a', 'a'));
     clock += 10_000;
     expect(await store.claim({ workerId: 'n3', limit: 1, leaseMs: 1_000 })).toEqual([]);
-    expect(await store.commit({ rolloutId: 'nope', attempt: 1, result: result('nope', 'nope') })).toEqual({ status: 'not_found' });
+    expect(await store.commit({ rolloutId: 'nope', attempt: 1, result: result('nope', 'nope'), workerId: 'n1' })).toEqual({ status: 'not_found' });
   });
 
   it('stores one result for a double commit of the same attempt', async () => {
@@ -260,8 +343,8 @@ describe.each(engines)('$name store', (engine) => {
     const [claimed] = await store.claim({ workerId: 'n1', limit: 1, leaseMs: 10_000 });
     const other = engine.name === 'postgres' ? await open() : store;
     const outcomes = await Promise.all([
-      store.commit({ rolloutId: 'a', attempt: claimed!.attempt, result: result('a', 'a') }),
-      other.commit({ rolloutId: 'a', attempt: claimed!.attempt, result: result('a', 'a', 0, { reward: 0.5 }) }),
+      store.commit({ rolloutId: 'a', attempt: claimed!.attempt, result: result('a', 'a'), workerId: 'n1' }),
+      other.commit({ rolloutId: 'a', attempt: claimed!.attempt, result: result('a', 'a', 0, { reward: 0.5 }), workerId: 'n1' }),
     ]);
     expect(outcomes.map((o) => o.status).sort()).toEqual(['committed', 'duplicate']);
     const stored = await store.listResults();
@@ -273,7 +356,7 @@ describe.each(engines)('$name store', (engine) => {
     const ids = Array.from({ length: 1_200 }, (_, i) => `m${i}`);
     await store.putTasks(ids.map((id) => task(id)));
     const finished = ids.filter((_, i) => i % 3 === 0);
-    for (const id of finished) expect((await store.commit({ rolloutId: id, attempt: 0, result: result(id, id, 0, { reward: Number(id.slice(1)) }) })).status).toBe('committed');
+    for (const id of finished) expect((await store.commit({ rolloutId: id, attempt: 0, result: result(id, id, 0, { reward: Number(id.slice(1)) }), workerId: 'service', unheld: true })).status).toBe('committed');
     const found = await store.getResults([...ids, 'nope']);
     expect([...found.keys()].sort()).toEqual([...finished].sort());
     expect(found.get('m999')?.reward).toBe(999);
@@ -287,18 +370,18 @@ describe.each(engines)('$name store', (engine) => {
     const outcomes = await store.commitMany([
       { rolloutId: 'a', attempt: attempt('a'), result: result('a', 'a'), workerId: 'n1' },
       { rolloutId: 'b', attempt: attempt('b') + 1, result: result('b', 'b'), workerId: 'n1' },
-      { rolloutId: 'nope', attempt: 1, result: result('nope', 'nope') },
+      { rolloutId: 'nope', attempt: 1, result: result('nope', 'nope'), workerId: 'n1' },
       { rolloutId: 'c', attempt: attempt('c'), result: result('c', 'c', 0, { state: 'failed', reward: 0 }), workerId: 'n1' },
     ]);
     expect(outcomes).toEqual([{ status: 'committed' }, { status: 'stale', currentAttempt: attempt('b'), state: 'leased' }, { status: 'not_found' }, { status: 'committed' }]);
     expect(await store.counts()).toMatchObject({ done: 1, failed: 1, leased: 1 });
     // the same batch again: what committed is a duplicate now
-    expect((await store.commitMany([{ rolloutId: 'a', attempt: attempt('a'), result: result('a', 'a') }])).map((o) => o.status)).toEqual(['duplicate']);
+    expect((await store.commitMany([{ rolloutId: 'a', attempt: attempt('a'), result: result('a', 'a'), workerId: 'n1' }])).map((o) => o.status)).toEqual(['duplicate']);
     // an unfinished result fails the whole batch before anything is written
     const error = await store
       .commitMany([
-        { rolloutId: 'b', attempt: attempt('b'), result: result('b', 'b') },
-        { rolloutId: 'b', attempt: attempt('b'), result: result('b', 'b', 0, { state: 'run' }) },
+        { rolloutId: 'b', attempt: attempt('b'), result: result('b', 'b'), workerId: 'n1' },
+        { rolloutId: 'b', attempt: attempt('b'), result: result('b', 'b', 0, { state: 'run' }), workerId: 'n1' },
       ])
       .catch((e: unknown) => e);
     expect(RolloutError.isInstance(error) && error.code).toBe('BAD_REQUEST');
@@ -312,11 +395,11 @@ describe.each(engines)('$name store', (engine) => {
     const plain = (value: unknown) => JSON.parse(JSON.stringify(value)) as unknown;
     const one = multiTurn('one', 'one');
     const many = multiTurn('many', 'many', 0, { reward: 0 });
-    expect(await store.commit({ rolloutId: 'one', attempt: attempt('one'), result: one })).toEqual({ status: 'committed' });
-    expect(await store.commitMany([{ rolloutId: 'many', attempt: attempt('many'), result: many }])).toEqual([{ status: 'committed' }]);
-    await store.commit({ rolloutId: 'g:0', attempt: attempt('g:0'), result: multiTurn('g:0', 'g', 0) });
+    expect(await store.commit({ rolloutId: 'one', attempt: attempt('one'), result: one, workerId: 'n1' })).toEqual({ status: 'committed' });
+    expect(await store.commitMany([{ rolloutId: 'many', attempt: attempt('many'), result: many, workerId: 'n1' }])).toEqual([{ status: 'committed' }]);
+    await store.commit({ rolloutId: 'g:0', attempt: attempt('g:0'), result: multiTurn('g:0', 'g', 0), workerId: 'n1' });
     const amended = multiTurn('g:0', 'g', 0, { advantage: 1 });
-    await store.commit({ rolloutId: 'g:1', attempt: attempt('g:1'), result: multiTurn('g:1', 'g', 1, { advantage: -1 }), amend: [amended] });
+    await store.commit({ rolloutId: 'g:1', attempt: attempt('g:1'), result: multiTurn('g:1', 'g', 1, { advantage: -1 }), amend: [amended], workerId: 'n1' });
     expect(plain(await store.getResult('one'))).toEqual(plain(one));
     expect(plain((await store.getResults(['many', 'g:0'])).get('many'))).toEqual(plain(many));
     expect(plain(await store.getResult('g:0'))).toEqual(plain(amended));
@@ -327,9 +410,9 @@ describe.each(engines)('$name store', (engine) => {
 
   it('commits a cancelled result for a rollout never claimed (attempt 0), and rejects unfinished results', async () => {
     await store.putTasks([task('a'), task('b')]);
-    expect(await store.commit({ rolloutId: 'a', attempt: 0, result: result('a', 'a', 0, { state: 'cancelled' }) })).toEqual({ status: 'committed' });
+    expect(await store.commit({ rolloutId: 'a', attempt: 0, result: result('a', 'a', 0, { state: 'cancelled' }), workerId: 'service', unheld: true })).toEqual({ status: 'committed' });
     expect(await store.counts()).toMatchObject({ cancelled: 1, queued: 1 });
-    const error = await store.commit({ rolloutId: 'b', attempt: 0, result: result('b', 'b', 0, { state: 'run' }) }).catch((e: unknown) => e);
+    const error = await store.commit({ rolloutId: 'b', attempt: 0, result: result('b', 'b', 0, { state: 'run' }), workerId: 'service', unheld: true }).catch((e: unknown) => e);
     expect(RolloutError.isInstance(error) && error.code).toBe('BAD_REQUEST');
     expect(await store.getRollout('b')).toMatchObject({ state: 'queued' });
   });
@@ -338,21 +421,22 @@ describe.each(engines)('$name store', (engine) => {
     await store.putTasks([task('g', 2), task('x')]);
     const claimed = await store.claim({ workerId: 'n1', limit: 3, leaseMs: 10_000 });
     const attempt = (id: string) => claimed.find((c) => c.id === id)!.attempt;
-    await store.commit({ rolloutId: 'g:0', attempt: attempt('g:0'), result: result('g:0', 'g', 0) });
-    await store.commit({ rolloutId: 'x', attempt: attempt('x'), result: result('x', 'x') });
+    await store.commit({ rolloutId: 'g:0', attempt: attempt('g:0'), result: result('g:0', 'g', 0), workerId: 'n1' });
+    await store.commit({ rolloutId: 'x', attempt: attempt('x'), result: result('x', 'x'), workerId: 'n1' });
     const outcome = await store.commit({
       rolloutId: 'g:1',
       attempt: attempt('g:1'),
       result: result('g:1', 'g', 1, { advantage: -1 }),
       // 'x' is another task's: left alone
       amend: [result('g:0', 'g', 0, { advantage: 1 }), result('x', 'x', 0, { advantage: 7 })],
+      workerId: 'n1',
     });
     expect(outcome).toEqual({ status: 'committed' });
     expect((await store.getResult('g:0'))?.advantage).toBe(1);
     expect((await store.getResult('g:1'))?.advantage).toBe(-1);
     expect((await store.getResult('x'))?.advantage).toBeNull();
     // a stale commit's amendments are not applied either
-    expect(await store.commit({ rolloutId: 'g:1', attempt: 99, result: result('g:1', 'g', 1), amend: [result('g:0', 'g', 0, { advantage: 5 })] })).toMatchObject({ status: 'stale' });
+    expect(await store.commit({ rolloutId: 'g:1', attempt: 99, result: result('g:1', 'g', 1), amend: [result('g:0', 'g', 0, { advantage: 5 })], workerId: 'n1' })).toMatchObject({ status: 'stale' });
     expect((await store.getResult('g:0'))?.advantage).toBe(1);
   });
 
@@ -377,9 +461,9 @@ describe.each(engines)('$name store', (engine) => {
     expect(await allRolloutIds(store, { taskId: 'b' })).toEqual(['b:0', 'b:1']);
     const claimed = await store.claim({ workerId: 'n1', limit: 4, leaseMs: 60_000 });
     expect(claimed.map((c) => c.id)).toEqual(['a:0', 'a:1', 'a:2', 'b:0']);
-    await store.commit({ rolloutId: 'a:2', attempt: 1, result: result('a:2', 'a', 2, { state: 'failed' }) });
-    await store.commit({ rolloutId: 'a:0', attempt: 1, result: result('a:0', 'a', 0) });
-    await store.commit({ rolloutId: 'b:0', attempt: 1, result: result('b:0', 'b', 0) });
+    await store.commit({ rolloutId: 'a:2', attempt: 1, result: result('a:2', 'a', 2, { state: 'failed' }), workerId: 'n1' });
+    await store.commit({ rolloutId: 'a:0', attempt: 1, result: result('a:0', 'a', 0), workerId: 'n1' });
+    await store.commit({ rolloutId: 'b:0', attempt: 1, result: result('b:0', 'b', 0), workerId: 'n1' });
     expect(await allRolloutIds(store, { state: 'queued' })).toEqual(['b:1', 'c']);
     expect(await allRolloutIds(store, { state: ['done', 'failed'] })).toEqual(['a:0', 'a:2', 'b:0']);
     const page = await store.listResults({ limit: 2 });
@@ -396,7 +480,7 @@ describe.each(engines)('$name store', (engine) => {
     await store.putTasks([task('a', 2), ...Array.from({ length: 5 }, (_, i) => task(`t${i}`))]);
     const claimed = await store.claim({ workerId: 'n1', limit: 10, leaseMs: 3_600_000 });
     for (const c of claimed) {
-      await store.commit({ rolloutId: c.id, attempt: c.attempt, result: result(c.id, c.taskId, c.sampleIndex) });
+      await store.commit({ rolloutId: c.id, attempt: c.attempt, result: result(c.id, c.taskId, c.sampleIndex), workerId: 'n1' });
       clock += 1_000;
     }
     // committed at +0 (a:0), +1s (a:1), +2s (t0) … +6s (t4); now is +7s
@@ -470,7 +554,7 @@ describe.each(engines)('$name store', (engine) => {
     it('keeps everything when the file is reopened', async () => {
       await store.putTasks([task('a', 2), task('b')]);
       const [first] = await store.claim({ workerId: 'n1', limit: 1, leaseMs: 60_000 });
-      await store.commit({ rolloutId: first!.id, attempt: first!.attempt, result: result(first!.id, 'a', 0) });
+      await store.commit({ rolloutId: first!.id, attempt: first!.attempt, result: result(first!.id, 'a', 0), workerId: 'n1' });
       await store.claim({ workerId: 'n2', limit: 1, leaseMs: 60_000 });
       await store.close();
       const reopened = await open();
@@ -478,7 +562,7 @@ describe.each(engines)('$name store', (engine) => {
       expect(await reopened.getResult('a:0')).toEqual(result('a:0', 'a', 0));
       expect(await reopened.getRollout('a:1')).toMatchObject({ state: 'leased', workerId: 'n2', attempt: 1 });
       expect(await reopened.putTasks([task('a', 2)])).toEqual([{ taskId: 'a', rolloutIds: ['a:0', 'a:1'], existing: true }]);
-      expect(await reopened.commit({ rolloutId: 'a:1', attempt: 1, result: result('a:1', 'a', 1) })).toEqual({ status: 'committed' });
+      expect(await reopened.commit({ rolloutId: 'a:1', attempt: 1, result: result('a:1', 'a', 1), workerId: 'n2' })).toEqual({ status: 'committed' });
     });
 
     it('opens an in-memory store', async () => {
@@ -492,13 +576,13 @@ describe.each(engines)('$name store', (engine) => {
     it('reconnects after the database restarts mid-run, losing nothing', async () => {
       await store.putTasks(Array.from({ length: 6 }, (_, i) => task(`t${i}`)));
       const claimed = await store.claim({ workerId: 'n1', limit: 4, leaseMs: 60_000 });
-      await store.commit({ rolloutId: claimed[0]!.id, attempt: 1, result: result(claimed[0]!.id, claimed[0]!.taskId) });
+      await store.commit({ rolloutId: claimed[0]!.id, attempt: 1, result: result(claimed[0]!.id, claimed[0]!.taskId), workerId: 'n1' });
       // every pooled connection is now dropped by the server
       await postgres!.restart();
       expect(await store.counts()).toEqual({ queued: 2, leased: 3, done: 1, failed: 0, cancelled: 0 });
       expect(await store.getResult(claimed[0]!.id)).toEqual(result(claimed[0]!.id, claimed[0]!.taskId));
       for (const c of claimed.slice(1)) {
-        expect(await store.commit({ rolloutId: c.id, attempt: c.attempt, result: result(c.id, c.taskId) })).toEqual({ status: 'committed' });
+        expect(await store.commit({ rolloutId: c.id, attempt: c.attempt, result: result(c.id, c.taskId), workerId: 'n1' })).toEqual({ status: 'committed' });
       }
       expect((await store.claim({ workerId: 'n2', limit: 10, leaseMs: 60_000 })).map((c) => c.id)).toEqual(['t4', 't5']);
       expect(await store.putTasks([task('t6')])).toMatchObject([{ existing: false }]);
@@ -509,7 +593,7 @@ describe.each(engines)('$name store', (engine) => {
       await store.putTasks(Array.from({ length: 30 }, (_, i) => task(`t${i}`)));
       const claimed = await store.claim({ workerId: 'n1', limit: 30, leaseMs: 60_000 });
       const restart = postgres!.restart();
-      const outcomes = await Promise.all(claimed.map((c) => store.commit({ rolloutId: c.id, attempt: c.attempt, result: result(c.id, c.taskId) })));
+      const outcomes = await Promise.all(claimed.map((c) => store.commit({ rolloutId: c.id, attempt: c.attempt, result: result(c.id, c.taskId), workerId: 'n1' })));
       await restart;
       // a commit whose first try went through before the connection dropped answers 'duplicate' on retry
       expect(outcomes.every((o) => o.status === 'committed' || o.status === 'duplicate')).toBe(true);

@@ -37,7 +37,7 @@ const CONFTEST_SLEEP =
 describe('evaluatePatch', () => {
   it('an abort during the tests closes the eval sandbox and reports it, within a second', async () => {
     const fixture = built.fixtures[0]!;
-    const config = SweConfig.parse({});
+    const config = SweConfig.parse({ repos_root: built.root });
     const instance = resolveInstance(SweRow.parse({ ...fixture.row, test_patch: `${fixture.testPatch}${CONFTEST_SLEEP}` }), config);
     const { provider, open } = trackingProvider();
     const controller = new AbortController();
@@ -53,7 +53,7 @@ describe('evaluatePatch', () => {
 
   it('an already aborted verify starts nothing it leaves behind', async () => {
     const fixture = built.fixtures[1]!;
-    const config = SweConfig.parse({});
+    const config = SweConfig.parse({ repos_root: built.root });
     const { provider, open } = trackingProvider();
     const outcome = await evaluatePatch(resolveInstance(SweRow.parse(fixture.row), config), fixture.goldPatch, { provider, config, signal: AbortSignal.abort() });
     expect(outcome).toMatchObject({ evaluation_completed: false, failure_reason: 'eval_sandbox_failed', failure_detail: 'verify was aborted' });

@@ -409,6 +409,7 @@ function buildRepo(root: string, spec: RepoSpec): SweFixture {
 }
 
 export interface SweFixtures {
+  /** The repositories' directory: the config's `repos_root` for the fixture rows. */
   root: string;
   fixtures: SweFixture[];
   /** Removes the repositories. */
@@ -418,6 +419,9 @@ export interface SweFixtures {
 /** Builds the four fixture repositories in a fresh temp dir (each call its own). */
 export function buildSweFixtures(): SweFixtures {
   const root = mkdtempSync(join(tmpdir(), 'rollserve-swe-fixtures-'));
+  // the SWE environment reads a row's repository as the sandbox user (nobody) under a root
+  // service: the repositories are readable by others, as an operator's repos_root would be
+  chmodSync(root, 0o755);
   try {
     return { root, fixtures: REPO_SPECS.map((spec) => buildRepo(root, spec)), close: () => rmSync(root, { recursive: true, force: true }) };
   } catch (error) {

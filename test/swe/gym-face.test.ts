@@ -1,5 +1,4 @@
 import { chmodSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import swe, { SWE_EXTRA_KEYS } from '@rollserve/env-swe';
 import { createBwrapProvider, createResourcesServer, registerSandboxProvider, serveFetch, type ResourcesServer, type RunningServer } from '@rollserve/core';
@@ -18,6 +17,7 @@ describeContract({
   env: swe,
   extraKeys: SWE_EXTRA_KEYS,
   sampleRow: calc.row,
+  config: { repos_root: built.root },
   packageDir: join(workspaceRoot(), 'environments', 'swe'),
 });
 
@@ -50,7 +50,7 @@ describe('swe over the NeMo Gym face (bwrap)', () => {
   let url: string;
 
   beforeAll(async () => {
-    app = createResourcesServer(swe, { config: { sandbox_provider: 'swe-test-counting' } });
+    app = createResourcesServer(swe, { config: { sandbox_provider: 'swe-test-counting', repos_root: built.root, binds_root: built.root } });
     running = await serveFetch(app);
     url = running.url;
   });
@@ -161,7 +161,7 @@ describe('swe over the NeMo Gym face (bwrap)', () => {
   it('a patch that does not apply in the eval sandbox is reward 0 with the reason', async () => {
     // An agent's diff is taken against base, so it applies; patches that do not come from the
     // sandbox (the gold patch verified with is_verifying_golden_patch, as NeMo Gym does) may not.
-    const golden = createResourcesServer(swe, { config: { is_verifying_golden_patch: true } });
+    const golden = createResourcesServer(swe, { config: { is_verifying_golden_patch: true, repos_root: built.root } });
     const server = await serveFetch(golden);
     try {
       const response = makeResponse([]);
@@ -180,7 +180,7 @@ describe('swe over the NeMo Gym face (bwrap)', () => {
   });
 
   it('a test_patch that does not apply, or tests past the time limit, are reward 0 with their reasons', async () => {
-    const golden = createResourcesServer(swe, { config: { is_verifying_golden_patch: true, evaluation_timeout: 2 } });
+    const golden = createResourcesServer(swe, { config: { is_verifying_golden_patch: true, evaluation_timeout: 2, repos_root: built.root } });
     const server = await serveFetch(golden);
     try {
       const response = makeResponse([]);
@@ -258,7 +258,7 @@ describe('swe over the NeMo Gym face (bwrap)', () => {
     let golden: ResourcesServer;
     let goldenServer: RunningServer;
     beforeAll(async () => {
-      golden = createResourcesServer(swe, { config: { is_verifying_golden_patch: true } });
+      golden = createResourcesServer(swe, { config: { is_verifying_golden_patch: true, repos_root: built.root } });
       goldenServer = await serveFetch(golden);
     });
     afterAll(async () => {
@@ -314,7 +314,8 @@ describe('swe over the NeMo Gym face (bwrap)', () => {
     });
 
     it("the row's binds are in the agent's sandbox (read-only) and in the evaluation", async () => {
-      const data = mkdtempSync(join(tmpdir(), 'rollserve-swe-bind-'));
+      // under binds_root: the root the operator gives rows' binds (the fixtures' directory here)
+      const data = mkdtempSync(join(built.root, 'bind-'));
       try {
         writeFileSync(join(data, 'hello.txt'), 'bound in\n');
         chmodSync(data, 0o755); // the sandbox's user is not the owner

@@ -120,7 +120,7 @@ describe.skipIf(skip !== undefined)('SWE rows on images built from files (bwrap)
       let url: string;
 
       beforeAll(async () => {
-        app = createResourcesServer(swe, { config: { sandbox_provider: PROVIDER, repos_root: built.root } });
+        app = createResourcesServer(swe, { config: { sandbox_provider: PROVIDER, repos_root: built.root, images_root: images.dir } });
         running = await serveFetch(app);
         url = running.url;
       });
@@ -170,6 +170,18 @@ describe.skipIf(skip !== undefined)('SWE rows on images built from files (bwrap)
         expect(String(verify.model_patch).match(/^diff --git/gm)).toHaveLength(1);
       });
 
+      it("the image's hostile entries are sealed: no device node, fifo, socket or setuid/setgid file reaches the agent's sandbox", async () => {
+        const check = [
+          'for f in /hostile/* /hostile/shared/*; do',
+          '  if [ -b "$f" ] || [ -c "$f" ] || [ -p "$f" ] || [ -S "$f" ]; then echo "special $f"; fi',
+          '  if [ -u "$f" ] || [ -g "$f" ]; then echo "setid $f"; fi',
+          'done',
+          'echo checked',
+        ].join('\n');
+        const { outputs } = await rollout(imageRow(calc), [['bash', { command: check }]]);
+        expect(outputs[0]!.trim()).toBe('checked');
+      });
+
       it('an empty patch is reward 0, a breaking one fails its tests in the image', async () => {
         const empty = await rollout(imageRow(calc), [['bash', { command: 'git status --short | wc -l' }]]);
         expect(empty.outputs[0]!.trim()).toBe('0');
@@ -197,7 +209,7 @@ describe.skipIf(skip !== undefined)('SWE rows on images built from files (bwrap)
         const { service, close } = await startTestRolloutService({
           environments: [swe],
           backends: [fake.url],
-          environmentConfigs: { swe: { sandbox_provider: PROVIDER, repos_root: built.root } },
+          environmentConfigs: { swe: { sandbox_provider: PROVIDER, repos_root: built.root, images_root: images.dir } },
         });
         cleanups.push(async () => {
           await close();

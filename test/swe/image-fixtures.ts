@@ -2,7 +2,7 @@ import { execFileSync } from 'node:child_process';
 import { chmodSync, copyFileSync, cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, realpathSync, rmSync, statSync, symlinkSync, utimesSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { basename, dirname, join } from 'node:path';
-import { makeOciLayout } from '../sandbox/image-fixtures.ts';
+import { HOSTILE_ENTRIES, hostilePseudoArgs, makeOciLayout, makeTar } from '../sandbox/image-fixtures.ts';
 import type { SweFixture } from './fixtures.ts';
 
 /*
@@ -169,7 +169,7 @@ export function makeSweRootfs(root: string, testbed?: SweFixture): SweImageRootf
 
 /** A squashfs of `root` (uncompressed: mksquashfs and unsquashfs are fastest so). */
 export function makeUncompressedSquashfs(root: string, file: string): void {
-  execFileSync('mksquashfs', [root, file, '-noappend', '-quiet', '-no-progress', '-all-root', '-noI', '-noD', '-noF', '-noX'], { stdio: 'ignore' });
+  execFileSync('mksquashfs', [root, file, '-noappend', '-quiet', '-no-progress', '-all-root', '-noI', '-noD', '-noF', '-noX', ...hostilePseudoArgs()], { stdio: 'ignore' });
 }
 
 /** SWE-bench's image name of an instance (`__` spelled `_1776_`). */
@@ -190,8 +190,10 @@ export interface SweImages {
 }
 
 /**
- * Builds the image once in a new temp dir (searchable by the sandbox uid: the cache and the
- * overlays below it are mounted as that uid) as an OCI layout and a squashfs.
+ * Builds the image once in a new temp dir (searchable by the sandbox uid: the sandboxes'
+ * directories below it are reached as that uid) as an OCI layout and a squashfs, both also
+ * carrying what a hostile image would under /hostile (HOSTILE_ENTRIES: device nodes, a fifo,
+ * setuid/setgid files, world-writable ones), which sealing must keep from every sandbox.
  */
 export function buildSweImages(testbed: SweFixture): SweImages {
   const dir = mkdtempSync(join(tmpdir(), 'rollserve-swe-images-'));
@@ -206,7 +208,7 @@ export function buildSweImages(testbed: SweFixture): SweImages {
     };
     const [rootfs, rootfsTime] = time(() => makeSweRootfs(rootDir, testbed));
     const ociLayout = join(dir, 'oci');
-    const [, ociTime] = time(() => makeOciLayout(rootDir, ociLayout, { tag: name, env: ['PATH=/usr/local/bin:/usr/bin:/bin', 'LANG=C.UTF-8'], workdir: '/testbed' }));
+    const [, ociTime] = time(() => makeOciLayout(rootDir, ociLayout, { tag: name, env: ['PATH=/usr/local/bin:/usr/bin:/bin', 'LANG=C.UTF-8'], workdir: '/testbed', extraLayers: [makeTar(HOSTILE_ENTRIES)] }));
     const squashfs = join(dir, `${name}.sqfs`);
     const [, squashfsTime] = time(() => makeUncompressedSquashfs(rootDir, squashfs));
     rmSync(rootDir, { recursive: true, force: true });

@@ -18,7 +18,7 @@ afterEach(async () => {
 
 async function setup(script: (request: ChatCompletionBody, turn: number) => FakeReply): Promise<{ svc: RolloutService; fake: FakePolicy }> {
   const fake = await startFakePolicy({ script: (request, ctx) => script(request, ctx.turn) });
-  const { service: svc, close } = await startTestRolloutService({ environments: [swe], backends: [fake.url] });
+  const { service: svc, close } = await startTestRolloutService({ environments: [swe], backends: [fake.url], environmentConfigs: { swe: { repos_root: built.root } } });
   cleanups.push(async () => {
     await close();
     await fake.close();

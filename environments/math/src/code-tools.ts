@@ -69,6 +69,11 @@ function pythonErrorMessage(ename: string, evalue: string): string {
 
 const failure = (message: string): ExecutePythonResponse => ({ success: false, stdout: '', stderr: '', error_message: message, result: null });
 
+/** The session's kernel as math_with_code's calls use it (the rollout service starts it in INIT). */
+function codeKernel(tools: SessionTools, config: CodeToolsConfig) {
+  return tools.python({ defaultTimeoutMs: config.max_execution_time * 1000, maxOutputChars: 1_000_000, prelude: PRELUDE });
+}
+
 /**
  * Runs one `execute_python` call in the session's kernel (`tools.python()`; end_session resets it
  * and the next call starts a fresh one, as math_with_code does) and answers in math_with_code's shape.
@@ -76,7 +81,7 @@ const failure = (message: string): ExecutePythonResponse => ({ success: false, s
 export async function executePython(code: string, tools: SessionTools, config: CodeToolsConfig): Promise<ExecutePythonResponse> {
   const limitMs = config.max_execution_time * 1000;
   try {
-    const kernel = await tools.python({ defaultTimeoutMs: limitMs, maxOutputChars: 1_000_000, prelude: PRELUDE });
+    const kernel = await codeKernel(tools, config);
     const started = performance.now();
     const ran = await kernel.run(code, { timeoutMs: limitMs });
     if (ran.status === 'timeout') return failure('code timed-out');
@@ -109,9 +114,10 @@ export function createExecutePythonTool<Config>(configOf: (ctx: EnvironmentConte
   return defineTool<typeof executeParameters, Config>({
     description: 'Execute Python code to perform calculations. You have access to numpy, scipy, pandas and basic math operations.',
     parameters: executeParameters,
-    // The per-call limit is the config's; this only bounds sandbox start-up on top of it.
+    // The per-call limit is the config's; this is only a backstop (start-up is not counted).
     timeoutMs: 300_000,
     succeeded: (output: ExecutePythonResponse) => output.success === true,
+    prepare: (ctx) => codeKernel(ctx.tools, configOf(ctx)),
     handler: ({ code }, ctx) => executePython(code, ctx.tools, configOf(ctx)),
   });
 }

@@ -212,7 +212,10 @@ export function createSweEnvironment(options: SweEnvironmentOptions = {}) {
       try {
         instance = state?.instance ?? resolveInstance(row, config);
       } catch (error) {
-        return finish('eval_sandbox_failed', RolloutError.from(error).message);
+        const failure = RolloutError.from(error);
+        // a row naming what it may not (a path outside its root) is a 422 naming the field
+        if (failure.code === 'UNPROCESSABLE') throw failure;
+        return finish('eval_sandbox_failed', failure.message);
       }
       const outcome = await evaluatePatch(instance, patch, { provider: ctx.resources.provider, config, signal: ctx.signal });
       Object.assign(result, outcome);

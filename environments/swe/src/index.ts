@@ -3,7 +3,7 @@ export { createSweEnvironment, SWE_EXTRA_KEYS, sweEnvironment } from './environm
 export type { SweEnvironmentOptions, SweResources } from './environment.ts';
 export { evaluatePatch } from './evaluate.ts';
 export type { EvalOutcome, EvaluateOptions, FailureReason } from './evaluate.ts';
-export { imageFromTemplate, instanceTestCommand, resolveInstance, sandboxSpec } from './instance.ts';
+export { imageFromTemplate, instanceTestCommand, recheckInstance, resolveInstance, rowRoots, sandboxSpec, sweDataDir } from './instance.ts';
 export type { SweInstance } from './instance.ts';
 export { archiveTree, prepareRepository } from './repository.ts';
 export { extractDiff, responseDiff } from './response-diff.ts';

@@ -7,9 +7,30 @@ const MAX_ARCHIVES = 16;
 const archives = new Map<string, Promise<Buffer>>();
 
 /**
+ * Who git runs as for a row: as root, the bwrap sandbox's default user (nobody), so that git reads
+ * only what a sandbox could (a root-only repository, or one whose .git or alternates lead to one,
+ * stays unreadable); otherwise the service's own user, which its sandboxes run as anyway.
+ */
+const GIT_USER = { uid: 65534, gid: 65534 };
+
+/**
+ * git's environment for a row's repository: no system or global config and a neutral HOME (the
+ * service's are not the row's business), and the repository trusted whoever owns it (git refuses
+ * a repository owned by another user otherwise: safe.directory, honoured from the command line).
+ */
+const gitEnv = (): NodeJS.ProcessEnv => ({
+  PATH: process.env.PATH ?? '/usr/bin:/bin',
+  HOME: '/',
+  LC_ALL: 'C',
+  GIT_CONFIG_NOSYSTEM: '1',
+  GIT_CONFIG_GLOBAL: '/dev/null',
+  GIT_ATTR_NOSYSTEM: '1',
+});
+
+/**
  * The tree of `commit` in the host repository `repoPath` as a tar archive (`git archive`: no
- * .git, so no history at all). The last few are kept: every rollout of a GRPO group and its eval
- * sandbox copy the same tree.
+ * .git, so no history at all), read with no more privilege than a sandbox has (GIT_USER). The
+ * last few are kept: every rollout of a GRPO group and its eval sandbox copy the same tree.
  */
 export function archiveTree(repoPath: string, commit: string): Promise<Buffer> {
   const key = `${repoPath}\0${commit}`;
@@ -22,14 +43,20 @@ export function archiveTree(repoPath: string, commit: string): Promise<Buffer> {
   archive = new Promise<Buffer>((resolve, reject) => {
     execFile(
       'git',
-      ['-C', repoPath, 'archive', '--format=tar', `${commit}^{tree}`],
-      { encoding: 'buffer', maxBuffer: 2 ** 31 - 1, env: { ...process.env, GIT_CONFIG_NOSYSTEM: '1' } },
+      ['-c', 'safe.directory=*', '-C', repoPath, 'archive', '--format=tar', `${commit}^{tree}`],
+      {
+        encoding: 'buffer',
+        maxBuffer: 2 ** 31 - 1,
+        env: gitEnv(),
+        cwd: '/',
+        ...(process.getuid?.() === 0 ? { uid: GIT_USER.uid, gid: GIT_USER.gid } : {}),
+      },
       (error, stdout, stderr) => {
         if (error === null) resolve(stdout);
         else {
           // a bad row, not a server fault: the 422 of a pydantic validator, at the field to blame
           const why = stderr.toString().trim() || error.message;
-          const field = /not a git repository|No such file|cannot change to/i.test(why) ? 'repo_path' : 'base_commit';
+          const field = /not a git repository|No such file|cannot change to|Permission denied|dubious ownership/i.test(why) ? 'repo_path' : 'base_commit';
           reject(invalidInputError([field], `cannot read ${commit} of ${repoPath}: ${why}`, field === 'repo_path' ? repoPath : commit));
         }
       },

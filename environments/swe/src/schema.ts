@@ -38,12 +38,16 @@ export const SweRow = z.looseObject({
   test_patch: z.string().default(''),
   FAIL_TO_PASS: TestList.default([]),
   PASS_TO_PASS: TestList.default([]),
-  /** An Apptainer `.sif`, a `docker://` reference, or (bwrap) a root directory. Wins over the config's. */
-  image: z.string().optional(),
-  /** The image from the instance id, as the config's `image_template` (which it overrides). */
-  image_template: z.string().optional(),
-  /** A git repository on the host (bwrap, local): its tree at base_commit is copied into the sandbox. */
-  repo_path: z.string().optional(),
+  /**
+   * The image: `oci:`/`sif:`/`squashfs:`/`docker-archive:`/`oci-archive:` or a bare path (a `.sif`,
+   * a layout or, on bwrap, a root directory) under the config's `images_root`, or a registry
+   * reference (`docker://…`, Apptainer only). Wins over the config's.
+   */
+  image: z.string().min(1).optional(),
+  /** The image from the instance id, as the config's `image_template` (which it overrides); under `images_root` too. */
+  image_template: z.string().min(1).optional(),
+  /** A git repository under the config's `repos_root` (bwrap, local): its tree at base_commit is copied into the sandbox. */
+  repo_path: z.string().min(1).optional(),
   /** Where the repository lives inside the sandbox. */
   repo_dir: z.string().optional(),
   /** sh run in the repository before the agent starts and before the tests run. */
@@ -57,7 +61,10 @@ export const SweRow = z.looseObject({
   test_parser: ParserName.optional(),
   /** Environment variables of the agent's shell and of the evaluation (over the config's `env`). */
   env: EnvVars.optional(),
-  /** Host directories bound into the agent's sandbox and the eval one (below `repos_root` when set). */
+  /**
+   * Host directories or files under the config's `binds_root`, bound into the agent's sandbox and
+   * the eval one; read-only unless the config sets `row_writable_binds`.
+   */
   binds: z
     .array(
       z.object({
@@ -90,8 +97,21 @@ export const SweConfig = z.object({
   image_template: z.string().optional(),
   /** Environment variables of every command in the sandboxes (the agent's shell included). */
   env: EnvVars.default({}),
-  /** Relative `repo_path`s resolve here, and every `repo_path` must lie below it when set. */
-  repos_root: z.string().optional(),
+  /*
+   * A row names host paths only under these roots (the operator's; the config's own `image` and
+   * `image_template` may name anything). Relative row paths resolve in them; symlinks and `..`
+   * are followed first, so a path that leads out is refused (a 422 naming the field), as is
+   * anything that is not a directory or a regular file. Defaults: `repos/`, `images/` and
+   * `binds/` in the data dir (`$ROLLSERVE_DATA_DIR`, else `.rollserve` in the working directory).
+   */
+  /** Where rows' `repo_path`s lie. @default <data dir>/repos */
+  repos_root: z.string().min(1).optional(),
+  /** Where rows' `image`s and `image_template`s lie. @default <data dir>/images */
+  images_root: z.string().min(1).optional(),
+  /** Where rows' `binds` come from. @default <data dir>/binds */
+  binds_root: z.string().min(1).optional(),
+  /** Whether a row's bind may be writable (`read_only: false`); refused otherwise. */
+  row_writable_binds: z.boolean().default(false),
   /** Where the repository lives in the sandbox. @default workdir with repo_path, else /testbed (SWE-bench images) */
   repo_dir: z.string().optional(),
   /** The sandbox's working directory (its writable workspace). */

@@ -3,10 +3,12 @@
 Usage: python3 rollserve_kernel.py <socket path>
 
 Protocol: newline-delimited JSON, both ways.
-  -> {"id": 1, "code": "x = 1\\nx + 1", "max_output": 30000}
+  -> {"id": 1, "code": "x = 1\\nx + 1", "max_output": 30000, "max_message": 1048576}
   <- {"id": 1, "status": "ok", "stdout": "", "stderr": "", "result": "2", "error": null}
   -> {"id": 2, "interrupt": true}      raises KeyboardInterrupt in the running cell (SIGINT)
-Errors: "status": "error", "error": {"ename", "evalue", "traceback"}.
+Errors: "status": "error", "error": {"ename", "evalue", "traceback"}. Each text is capped at
+max_output characters (head and tail), and a reply line at max_message bytes: the service ends a
+sandbox whose kernel socket carries more.
 Uses IPython's InteractiveShell when importable, plain exec otherwise (the value of a final
 expression is returned, as in Jupyter). Prints "READY <mode>" on stdout once it listens.
 """
@@ -122,6 +124,31 @@ def _error(exc, with_traceback=True, skip=1):
     return {"ename": type(exc).__name__, "evalue": str(exc), "traceback": "".join(te.format())}
 
 
+def _cap_error(error, limit):
+    # an exception's message and traceback are the cell's to make as long as it likes
+    if error is None:
+        return None
+    return {key: _cap(value, limit) if isinstance(value, str) else value for key, value in error.items()}
+
+
+def _encode(message, max_bytes):
+    """The reply as one line of at most `max_bytes` bytes (the service reads no longer one): its
+    texts are halved until it fits, whatever their characters cost once JSON-escaped."""
+    data = (json.dumps(message) + "\n").encode("utf-8")
+    for _ in range(64):
+        if max_bytes <= 0 or len(data) <= max_bytes:
+            return data
+        for key in ("stdout", "stderr", "result"):
+            if isinstance(message.get(key), str):
+                message[key] = _cap(message[key], len(message[key]) // 2)
+        if message.get("error"):
+            message["error"] = {
+                key: _cap(value, len(value) // 2) if isinstance(value, str) else value for key, value in message["error"].items()
+            }
+        data = (json.dumps(message) + "\n").encode("utf-8")
+    return data
+
+
 def _make_shell():
     # ROLLSERVE_PYTHON_SHELL=plain skips IPython even where it is importable.
     if os.environ.get("ROLLSERVE_PYTHON_SHELL") == "plain":
@@ -132,8 +159,28 @@ def _make_shell():
         return PlainShell()
 
 
+def _read_capped(f, limit):
+    """A capture file's text, reading only its head and tail when it is large: a cell may have
+    written gigabytes. A large one comes back within `limit` characters, so `_cap` leaves it."""
+    size = f.seek(0, os.SEEK_END)
+    # a UTF-8 character takes at most 4 bytes: 4 * limit bytes hold the `limit` characters kept
+    room = 4 * limit
+    f.seek(0)
+    if limit <= 0 or size <= 2 * room:
+        return f.read().decode("utf-8", "replace")
+    keep = max(0, (limit - 80) // 2)
+    head = f.read(room).decode("utf-8", "replace")[:keep]
+    f.seek(size - room)
+    tail = f.read(room).decode("utf-8", "replace")[-keep:] if keep else ""
+    dropped = size - len(head.encode("utf-8")) - len(tail.encode("utf-8"))
+    return "%s\n[... %d bytes of output truncated ...]\n%s" % (head, dropped, tail)
+
+
 class Capture:
     """Redirects fds 1 and 2 to temporary files, so subprocess output is captured too."""
+
+    def __init__(self, limit=0):
+        self.limit = limit
 
     def __enter__(self):
         sys.stdout.flush()
@@ -156,8 +203,7 @@ class Capture:
             os.close(fd)
         self.text = []
         for f in self.files:
-            f.seek(0)
-            self.text.append(f.read().decode("utf-8", "replace"))
+            self.text.append(_read_capped(f, self.limit))
             f.close()
         return False
 
@@ -179,8 +225,8 @@ def main():
     def serve(conn):
         lock = threading.Lock()
 
-        def send(message):
-            data = (json.dumps(message) + "\n").encode("utf-8")
+        def send(message, max_bytes=0):
+            data = _encode(message, max_bytes)
             with lock:
                 conn.sendall(data)
 
@@ -221,8 +267,9 @@ def main():
         request, send = requests.get()
         code = request.get("code", "")
         limit = int(request.get("max_output", 30000))
+        max_message = int(request.get("max_message", 0))
         result, error = None, None
-        capture = Capture()
+        capture = Capture(limit)
         try:
             with capture:
                 _running.set()
@@ -242,8 +289,9 @@ def main():
                     "stdout": _cap(stdout, limit),
                     "stderr": _cap(stderr, limit),
                     "result": _cap(result, limit) if result is not None else None,
-                    "error": error,
-                }
+                    "error": _cap_error(error, limit),
+                },
+                max_message,
             )
         except OSError:
             pass

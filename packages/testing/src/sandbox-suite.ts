@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { afterEach, describe, expect, it } from 'vitest';
-import type { Sandbox, SandboxProvider, SandboxSpec } from '@rollserve/core';
+import { SANDBOX_LIMITS, type Sandbox, type SandboxLimit, type SandboxProvider, type SandboxSpec } from '@rollserve/core';
 
 /** Sandboxes a test created; closed in afterEach whatever the test did. */
 export class SandboxPool {
@@ -97,6 +97,63 @@ export function describeSandboxBehaviour(name: string, provider: () => SandboxPr
       expect(sandbox.checkLimits()).toBeUndefined();
       await sandbox.close();
       expect(sandbox.checkLimits()).toBeUndefined(); // closed by its owner, not by a limit
+    });
+
+    it('declares the limits it keeps, and refuses a spec giving any other, naming it', async () => {
+      const declared = provider().limits?.();
+      expect(declared, 'a provider says which limits it keeps (SandboxProvider.limits)').toBeDefined();
+      const refused = (Object.keys(SANDBOX_LIMITS) as SandboxLimit[]).filter((limit) => declared![limit] === undefined);
+      for (const limit of refused) {
+        await expect(create({ resources: { [limit]: 64 } }), limit).rejects.toThrow(new RegExp(`cannot keep the limit ${limit}\\b`));
+      }
+      // defaults are not given: a spec without resources runs whatever the provider keeps
+      expect((await (await create()).exec('echo ok')).stdout).toBe('ok\n');
+    });
+
+    it('gives every process an open-files limit, the one the spec asks for', async (context) => {
+      if (provider().limits?.().maxOpenFiles === undefined) return context.skip('the provider does not keep maxOpenFiles');
+      const sandbox = await create({ resources: { maxOpenFiles: 48 } });
+      // (sh builtins only: an image may have no grep)
+      const probe = 'echo "nofile $(ulimit -Sn) $(ulimit -Hn)"';
+      expect((await sandbox.exec(probe)).stdout).toBe('nofile 48 48\n');
+      // the processes that enter from outside (a PTY, a piped process) too
+      const term = sandbox.spawnPty(['/bin/sh', '-c', probe]);
+      let out = '';
+      term.onData((d) => {
+        out += d;
+      });
+      await new Promise<void>((resolve) => term.onExit(() => resolve()));
+      expect(out).toContain('nofile 48 48');
+      const proc = sandbox.spawn(['/bin/sh', '-c', probe]);
+      let piped = '';
+      proc.stdout.on('data', (d: Buffer) => {
+        piped += d.toString();
+      });
+      expect(await proc.exited).toBe(0);
+      expect(piped).toBe('nofile 48 48\n');
+      // and a default where none is asked for
+      expect((await (await create()).exec(probe)).stdout).toMatch(/^nofile \d+ \d+\n$/);
+    });
+
+    it('has the kernel keep the file count: creating files past it fails at once (ENOSPC), in one command', async (context) => {
+      if (provider().limits?.().maxInodes === undefined) return context.skip('the provider does not keep maxInodes');
+      const sandbox = await create({ resources: { maxInodes: 400 } });
+      // one command tries 2000 files: a sampled cap would let it make them all before it looked
+      const result = await sandbox.exec('i=0; while [ $i -lt 2000 ] && touch "f$i" 2>/dev/null; do i=$((i+1)); done; echo "made $i"; touch one-more');
+      const made = Number(/made (\d+)/.exec(result.stdout)?.[1]);
+      expect(made).toBeGreaterThan(0);
+      expect(made).toBeLessThanOrEqual(400);
+      expect(result.stderr).toMatch(/No space left on device/);
+      // reaching it ends the sandbox, with the reason
+      expect(sandbox.checkLimits()).toEqual(expect.any(String));
+    });
+
+    it('has the kernel keep the workspace size (ENOSPC), never the host disk', async (context) => {
+      if (provider().limits?.().workspaceMib === undefined) return context.skip('the provider does not keep workspaceMib');
+      const sandbox = await create({ resources: { workspaceMib: 8 } });
+      const result = await sandbox.exec('head -c 16777216 /dev/zero > big; echo "rc=$?"; wc -c < big');
+      expect(result.stderr).toMatch(/No space left on device/);
+      expect(Number(result.stdout.trim().split('\n').at(-1))).toBeLessThanOrEqual(8 * 1024 * 1024);
     });
 
     it('stages read-only files for the sandbox', async () => {

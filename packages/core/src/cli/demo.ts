@@ -1,5 +1,5 @@
 import { execFileSync } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
@@ -183,6 +183,8 @@ export interface Demo {
   environments: Environment<any, any, any>[];
   /** Installed environments the scripted policy has no answers for. */
   skipped: string[];
+  /** The environments' configs: the SWE task's repository is under its `repos_root` (rows name host paths only there). */
+  environmentConfigs: Record<string, Record<string, unknown>>;
   /** Stops the scripted policy and removes the demo's repository. */
   close(): Promise<void>;
 }
@@ -195,6 +197,8 @@ export interface Demo {
 export async function prepareDemo(installed: readonly InstalledEnvironment[], host: string): Promise<Demo> {
   const kit = await loadTestingKit();
   const scratch = mkdtempSync(join(tmpdir(), 'rollserve-demo-'));
+  // git reads a row's repository as the sandbox user under a root service
+  chmodSync(scratch, 0o755);
   try {
     const cases: DemoCase[] = [];
     const skipped: string[] = [];
@@ -225,6 +229,7 @@ export async function prepareDemo(installed: readonly InstalledEnvironment[], ho
       cases,
       environments,
       skipped,
+      environmentConfigs: { swe: { repos_root: scratch } },
       close: async () => {
         await policy.close();
         rmSync(scratch, { recursive: true, force: true });

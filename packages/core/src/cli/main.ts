@@ -33,6 +33,8 @@ interface ServeAccess {
   host: string;
   token: string | undefined;
   allowNoToken: boolean;
+  /** The largest request body a server reads (`--max-body-mib`). */
+  maxBodyBytes?: number;
 }
 
 async function serveAll(envs: InstalledEnvironment[], access: ServeAccess, basePort: number, servers: Array<LaunchedServer | RolloutServer> = []): Promise<void> {
@@ -47,6 +49,7 @@ async function serveAll(envs: InstalledEnvironment[], access: ServeAccess, baseP
       port: basePort === 0 ? 0 : basePort + index,
       allowNoToken: access.allowNoToken,
       ...(access.token ? { token: access.token } : {}),
+      ...(access.maxBodyBytes !== undefined ? { maxBodyBytes: access.maxBodyBytes } : {}),
     });
     servers.push(server);
     console.log(`${env.name.padEnd(12)} ${server.running.url}   (NeMo Gym resources server)`);
@@ -62,16 +65,32 @@ const tokenArgs = {
     default: false,
   },
 } as const;
+const bodyArgs = {
+  'max-body-mib': {
+    type: 'string',
+    description: 'Largest request body read, MiB: a larger one is a 413 before it is read (a node\'s results: 4 times as much; also ROLLSERVE_MAX_BODY_MIB)',
+    default: '64',
+  },
+} as const;
 
 /** The token and bind policy from the flags and the environment, checked before anything starts. */
-function serveAccess(args: { host: string; token?: string | undefined; 'allow-no-token'?: boolean }): ServeAccess {
+function serveAccess(args: { host: string; token?: string | undefined; 'allow-no-token'?: boolean; 'max-body-mib'?: string | undefined }): ServeAccess {
   const access = {
     host: args.host,
     token: (args.token ?? process.env.ROLLSERVE_TOKEN) || undefined,
     allowNoToken: args['allow-no-token'] === true || process.env.ROLLSERVE_ALLOW_NO_TOKEN === '1',
+    ...maxBodyOf(args['max-body-mib']),
   };
   assertBindAllowed(access);
   return access;
+}
+
+/** `--max-body-mib` (its default yields to ROLLSERVE_MAX_BODY_MIB), in bytes. */
+function maxBodyOf(flag: string | undefined): { maxBodyBytes?: number } {
+  const given = process.argv.some((arg) => arg === '--max-body-mib' || arg.startsWith('--max-body-mib='));
+  const value = given ? flag : (process.env.ROLLSERVE_MAX_BODY_MIB ?? flag);
+  const mib = numberFlag('max-body-mib', value, { min: 1 / 1024 });
+  return mib === undefined ? {} : { maxBodyBytes: Math.floor(mib * 1024 * 1024) };
 }
 
 const serve = defineCommand({
@@ -81,6 +100,7 @@ const serve = defineCommand({
     host: hostArg,
     port: { type: 'string', description: 'Port of the first server; the next ones count up. 0: any free port', default: '0' },
     ...tokenArgs,
+    ...bodyArgs,
   },
   async run({ args }) {
     const access = serveAccess(args);
@@ -111,11 +131,13 @@ const start = defineCommand({
     journal: { type: 'string', description: 'A JSONL journal of rollserve before the store, imported once if the file exists', default: '.rollserve/journal.jsonl' },
     'keep-results': { type: 'string', description: 'Keep only the newest N results in the store' },
     'keep-hours': { type: 'string', description: 'Forget results stored more than this many hours ago' },
-    'run-locally': { type: 'string', description: 'Run rollouts in this process: auto (while no rollout node is up), always or never', default: 'auto' },
+    'run-locally': { type: 'string', description: 'Run rollouts in this process: auto (while no rollout node takes work: claims it, or is full), always or never', default: 'auto' },
     'lease-s': { type: 'string', description: 'Lease of a rollout node on its work, renewed by heartbeats', default: '30' },
     'node-timeout-s': { type: 'string', description: 'A node silent this long is lost and its work re-issued', default: '10' },
     'node-retention-s': { type: 'string', description: 'A node that left or was lost is listed this long after it was last heard from', default: '3600' },
+    'node-token': { type: 'string', description: 'Bearer token of the rollout-node routes instead of --token, which they then refuse (as every other route refuses this one; also ROLLSERVE_NODE_TOKEN)' },
     ...tokenArgs,
+    ...bodyArgs,
   },
   async run({ args }) {
     const access = serveAccess(args);
@@ -123,6 +145,7 @@ const start = defineCommand({
     if (installed.length === 0) throw new Error('no environments installed');
     const environments = await Promise.all(installed.map((env) => loadEnvironment(env.dir)));
     const port = Number(args.port);
+    const nodeToken = (args['node-token'] ?? process.env.ROLLSERVE_NODE_TOKEN) || undefined;
     const server = await startRolloutServer({
       environments,
       host: access.host,
@@ -137,7 +160,9 @@ const start = defineCommand({
       nodeRetentionMs: numberFlag('node-retention-s', args['node-retention-s'], { min: 0 })! * 1000,
       allowNoToken: access.allowNoToken,
       ...(access.token ? { token: access.token } : {}),
+      ...(nodeToken ? { nodeToken } : {}),
       ...(args.model ? { defaultModel: args.model } : {}),
+      ...(access.maxBodyBytes !== undefined ? { maxBodyBytes: access.maxBodyBytes } : {}),
     });
     console.log(`${'rollouts'.padEnd(12)} ${server.url}   (rollout service: POST /v1/rollouts, GET /v1/status, /metrics)`);
     await serveAll(installed, access, port === 0 ? 0 : port + 1, [server]);
@@ -275,6 +300,7 @@ const demo = defineCommand({
       const logger = pino({ name: 'rollserve', level: process.env.ROLLSERVE_LOG_LEVEL ?? 'error' }, pino.destination(2));
       server = await startRolloutServer({
         environments: prepared.environments,
+        environmentConfigs: prepared.environmentConfigs,
         host: access.host,
         port: numberFlag('port', args.port, { integer: true })!,
         llmBackends: [prepared.policyUrl],
@@ -354,9 +380,12 @@ const create = defineCommand({
 
 const nemoGym = defineCommand({
   meta: { name: 'nemo-gym', description: 'Serve one environment package as NeMo Gym launches it (NEMO_GYM_CONFIG_DICT / NEMO_GYM_CONFIG_PATH)' },
-  args: { dir: { type: 'positional', description: 'The environment package directory', required: true } },
+  args: {
+    dir: { type: 'positional', description: 'The environment package directory', required: true },
+    ...bodyArgs,
+  },
   async run({ args }) {
-    await launchFromNemoGym(await loadEnvironment(args.dir));
+    await launchFromNemoGym(await loadEnvironment(args.dir), process.env, maxBodyOf(args['max-body-mib']));
   },
 });
 
@@ -364,13 +393,15 @@ const node = defineCommand({
   meta: { name: 'node', description: 'A rollout node: runs the INIT/RUN/EVAL pools and sandboxes of this machine for a central service (one per Slurm node)' },
   args: {
     service: { type: 'string', description: 'The central rollout service, http://host:8100 (also ROLLSERVE_SERVICE)' },
-    token: { type: 'string', description: 'Its bearer token (also ROLLSERVE_TOKEN)' },
+    token: { type: 'string', description: 'Its bearer token: its --node-token when it has one, else its --token (also ROLLSERVE_TOKEN)' },
     id: { type: 'string', description: 'Node id, kept across re-registrations (default: <host>-<SLURM_JOB_ID or pid>-<random>)' },
     init: { type: 'string', description: 'INIT worker slots (sandbox start-up)', default: '64' },
     run: { type: 'string', description: 'RUN worker slots (agent loops)', default: '512' },
     eval: { type: 'string', description: 'EVAL worker slots (verification)', default: '32' },
     'max-rollouts': { type: 'string', description: 'Rollouts held at once (default: --init + --run)' },
     'host-label': { type: 'string', description: 'Host name to register with (default: this host\'s name)' },
+    'service-lost-s': { type: 'string', description: 'Exit (status 3, sandboxes killed) when the service has not answered for this long', default: '300' },
+    'slurm-check-s': { type: 'string', description: 'Under Slurm, ask squeue this often whether this node\'s job is gone, and exit (status 3) if so; 0: never', default: '30' },
   },
   async run({ args }) {
     const service = (args.service ?? process.env.ROLLSERVE_SERVICE) || undefined;
@@ -384,6 +415,8 @@ const node = defineCommand({
       eval: numberFlag('eval', args.eval, { integer: true, min: 1 })!,
     };
     const maxRollouts = numberFlag('max-rollouts', args['max-rollouts'], { integer: true, min: 1 });
+    const serviceLostMs = numberFlag('service-lost-s', args['service-lost-s'], { min: 0.1 })! * 1000;
+    const slurmCheckS = numberFlag('slurm-check-s', args['slurm-check-s'], { min: 0 })!;
     const token = (args.token ?? process.env.ROLLSERVE_TOKEN) || undefined;
     await sweepStaleSandboxes();
     // stdout has the one line of registration; the log goes to stderr
@@ -414,14 +447,28 @@ const node = defineCommand({
       ...(args.id ? { nodeId: args.id } : {}),
       ...(maxRollouts ? { maxRollouts } : {}),
       ...(args['host-label'] ? { host: args['host-label'] } : {}),
+      serviceLostMs,
+      slurmCheck: slurmCheckS > 0 ? { everyMs: slurmCheckS * 1000 } : false,
       onEvent: (event) => {
         if (event.type === 'registered' && event.again) console.error(`node ${event.nodeId} registered again with ${service}`);
       },
+    }).catch((error: unknown) => {
+      // its service never answered: an orphan from the start
+      if (RolloutError.isInstance(error) && error.code === 'UNAVAILABLE') {
+        console.error(`rollserve node: ${error.message}; exiting`);
+        process.exit(3);
+      }
+      throw error;
     });
     const { capacity, maxRollouts: held, environments: envs } = rolloutNode.registration;
     console.log(`node ${rolloutNode.nodeId} registered with ${service} (init ${capacity.init}, run ${capacity.run}, eval ${capacity.eval}; up to ${held} rollouts; ${envs.join(', ')})`);
     // the service refusing to take the node back ends it: exit 1 with the reason
-    void rolloutNode.ended().then(({ refused }) => {
+    void rolloutNode.ended().then(({ refused, orphaned }) => {
+      if (orphaned !== undefined) {
+        // its service or its Slurm job is gone: its sandboxes are killed by now
+        console.error(`rollserve node: ${orphaned}; exiting`);
+        process.exit(3);
+      }
       if (!refused) return;
       console.error(`rollserve node: the service refused this node: ${refused.message}`);
       process.exit(1);

@@ -21,6 +21,14 @@ export const METHOD_NOT_ALLOWED_BODY = { detail: 'Method Not Allowed' } as const
  */
 export const BODY_PARSE_ERROR_BODY = { detail: 'There was an error parsing the body' } as const;
 
+/**
+ * The 413 of a body above the server's cap (`--max-body-mib`). FastAPI sets no cap of its own; this
+ * is the shape of its HTTPException answers, with Starlette's reason phrase and the cap.
+ */
+export function bodyTooLargeBody(maxBytes: number): { detail: string } {
+  return { detail: `Request Entity Too Large: the body may be at most ${maxBytes} bytes` };
+}
+
 /** A pydantic error type and message carried by a zod `custom` issue (`params.pydantic`). */
 export interface PydanticIssueParams {
   pydantic: { type: string; msg: string };

@@ -22,6 +22,8 @@ export interface StartResourcesServerOptions {
   token?: string;
   /** Serve a non-loopback host without a token anyway; refused otherwise. */
   allowNoToken?: boolean;
+  /** The largest request body read, in bytes (a larger one is a 413). @default 64 MiB */
+  maxBodyBytes?: number;
 }
 
 /** Starts one environment's resources server and returns a handle that stops it. */
@@ -35,6 +37,7 @@ export async function startResourcesServer(env: Environment, options: StartResou
     logger,
     ...(options.config ? { config: options.config } : {}),
     ...(options.token !== undefined ? { token: options.token } : {}),
+    ...(options.maxBodyBytes !== undefined ? { maxBodyBytes: options.maxBodyBytes } : {}),
   });
   const running = await serveFetch(app, { host, port: options.port ?? 0 });
   return {
@@ -78,7 +81,11 @@ export function exitOnSignals(close: () => Promise<void>): void {
  * No token here: NeMo Gym's clients send none, and its configs bind 0.0.0.0 or a cluster address
  * routinely, as its Python servers do. A non-loopback address is served with a warning.
  */
-export async function launchFromNemoGym(env: Environment, processEnv: NodeJS.ProcessEnv = process.env): Promise<LaunchedServer | undefined> {
+export async function launchFromNemoGym(
+  env: Environment,
+  processEnv: NodeJS.ProcessEnv = process.env,
+  options: { maxBodyBytes?: number } = {},
+): Promise<LaunchedServer | undefined> {
   const instance = readNemoGymInstance(processEnv);
   if (instance.dryRun) return undefined;
   if (!isLoopbackHost(instance.host)) {
@@ -93,6 +100,7 @@ export async function launchFromNemoGym(env: Environment, processEnv: NodeJS.Pro
     instanceName: instance.name,
     config: instance.config,
     allowNoToken: true,
+    ...(options.maxBodyBytes !== undefined ? { maxBodyBytes: options.maxBodyBytes } : {}),
   });
   exitOnSignals(() => server.close());
   console.log(`(${instance.name}) serving ${env.name} on ${server.running.url}`);

@@ -1,5 +1,14 @@
 import { describe, expect, it } from 'vitest';
-import { MAX_INT_DIGITS, MAX_JSON_DEPTH, parseJsonLikePython, pythonJsonLimitAt, readRequestBody } from './read-body.ts';
+import {
+  decodeInTurn,
+  decodeRequestBodyInTurn,
+  MAX_INT_DIGITS,
+  MAX_JSON_DEPTH,
+  parseJsonLikePython,
+  pythonJsonLimitAt,
+  pythonJsonLimitAtYielding,
+  readRequestBody,
+} from './read-body.ts';
 
 const nested = (depth: number) => '['.repeat(depth) + ']'.repeat(depth);
 const post = (body: string | Uint8Array, contentType?: string) =>
@@ -36,5 +45,49 @@ describe('readRequestBody', () => {
   it('drops a UTF-8 BOM and refuses bytes that are not UTF-8', async () => {
     expect(await readRequestBody(post(Buffer.from([0xef, 0xbb, 0xbf, 0x7b, 0x7d]), 'application/json'))).toEqual({ kind: 'json', value: {} });
     expect(await readRequestBody(post(Buffer.from([0x7b, 0xff, 0x7d]), 'application/json'))).toEqual({ kind: 'unparseable' });
+  });
+});
+
+describe('large bodies', () => {
+  const bytes = (text: string) => new Uint8Array(Buffer.from(text));
+  const padding = (n: number) => `"${'p'.repeat(n)}"`;
+
+  it('decode in turn to what json.loads makes of them, limits found across scan slices', async () => {
+    // a limit just past 512 KiB, 1 MiB and 2 MiB into the text, after a syntax-valid prefix
+    for (const at of [512 * 1024 - 3, 1024 * 1024 + 7, 2 * 1024 * 1024]) {
+      const deep = `[${padding(at)},${nested(MAX_JSON_DEPTH + 5)}]`;
+      expect(await decodeRequestBodyInTurn(bytes(deep), 'application/json')).toEqual({ kind: 'unparseable' });
+      expect(await decodeRequestBodyInTurn(bytes(`${deep.slice(0, -1)}x`), null)).toEqual({ kind: 'unparseable' });
+      const digits = `[${padding(at)},${'7'.repeat(MAX_INT_DIGITS + 1)}]`;
+      expect(await decodeRequestBodyInTurn(bytes(digits), null)).toEqual({ kind: 'unparseable' });
+      // the syntax error first: 422
+      expect(await decodeRequestBodyInTurn(bytes(`[${padding(at)},x,${nested(MAX_JSON_DEPTH + 5)}]`), null)).toMatchObject({ kind: 'invalid', error: { type: 'json_invalid' } });
+      // within the limits: the value
+      const fine = `[${padding(at)},${nested(MAX_JSON_DEPTH - 1)},${'7'.repeat(MAX_INT_DIGITS)},1e999]`;
+      expect(await decodeRequestBodyInTurn(bytes(fine), null)).toMatchObject({ kind: 'json' });
+      expect(parseJsonLikePython(fine)).toMatchObject({ kind: 'json' });
+    }
+  });
+
+  it('scans as the one-pass scan does', async () => {
+    for (const text of [`"\\"[[[" ${nested(MAX_JSON_DEPTH + 1)}`, `[-${'1'.repeat(MAX_INT_DIGITS + 1)}]`, '"unterminated', nested(10)]) {
+      expect(await pythonJsonLimitAtYielding(text)).toBe(pythonJsonLimitAt(text));
+    }
+  });
+
+  it('let other work run while one is decoded, and are decoded one at a time', async () => {
+    const big = bytes(`[${Array.from({ length: 400_000 }, (_, i) => i).join(',')},x]`);
+    const order: string[] = [];
+    const first = decodeInTurn(big.length, async () => {
+      order.push('first starts');
+      const body = await decodeRequestBodyInTurn(new Uint8Array(0), null);
+      order.push('first ends');
+      return body;
+    });
+    const second = decodeInTurn(big.length, () => void order.push('second'));
+    const small = decodeInTurn(10, () => void order.push('small'));
+    await Promise.all([first, second, small]);
+    expect(order).toEqual(['small', 'first starts', 'first ends', 'second']);
+    expect(await decodeRequestBodyInTurn(big, null)).toMatchObject({ kind: 'invalid' });
   });
 });

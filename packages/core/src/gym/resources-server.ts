@@ -14,6 +14,7 @@ import { createSessionTools, type SessionTools } from '../tools/session-tools.ts
 import { RolloutError } from '../errors.ts';
 import {
   BODY_PARSE_ERROR_BODY,
+  bodyTooLargeBody,
   METHOD_NOT_ALLOWED_BODY,
   missingBodyError,
   NOT_FOUND_BODY,
@@ -25,7 +26,7 @@ import {
 } from './fastapi-errors.ts';
 import { checkToken } from './bind-policy.ts';
 import { computeAggregateMetrics } from './metrics.ts';
-import { decodeRequestBody } from './read-body.ts';
+import { BodyTooLargeError, decodeRequestBodyInTurn, DEFAULT_MAX_BODY_BYTES, readNodeBody, readRequestBytes } from './read-body.ts';
 import { SessionStore } from './session-store.ts';
 
 export interface ResourcesServerOptions {
@@ -51,6 +52,11 @@ export interface ResourcesServerOptions {
    * when set. NeMo Gym's own clients send no such header.
    */
   token?: string;
+  /**
+   * The largest request body read, in bytes: a larger one is a 413 `{"detail": ...}`, refused
+   * before it is read whole. @default DEFAULT_MAX_BODY_BYTES (64 MiB)
+   */
+  maxBodyBytes?: number;
 }
 
 export type ResourcesServer = Hono<Vars> & {
@@ -154,12 +160,6 @@ function cookieFrom(header: string | undefined, name: string): string | undefine
   return undefined;
 }
 
-async function bodyOf(incoming: NodeJS.ReadableStream): Promise<Buffer> {
-  const chunks: Buffer[] = [];
-  for await (const chunk of incoming) chunks.push(typeof chunk === 'string' ? Buffer.from(chunk) : chunk);
-  return chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks);
-}
-
 /** A request header, from Node's request when there is one (see readJson). */
 function headerOf(c: Context, name: 'cookie' | 'content-type'): string | undefined {
   const { incoming } = nodeBindings(c);
@@ -168,16 +168,17 @@ function headerOf(c: Context, name: 'cookie' | 'content-type'): string | undefin
 
 /**
  * Reads a body the way FastAPI does: absent → `undefined`; not JSON → a 422 json_invalid; too
- * deep for json.loads, or not UTF-8 → a 400; declared as something else → the text.
+ * deep for json.loads, or not UTF-8 → a 400; declared as something else → the text. Larger than
+ * `maxBytes` → BodyTooLargeError (a 413), before it is read whole.
  */
-async function readJson(c: Context): Promise<unknown> {
+async function readBody(c: Context, maxBytes: number): Promise<unknown> {
   const { incoming } = nodeBindings(c);
   // Straight from Node's request when there is one, for the reason given at requestSignal; its
   // chunks joined by hand (stream/consumers' buffer() goes through a Blob, which showed in
   // tool-call profiles), and its headers read from Node's (c.req.header builds web Headers).
-  const bytes = incoming ? await bodyOf(incoming) : new Uint8Array(await c.req.raw.arrayBuffer());
+  const bytes = incoming ? await readNodeBody(incoming, maxBytes) : await readRequestBytes(c.req.raw, maxBytes);
   const contentType = headerOf(c, 'content-type');
-  const body = decodeRequestBody(bytes, contentType ?? null);
+  const body = await decodeRequestBodyInTurn(bytes, contentType ?? null);
   switch (body.kind) {
     case 'absent':
       return undefined;
@@ -224,6 +225,8 @@ export function createResourcesServer(env: Environment<any, any, any>, options: 
   const config = (env.config ? env.config.parse(options.config ?? {}) : (options.config ?? {})) as Record<string, unknown>;
   const sessions = new SessionStore({ idleTtlMs: options.sessionIdleTtlMs ?? 3_600_000, logger });
   const defaultToolTimeoutMs = options.toolTimeoutMs ?? 60_000;
+  const maxBodyBytes = options.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES;
+  const readJson = (c: Context) => readBody(c, maxBodyBytes);
 
   const app = new Hono<Vars>({
     getPath: (request) => stripRolloutPrefix(getPath(request)).path,
@@ -295,6 +298,18 @@ export function createResourcesServer(env: Environment<any, any, any>, options: 
       if (c.get('sessionBusy')) sessions.use(sessionId, false);
     }
     c.res.headers.append('set-cookie', `${cookieName}=${value}; path=/; Max-Age=1209600; httponly; samesite=lax`);
+  });
+
+  // A declared body above the cap is refused on every route, before the token and whether the
+  // route reads bodies at all (Node would otherwise read and drop all of it after the answer).
+  app.use(async (c, next) => {
+    const { incoming } = nodeBindings(c);
+    const headers = incoming ? incoming.headers : { 'content-length': c.req.header('content-length'), 'transfer-encoding': c.req.header('transfer-encoding') };
+    if (headers['transfer-encoding'] === undefined && Number(headers['content-length']) > maxBodyBytes) {
+      if (incoming) await readNodeBody(incoming, maxBodyBytes); // refuses it, draining what comes for a moment
+      throw new BodyTooLargeError(maxBodyBytes);
+    }
+    return next();
   });
 
   // The liveness probe stays open; everything else takes the token when there is one.
@@ -399,6 +414,7 @@ export function createResourcesServer(env: Environment<any, any, any>, options: 
   app.onError((error, c) => {
     if (error instanceof ValidationFailure) return c.json({ detail: error.detail }, 422);
     if (error instanceof BodyParseFailure) return c.json(BODY_PARSE_ERROR_BODY, 400);
+    if (error instanceof BodyTooLargeError) return c.json(bodyTooLargeBody(error.maxBytes), 413);
     if (error instanceof HTTPException) return error.getResponse();
     // Bad input the environment found only while computing: the 422 a pydantic validator gives.
     if (RolloutError.isInstance(error) && error.code === 'UNPROCESSABLE') {

@@ -23,7 +23,8 @@ export interface RunningServer {
 /**
  * Serves a fetch handler (a Hono app) with the Node settings NeMo Gym's client needs
  * (CONTRACT.md §1.10): keep-alive longer than the client's 15 s, no request time limit (a SWE
- * /verify may take an hour), no body size limit.
+ * /verify may take an hour). Bodies are capped by the apps themselves (`maxBodyBytes` of the
+ * resources server and the rollout API: a 413 in each face's shape).
  */
 export async function serveFetch(
   app: { fetch: (request: Request) => Response | Promise<Response> },

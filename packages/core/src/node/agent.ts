@@ -3,7 +3,9 @@ import { hostname } from 'node:os';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { pino, type Logger } from 'pino';
 import { RolloutError } from '../errors.ts';
+import { MAX_NODE_ROLLOUTS } from '../rollout/api/nodes.ts';
 import type { NodeClaim, NodeCommit, NodeCommitStatus, NodeLease, NodeRegistered, NodeRegistration } from '../rollout/nodes.ts';
+import { goneSlurmJobs, slurmJobOf } from '../rollout/slurm-watch.ts';
 import { RolloutRunner, type StageName } from '../rollout/runner.ts';
 import type { RolloutResult } from '../rollout/types.ts';
 import type { SandboxProvider } from '../sandbox/types.ts';
@@ -32,6 +34,20 @@ export interface RolloutNodeOptions {
   version?: string;
   /** How long a claim waits for work (the service's long poll). @default 5_000 */
   claimWaitMs?: number;
+  /**
+   * A node the service has not answered for this long (unreachable, or only 5xx answers) is an
+   * orphan: it kills its sandboxes and ends (see `ended`), instead of retrying for ever after its
+   * service or Slurm job is gone. Counts from the start, so a first registration is bounded too.
+   * @default 300_000
+   */
+  serviceLostMs?: number;
+  /**
+   * Asks Slurm (squeue) every `everyMs` whether the node's own job (SLURM_JOB_ID, or its array
+   * task) is gone (cancelled, requeued, ended): then the node is an orphan and ends. Only when the
+   * node runs as a Slurm task and squeue exists; nothing is concluded while squeue cannot answer.
+   * @default { everyMs: 30_000 }
+   */
+  slurmCheck?: false | { everyMs?: number; squeue?: string; env?: NodeJS.ProcessEnv };
   sandboxProvider?: SandboxProvider;
   logger?: Logger;
   /** What the node does, as it happens (the CLI's line on registration, tests). */
@@ -39,7 +55,7 @@ export interface RolloutNodeOptions {
 }
 
 export type NodeEvent =
-  | { type: 'registered'; nodeId: string; timings: NodeRegistered; again: boolean }
+  | { type: 'registered'; nodeId: string; timings: NodeTimings; again: boolean }
   | { type: 'claimed'; rolloutId: string; attempt: number }
   | { type: 'committed'; rolloutId: string; attempt: number; status: NodeCommitStatus; state: RolloutResult['state'] }
   /** A lease the node stopped: the service said so, or the node could not reach it for longer than the node timeout. */
@@ -52,7 +68,12 @@ export type NodeEvent =
    * The service refused to take the node back (its Slurm job reported gone, an environment it
    * lacks now, a token that no longer fits): the node leaves, as on SIGTERM (see `ended`).
    */
-  | { type: 'refused'; code: string; message: string };
+  | { type: 'refused'; code: string; message: string }
+  /**
+   * The node ends by itself: the service did not answer for `serviceLostMs`, or its Slurm job is
+   * gone. Its sandboxes are killed; it does not try to reach the service again (see `ended`).
+   */
+  | { type: 'orphaned'; reason: string };
 
 /** Slurm's ids of the task the node runs as (`registration.slurm`); undefined outside Slurm. */
 export function slurmFromEnv(env: NodeJS.ProcessEnv = process.env): NodeRegistration['slurm'] {
@@ -88,6 +109,9 @@ interface Held {
 
 const DEFAULT_TIMINGS = { leaseMs: 30_000, heartbeatMs: 2_000, nodeTimeoutMs: 10_000 };
 
+/** What a registration answered but the credential (which stays in the client). */
+export type NodeTimings = Omit<NodeRegistered, 'credential'>;
+
 /**
  * A rollout node (`rollserve node`): runs the INIT/RUN/EVAL pools and sandboxes of this machine
  * for a central service. It registers, pulls work while it has free slots (each rollout under a
@@ -111,7 +135,7 @@ export class RolloutNode {
   /** Results go to the service whole, not with each token id once (it refused that form). */
   #wholeCommits = false;
   #committing: Promise<void> | undefined;
-  #timings: NodeRegistered;
+  #timings: NodeTimings;
   #registering: Promise<void> | undefined;
   #registeredOnce = false;
   /** When the service last answered a heartbeat or a registration (performance.now()). */
@@ -121,6 +145,11 @@ export class RolloutNode {
   #loops: Promise<unknown>[] = [];
   #closing: Promise<void> | undefined;
   #refused: RolloutError | undefined;
+  /** Why the node ended by itself (see the 'orphaned' event). */
+  #orphaned: string | undefined;
+  #watchdog: NodeJS.Timeout | undefined;
+  #slurmTimer: NodeJS.Timeout | undefined;
+  #slurmAsking = false;
 
   private constructor(options: RolloutNodeOptions) {
     this.#options = options;
@@ -155,7 +184,7 @@ export class RolloutNode {
       host: options.host ?? hostname(),
       pid: process.pid,
       capacity,
-      maxRollouts: options.maxRollouts ?? capacity.init + capacity.run,
+      maxRollouts: options.maxRollouts ?? Math.min(MAX_NODE_ROLLOUTS, capacity.init + capacity.run),
       environments: this.runner.environments,
       ...(slurm ? { slurm } : {}),
       ...(options.version ? { version: options.version } : {}),
@@ -169,9 +198,16 @@ export class RolloutNode {
    */
   static async start(options: RolloutNodeOptions): Promise<RolloutNode> {
     const node = new RolloutNode(options);
+    node.#watchdog = setInterval(() => node.#checkContact(), 250);
+    node.#watchSlurm();
     try {
       await node.#reregister();
     } catch (error) {
+      if (node.#orphaned !== undefined) {
+        await node.#closing;
+        throw new RolloutError({ code: 'UNAVAILABLE', message: node.#orphaned, cause: error });
+      }
+      node.#stopWatching();
       await node.runner.close();
       await node.#client.close();
       throw error;
@@ -186,21 +222,57 @@ export class RolloutNode {
    * Resolves once the node has left: after close(), or by itself when the service refused to take
    * it back (then with that refusal).
    */
-  async ended(): Promise<{ refused?: RolloutError }> {
+  async ended(): Promise<{ refused?: RolloutError; orphaned?: string }> {
     await new Promise<void>((resolve) => {
       if (this.#closing) resolve();
       else this.#stop.signal.addEventListener('abort', () => resolve(), { once: true });
     });
     await this.#closing;
-    return this.#refused ? { refused: this.#refused } : {};
+    return { ...(this.#refused ? { refused: this.#refused } : {}), ...(this.#orphaned !== undefined ? { orphaned: this.#orphaned } : {}) };
   }
 
   get registration(): NodeRegistration {
     return this.#registration;
   }
 
-  get timings(): NodeRegistered {
+  get timings(): NodeTimings {
     return this.#timings;
+  }
+
+  /** The node ends by itself: its service or its Slurm job is gone. Sandboxes are killed; the service is not called again. */
+  #orphan(reason: string): void {
+    if (this.#orphaned !== undefined || this.#closing) return;
+    this.#orphaned = reason;
+    this.logger.error({ service: this.#client.serviceUrl }, `${reason}: ending this node (its sandboxes killed)`);
+    this.#emit({ type: 'orphaned', reason });
+    void this.#close(false);
+  }
+
+  #stopWatching(): void {
+    clearInterval(this.#watchdog);
+    clearInterval(this.#slurmTimer);
+  }
+
+  /** Asks Slurm now and then whether this node's own job is gone (see `slurmCheck`). */
+  #watchSlurm(): void {
+    const check = this.#options.slurmCheck;
+    const job = slurmJobOf(this.#registration);
+    if (check === false || job === undefined) return;
+    const ask = async () => {
+      if (this.#slurmAsking || this.#closing) return;
+      this.#slurmAsking = true;
+      try {
+        const gone = await goneSlurmJobs([{ id: job, node: this.#registration.slurm?.nodeName }], { ...(check?.squeue ? { squeue: check.squeue } : {}), ...(check?.env ? { env: check.env } : {}) });
+        if (gone.length > 0) this.#orphan(`Slurm job ${job} of this node is gone (squeue)`);
+      } catch (error) {
+        if ((error as { code?: unknown }).code === 'ENOENT') clearInterval(this.#slurmTimer); // no Slurm client here
+        else this.logger.debug({ err: error }, 'asking Slurm about this node\'s job failed; nothing concluded');
+      } finally {
+        this.#slurmAsking = false;
+      }
+    };
+    this.#slurmTimer = setInterval(() => void ask(), check?.everyMs ?? 30_000);
+    this.#slurmTimer.unref();
   }
 
   /** Leases held now (running or waiting to be committed). */
@@ -241,7 +313,8 @@ export class RolloutNode {
           }
           throw error;
         });
-        this.#timings = timings;
+        const { credential: _credential, ...kept } = timings; // the credential stays in the client
+        this.#timings = kept;
         this.#lastContact = performance.now();
         this.#emit({ type: 'registered', nodeId: this.nodeId, timings, again: this.#registeredOnce });
         this.#registeredOnce = true;
@@ -289,7 +362,7 @@ export class RolloutNode {
         for (const claim of claims) this.#start(claim);
       } catch (error) {
         if (signal.aborted) break;
-        if (RolloutError.isInstance(error) && error.code === 'NOT_FOUND') {
+        if (mustRegisterAgain(error)) {
           await this.#reregister().catch(() => undefined);
           continue;
         }
@@ -358,8 +431,11 @@ export class RolloutNode {
       // set when the service refused a batch sent with each token id once: it goes again whole
       let wholeAgain = false;
       await new Promise((resolve) => setImmediate(resolve)); // what finished together goes together
+      // the service caps a request's body (--max-body-mib, 4 times that for results): a batch it
+      // refuses as too large goes again in halves
+      let batchSize = 256;
       while (this.#pending.length > 0 && !this.#stop.signal.aborted) {
-        const batch = this.#pending.slice(0, 256);
+        const batch = this.#pending.slice(0, batchSize);
         const commits: NodeCommit[] = batch.map((held) => ({ rolloutId: held.claim.rolloutId, attempt: held.claim.attempt, result: held.result! }));
         const whole = this.#wholeCommits || wholeAgain;
         try {
@@ -373,12 +449,16 @@ export class RolloutNode {
           failures = 0;
           batch.forEach((held, i) => this.#committed(held, statuses[i] ?? 'not_found'));
         } catch (error) {
-          if (RolloutError.isInstance(error) && error.code === 'NOT_FOUND') {
+          if (mustRegisterAgain(error)) {
             await this.#reregister().catch(() => undefined);
             continue;
           }
           if (RolloutError.isInstance(error) && error.code === 'UNPROCESSABLE' && !whole) {
             wholeAgain = true;
+            continue;
+          }
+          if (RolloutError.isInstance(error) && error.code === 'PAYLOAD_TOO_LARGE' && batch.length > 1) {
+            batchSize = Math.ceil(batch.length / 2);
             continue;
           }
           if (!isRetryable(error)) {
@@ -414,7 +494,14 @@ export class RolloutNode {
    * whatever the service still counts as this node's is released at once).
    */
   #checkContact(): void {
-    if (performance.now() - this.#lastContact <= this.#timings.nodeTimeoutMs) return;
+    if (this.#closing) return;
+    const serviceLostMs = this.#options.serviceLostMs ?? 300_000;
+    const silent = performance.now() - this.#client.lastAnswer;
+    if (silent > serviceLostMs) {
+      this.#orphan(`the service at ${this.#client.serviceUrl} has not answered for ${Math.round(silent / 1000)} s (serviceLostMs ${serviceLostMs} ms)`);
+      return;
+    }
+    if (!this.#registeredOnce || performance.now() - this.#lastContact <= this.#timings.nodeTimeoutMs) return;
     const held = [...this.#held.values()];
     if (held.length > 0) this.logger.warn({ held: held.length }, 'no answer from the service for longer than the node timeout: aborting every lease');
     for (const lease of held) this.#lose(lease, 'timeout');
@@ -424,7 +511,6 @@ export class RolloutNode {
 
   async #heartbeatLoop(): Promise<void> {
     const signal = this.#stop.signal;
-    const watchdog = setInterval(() => this.#checkContact(), 250);
     try {
       while (!signal.aborted) {
         await sleep(this.#timings.heartbeatMs, undefined, { signal }).catch(() => undefined);
@@ -445,12 +531,12 @@ export class RolloutNode {
           }
         } catch (error) {
           if (signal.aborted) break;
-          if (RolloutError.isInstance(error) && error.code === 'NOT_FOUND') await this.#reregister().catch(() => undefined);
+          if (mustRegisterAgain(error)) await this.#reregister().catch(() => undefined);
           else this.logger.debug({ err: error }, 'heartbeat failed');
         }
       }
     } finally {
-      clearInterval(watchdog);
+      this.#stopWatching();
     }
   }
 
@@ -460,13 +546,24 @@ export class RolloutNode {
    * rest at once.
    */
   close(): Promise<void> {
+    return this.#close(true);
+  }
+
+  /** `leave`: commit what has finished and deregister (not for an orphan: its service is gone). */
+  #close(leave: boolean): Promise<void> {
     this.#closing ??= (async () => {
+      this.#stopWatching();
       for (const held of this.#held.values()) if (!held.result) held.lost = true;
       this.#stop.abort();
       this.#freeSlot();
       await Promise.all(this.#loops);
-      await this.runner.close('the node is leaving');
+      await this.runner.close(leave ? 'the node is leaving' : 'the node is ending: its service or Slurm job is gone');
       await this.#committing;
+      if (!leave) {
+        this.#held.clear();
+        await this.#client.close();
+        return;
+      }
       const finished = this.#pending.filter((held) => !held.lost);
       if (finished.length > 0) {
         const commits = finished.map((held) => ({ rolloutId: held.claim.rolloutId, attempt: held.claim.attempt, result: held.result! }));
@@ -486,6 +583,15 @@ export class RolloutNode {
     })();
     return this.#closing;
   }
+}
+
+/**
+ * An error after which the node registers again: the service does not know it (it restarted, or
+ * forgot it), or does not take its credential (another node took its id once it was lost). The
+ * registration, with the credential it has, then settles it: taken back, or refused (and it leaves).
+ */
+function mustRegisterAgain(error: unknown): boolean {
+  return RolloutError.isInstance(error) && (error.code === 'NOT_FOUND' || error.code === 'UNAUTHORIZED');
 }
 
 /** Starts a rollout node (see RolloutNode). */

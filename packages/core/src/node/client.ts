@@ -17,7 +17,7 @@ import {
   WireNodeRegistered,
   WireNodeView,
 } from '../rollout/api/nodes.ts';
-import type { HeartbeatAnswer, NodeClaim, NodeCommit, NodeCommitStatus, NodeLease, NodeModelRequest, NodeRegistered, NodeRegistration } from '../rollout/nodes.ts';
+import { NODE_CREDENTIAL_HEADER, type HeartbeatAnswer, type NodeClaim, type NodeCommit, type NodeCommitStatus, type NodeLease, type NodeModelRequest, type NodeRegistered, type NodeRegistration } from '../rollout/nodes.ts';
 import { z } from 'zod';
 
 export interface NodeClientOptions {
@@ -25,6 +25,8 @@ export interface NodeClientOptions {
   serviceUrl: string;
   /** Its bearer token. */
   token?: string;
+  /** The node's credential, when it has one already (else the one `register` answers is kept). */
+  credential?: string;
   /** A call's limit (the long poll and model turns add their own wait). @default 30_000 */
   timeoutMs?: number;
 }
@@ -63,24 +65,46 @@ const isCode = (code: unknown): code is RolloutErrorCode => typeof code === 'str
 
 /**
  * The node's side of /v1/nodes over HTTP: one keep-alive connection pool to the service, the
- * bearer token, a time limit per call, and every failure a RolloutError (the service's own error,
+ * bearer token, the node's credential (the one its registration answered, sent on every call
+ * after it), a time limit per call, and every failure a RolloutError (the service's own error,
  * or a retryable UNAVAILABLE when it cannot be reached).
  */
 export class NodeClient {
   readonly #base: string;
-  readonly #headers: Record<string, string>;
+  #headers: Record<string, string>;
   readonly #timeoutMs: number;
   readonly #agent: Agent;
+  /** When the service last answered a call (performance.now()): any answer but a 5xx. */
+  #lastAnswer = performance.now();
 
   constructor(options: NodeClientOptions) {
     this.#base = options.serviceUrl.replace(/\/+$/, '');
-    this.#headers = { 'content-type': 'application/json', ...(options.token ? { authorization: `Bearer ${options.token}` } : {}) };
+    this.#headers = {
+      'content-type': 'application/json',
+      ...(options.token ? { authorization: `Bearer ${options.token}` } : {}),
+      ...(options.credential ? { [NODE_CREDENTIAL_HEADER]: options.credential } : {}),
+    };
     this.#timeoutMs = options.timeoutMs ?? 30_000;
     this.#agent = new Agent({ keepAliveTimeout: 30_000, keepAliveMaxTimeout: 300_000, connect: { timeout: 10_000 } });
   }
 
   get serviceUrl(): string {
     return this.#base;
+  }
+
+  /** The node's credential, sent from now on (register keeps the one it is answered). */
+  get credential(): string | undefined {
+    return this.#headers[NODE_CREDENTIAL_HEADER];
+  }
+
+  set credential(credential: string | undefined) {
+    const { [NODE_CREDENTIAL_HEADER]: _old, ...rest } = this.#headers;
+    this.#headers = credential ? { ...rest, [NODE_CREDENTIAL_HEADER]: credential } : rest;
+  }
+
+  /** When the service last answered a call (performance.now()): any answer but a 5xx. */
+  get lastAnswer(): number {
+    return this.#lastAnswer;
   }
 
   async #call<T extends z.ZodType>(method: Dispatcher.HttpMethod, path: string, schema: T, body?: unknown, { signal, extraMs = 0 }: { signal?: AbortSignal; extraMs?: number } = {}): Promise<z.output<T>> {
@@ -100,6 +124,8 @@ export class NodeClient {
       if (signal?.aborted) throw new RolloutError({ code: 'CANCELLED', message: `${method} ${path} aborted`, cause: error });
       throw new RolloutError({ code: 'UNAVAILABLE', message: `the service at ${this.#base} is unreachable: ${(error as Error).message}`, retryable: true, cause: error });
     }
+    // a gateway's 502/503 for a service that is gone is no answer of the service's
+    if (response.statusCode < 500) this.#lastAnswer = performance.now();
     let text: string;
     try {
       text = await response.body.text();
@@ -134,8 +160,11 @@ export class NodeClient {
     return `/v1/nodes/${encodeURIComponent(nodeId)}`;
   }
 
+  /** Registers (again, presenting the credential it has); keeps the credential the service answers. */
   async register(registration: NodeRegistration, signal?: AbortSignal): Promise<NodeRegistered> {
-    return fromWireRegistered(await this.#call('POST', '/v1/nodes', WireNodeRegistered, toWireRegistration(registration), signal ? { signal } : {}));
+    const registered = fromWireRegistered(await this.#call('POST', '/v1/nodes', WireNodeRegistered, toWireRegistration(registration), signal ? { signal } : {}));
+    this.credential = registered.credential;
+    return registered;
   }
 
   heartbeat(nodeId: string, leases: readonly NodeLease[], signal?: AbortSignal): Promise<HeartbeatAnswer> {

@@ -10,7 +10,7 @@ export interface RemoteModelsOptions {
   nodeId: string;
   /** The attempt of the lease under which the node runs a rollout (undefined: not held). */
   attemptOf(rolloutId: string): number | undefined;
-  /** Called when the service does not know the node (it restarted): resolves once registered again. */
+  /** Called when the service does not know the node (it restarted) or its credential: resolves once registered again. */
   reregister(): Promise<void>;
   /** Called when the service says the node does not hold the rollout (409): its lease is lost. */
   leaseLost(rolloutId: string): void;
@@ -36,8 +36,8 @@ export class RemoteModelProvider implements ModelProvider {
           try {
             return await client.modelTurn(nodeId, { rolloutId, attempt, request }, signal);
           } catch (error) {
-            // an unknown node (the service restarted): register again, then try once more
-            if (RolloutError.isInstance(error) && error.code === 'NOT_FOUND' && !registeredAgain) {
+            // an unknown node (the service restarted) or a credential not taken: register again, then try once more
+            if (RolloutError.isInstance(error) && (error.code === 'NOT_FOUND' || error.code === 'UNAUTHORIZED') && !registeredAgain) {
               registeredAgain = true;
               await this.options.reregister();
               throw new RolloutError({ code: 'UNAVAILABLE', message: 'registered again', retryable: true });

@@ -47,6 +47,12 @@ export interface AgentLoopOptions {
   onToolCall?: (call: ToolCallRecord) => void;
   /** Why the rollout's sandbox was ended by one of its limits, if it was (checked after each tool call). */
   checkLimits?: () => string | undefined;
+  /**
+   * The start of the sandbox or a backend that failed or missed its limit during a call before
+   * the policy acted in the sandbox, if one did (`SessionTools.startFailure`; checked after each
+   * tool call): an infrastructure failure, whatever the tool's handler made of it.
+   */
+  checkStartup?: () => RolloutError | undefined;
 }
 
 export interface AgentLoopResult {
@@ -56,9 +62,11 @@ export interface AgentLoopResult {
   offeredTools: unknown[];
   usage: { input: number; output: number };
   /** Why the loop ended. */
-  stop: 'final_answer' | 'length' | 'max_turns' | 'resource_limit';
+  stop: 'final_answer' | 'length' | 'max_turns' | 'resource_limit' | 'start_failed';
   /** With `resource_limit`: which limit, and by how much. */
   limit?: string;
+  /** With `start_failed`: what did not start. */
+  startError?: RolloutError;
 }
 
 /**
@@ -69,6 +77,21 @@ export function offeredTools(env: Environment<any, any, any>, rowTools: readonly
   if (rowTools && rowTools.length > 0) return [...rowTools];
   if (env.offerTools === 'declared') return [];
   return Object.entries(env.tools).map(([name, tool]) => toolDeclaration(name, tool));
+}
+
+/**
+ * The environment's tools behind the tools a rollout offers (see `offeredTools`), each once: INIT
+ * runs their `prepare`.
+ */
+export function offeredDefinitions(env: Environment<any, any, any>, rowTools: readonly unknown[] | undefined): Array<ToolDefinition<any, any>> {
+  const found = new Set<ToolDefinition<any, any>>();
+  for (const declared of offeredTools(env, rowTools)) {
+    const given = (declared as { name?: unknown } | null)?.name;
+    if (typeof given !== 'string') continue;
+    const name = given.replace(/^mcp__[^_]+__/, '');
+    if (Object.hasOwn(env.tools, name)) found.add(env.tools[name]!);
+  }
+  return [...found];
 }
 
 async function runToolCall(
@@ -203,6 +226,12 @@ export async function runAgentLoop(options: AgentLoopOptions): Promise<AgentLoop
         options.onTurn?.(turn);
         prompts.restore();
         return { turns, messages, offeredTools: tools, usage, stop: 'resource_limit', limit };
+      }
+      const startError = options.checkStartup?.();
+      if (startError !== undefined) {
+        options.onTurn?.(turn);
+        prompts.restore();
+        return { turns, messages, offeredTools: tools, usage, stop: 'start_failed', startError };
       }
     }
     options.onTurn?.(turn);

@@ -32,9 +32,36 @@ export interface NodeRegistration {
   version?: string;
 }
 
-/** What the service answers to a registration: the timings the node must keep. */
+/**
+ * The id under which the central service leases what its own pools run. No node may register
+ * under it (in any letter case): a node by that name could commit the service's own work.
+ */
+export const SERVICE_WORKER_ID = 'service';
+
+/** Whether `nodeId` is one a node may not take (it names a worker of the service itself). */
+export const isReservedNodeId = (nodeId: string): boolean => nodeId.toLowerCase() === SERVICE_WORKER_ID;
+
+/**
+ * The header that carries a node's credential on every call after its registration (and on a
+ * registration again under the same id). `Authorization` carries the service's bearer token.
+ */
+export const NODE_CREDENTIAL_HEADER = 'x-rollserve-node-credential';
+
+/** Who calls: a node's id and the credential it was given at registration. */
+export interface NodeAuth {
+  nodeId: string;
+  credential?: string | undefined;
+}
+
+/** What the service answers to a registration: the node's credential and the timings it must keep. */
 export interface NodeRegistered {
   nodeId: string;
+  /**
+   * The node's secret credential (random; the service keeps only its hash): sent in
+   * NODE_CREDENTIAL_HEADER on every later call, and on registering again under the same id (a
+   * live node's id is not taken over without it). The one the node presented, when it did.
+   */
+  credential: string;
   /** A lease lasts this long unless renewed. */
   leaseMs: number;
   /** Heartbeat this often (a node missing heartbeats for `nodeTimeoutMs` is lost: its work re-issued). */
@@ -102,22 +129,29 @@ export interface NodeView extends NodeRegistration {
 
 /**
  * The service's side of the protocol (implemented by RolloutService; the HTTP routes call it).
- * Unknown node ids are a NOT_FOUND RolloutError: the node registers again.
+ * Unknown node ids are a NOT_FOUND RolloutError: the node registers again. Every call after the
+ * registration names the node with the credential it was given (NodeAuth); a missing or wrong one
+ * is an UNAUTHORIZED RolloutError.
  */
 export interface NodeCoordinator {
-  registerNode(registration: NodeRegistration): Promise<NodeRegistered>;
-  /** Renews what the node holds; tells it what it lost and what to cancel. */
-  heartbeat(nodeId: string, leases: readonly NodeLease[]): Promise<HeartbeatAnswer>;
   /**
-   * Leases up to `limit` rollouts of the node's environments. When there are none, waits up to
-   * `waitMs` for work to arrive (a long poll) before answering an empty list.
+   * Registers a node, or registers it again under the same id. `credential`: the one it was given
+   * before; without it, an id that is in use (a node up, or holding leases) is a CONFLICT.
    */
-  claimForNode(nodeId: string, limit: number, waitMs: number, signal?: AbortSignal): Promise<NodeClaim[]>;
-  /** Commits results in order; each gets its own outcome (a stale one changes nothing). */
-  commitFromNode(nodeId: string, commits: readonly NodeCommit[]): Promise<NodeCommitStatus[]>;
+  registerNode(registration: NodeRegistration, credential?: string): Promise<NodeRegistered>;
+  /** Renews what the node holds (at most its `maxRollouts` leases); tells it what it lost and what to cancel. */
+  heartbeat(node: NodeAuth, leases: readonly NodeLease[]): Promise<HeartbeatAnswer>;
+  /**
+   * Leases up to `limit` rollouts (at most the node's free capacity) of the node's environments.
+   * When there are none, waits up to `waitMs` for work to arrive (a long poll) before answering
+   * an empty list.
+   */
+  claimForNode(node: NodeAuth, limit: number, waitMs: number, signal?: AbortSignal): Promise<NodeClaim[]>;
+  /** Commits results in order; each gets its own outcome (a stale one, or one for a lease the node does not hold, changes nothing). */
+  commitFromNode(node: NodeAuth, commits: readonly NodeCommit[]): Promise<NodeCommitStatus[]>;
   /** One policy turn through the service's backend pool, for a rollout the node holds. */
-  modelTurn(nodeId: string, call: NodeModelRequest, signal: AbortSignal): Promise<ModelTurn>;
+  modelTurn(node: NodeAuth, call: NodeModelRequest, signal: AbortSignal): Promise<ModelTurn>;
   /** A node leaving: what it still holds is re-queued at once. */
-  deregisterNode(nodeId: string): Promise<{ released: number }>;
+  deregisterNode(node: NodeAuth): Promise<{ released: number }>;
   nodes(): NodeView[];
 }

@@ -5,8 +5,8 @@ import { SessionStore } from '../gym/session-store.ts';
 import { createSandboxProvider } from '../sandbox/registry.ts';
 import type { SandboxProvider, SandboxResources, SandboxSpec } from '../sandbox/types.ts';
 import { sandboxSpecOf, type Environment, type EnvironmentContext } from '../spec/environment.ts';
-import { createSessionTools, type SessionTools } from '../tools/session-tools.ts';
-import { runAgentLoop, type CallModel } from './agent-loop.ts';
+import { createSessionTools, DEFAULT_START_TIMEOUT_MS, type SessionTools } from '../tools/session-tools.ts';
+import { offeredDefinitions, runAgentLoop, type CallModel } from './agent-loop.ts';
 import { assignTaskSampleCredit, assignTurnRewards } from './credit.ts';
 import { buildResponse } from './messages.ts';
 import type { ServiceMetrics } from './metrics.ts';
@@ -88,7 +88,10 @@ function failedOutcome(
   response: Record<string, unknown> | null,
 ): Outcome {
   const wrapped = RolloutError.from(error);
-  const criticalError: CriticalError = wrapped.code === 'CANCELLED' ? 'cancelled' : wrapped.code === 'TIMEOUT' ? 'timeout' : stage;
+  // INIT's time-out is its own limit (init_timeout_s): start-up that did not finish, an
+  // infrastructure failure like any other of INIT, not the rollout's time limit.
+  const criticalError: CriticalError =
+    wrapped.code === 'CANCELLED' ? 'cancelled' : wrapped.code === 'TIMEOUT' && stage !== 'init' ? 'timeout' : stage;
   return {
     state: criticalError === 'cancelled' ? 'cancelled' : 'failed',
     reward: 0,
@@ -115,6 +118,7 @@ function withTaskLimits(spec: SandboxSpec, limits: RolloutTask['limits']['sandbo
     max_file_size_mib: 'maxFileSizeMib',
     output_mib: 'outputMib',
     cpu_seconds: 'cpuSeconds',
+    max_open_files: 'maxOpenFiles',
   } as const satisfies Record<keyof NonNullable<typeof limits>, keyof SandboxResources>;
   const resources: SandboxResources = { ...spec.resources };
   for (const [key, name] of Object.entries(names)) {
@@ -122,6 +126,20 @@ function withTaskLimits(spec: SandboxSpec, limits: RolloutTask['limits']['sandbo
     if (value !== undefined) resources[name] = value;
   }
   return { ...spec, resources };
+}
+
+/**
+ * The error of a verify result that says it could not score the rollout: NeMo Gym's failure
+ * convention (CONTRACT.md §1.6), `_ng_failure_class` with its `_ng_failure_*` details, which its
+ * collection sends to the failures file instead of training on it.
+ */
+function verifyFailure(extras: Record<string, unknown>): { code: string; message: string } | undefined {
+  const failure = extras._ng_failure_class;
+  if (failure === undefined || failure === null || failure === false) return undefined;
+  const details = Object.entries(extras)
+    .filter(([key, value]) => key.startsWith('_ng_failure_') && key !== '_ng_failure_class' && typeof value === 'string' && value !== '')
+    .map(([, value]) => value as string);
+  return { code: 'UNAVAILABLE', message: `verify could not score the rollout (${String(failure)})${details.length > 0 ? `: ${details.join('; ')}` : ''}` };
 }
 
 const cancelled = (message = 'rollout cancelled') => new RolloutError({ code: 'CANCELLED', message });
@@ -190,6 +208,17 @@ export class RolloutRunner {
   /** Rollouts held (queued for a stage or in one). */
   get size(): number {
     return this.#jobs.size;
+  }
+
+  /**
+   * The sandbox spec a row would get here (`sandbox.spec` with this runner's config), or undefined
+   * when the environment makes none per row. Throws what the environment throws for the row (a
+   * path, bind or image it may not name): the service calls it when the row is submitted.
+   */
+  rowSandboxSpec(envName: string, row: Record<string, unknown>): SandboxSpec | undefined {
+    const env = this.#envs.get(envName);
+    if (!env?.sandbox?.spec) return undefined;
+    return env.sandbox.spec({ ...row, ...(env.row.parse(row) as object) }, this.#configs[env.name] ?? {});
   }
 
   running(id: string): RunningRollout | undefined {
@@ -321,24 +350,41 @@ export class RolloutRunner {
     return started;
   }
 
-  /** Runs one stage of a job in that stage's pool, within what is left of the job's time budget. */
-  async #stage<T>(name: StageName, job: Job, work: (signal: AbortSignal) => Promise<T>): Promise<T> {
+  /**
+   * Runs one stage of a job in that stage's pool, within its time budget: INIT within
+   * `init_timeout_s` (start-up is infrastructure work, with a limit of its own), RUN and EVAL
+   * within what is left of `time_limit_s`. `excluded` is a clock of time the stage spends on work
+   * that is not the policy's (starts at first use before the policy acted): the deadline
+   * leaves it out.
+   */
+  async #stage<T>(name: StageName, job: Job, work: (signal: AbortSignal) => Promise<T>, excluded?: () => number): Promise<T> {
     const enqueued = performance.now();
     job.stage = name;
     job.active = false;
+    const limits = job.task.limits;
+    const initLimitS = limits.init_timeout_s ?? DEFAULT_START_TIMEOUT_MS / 1000; // tasks stored before the field
+    const what = name === 'init' ? `init_timeout_s of ${initLimitS} s` : `time limit of ${limits.time_limit_s} s`;
     return this.#queues[name].add(
       async () => {
         job.timing[name].queuedMs = performance.now() - enqueued;
-        const budget = job.task.limits.time_limit_s * 1000 - job.usedMs;
-        if (budget <= 0) throw new RolloutError({ code: 'TIMEOUT', message: `time limit of ${job.task.limits.time_limit_s} s reached before ${name}` });
+        const budget = name === 'init' ? initLimitS * 1000 : limits.time_limit_s * 1000 - job.usedMs;
+        if (budget <= 0) throw new RolloutError({ code: 'TIMEOUT', message: `${what} reached before ${name}` });
         job.active = true;
         // The stage's time limit aborts the job's own signal (a timed-out rollout ends there), so a
         // stage costs one timer, not a timeout signal and a composite one (AbortSignal.timeout's
         // timers live until the signal is collected).
         const signal = job.abort.signal;
-        const timeout = () => new RolloutError({ code: 'TIMEOUT', message: `time limit of ${job.task.limits.time_limit_s} s reached in ${name}` });
-        const deadline = setTimeout(() => job.abort.abort(timeout()), Math.ceil(budget));
+        const timeout = () => new RolloutError({ code: 'TIMEOUT', message: `${what} reached in ${name}` });
         const started = performance.now();
+        const excludedAt = excluded?.() ?? 0;
+        const charged = () => performance.now() - started - ((excluded?.() ?? 0) - excludedAt);
+        let deadline: NodeJS.Timeout;
+        const expire = (): void => {
+          const left = budget - charged();
+          if (left >= 1) deadline = setTimeout(expire, Math.ceil(left));
+          else job.abort.abort(timeout());
+        };
+        deadline = setTimeout(expire, Math.ceil(budget));
         try {
           return await new Promise<T>((resolve, reject) => {
             const onAbort = () => {
@@ -354,7 +400,7 @@ export class RolloutRunner {
           clearTimeout(deadline);
           const elapsed = performance.now() - started;
           job.active = false;
-          job.usedMs += elapsed;
+          if (name !== 'init') job.usedMs += charged();
           job.timing[name].activeMs = elapsed;
           this.#options.metrics?.stageLatency.observe({ stage: name }, elapsed / 1000);
         }
@@ -390,12 +436,28 @@ export class RolloutRunner {
         resources = await this.#setupOf(env);
         const sandboxRow = env.sandbox?.spec ? { ...row, ...(env.row.parse(row) as object) } : undefined;
         const spec = withTaskLimits(sandboxSpecOf(env.sandbox, sandboxRow, config), task.limits.sandbox);
-        tools = createSessionTools(session, { provider: this.#sandboxes(env.sandbox?.provider?.(config, resources)), spec });
-        if (env.sandbox) await tools.sandbox();
-        const seedRow = env.seedRow ? env.seedRow.parse(row) : row;
-        if (env.seedSession) await env.seedSession({ ...row, ...(seedRow as object) }, ctx(signal));
+        tools = createSessionTools(session, {
+          provider: this.#sandboxes(env.sandbox?.provider?.(config, resources)),
+          spec,
+          startTimeoutMs: (task.limits.init_timeout_s ?? DEFAULT_START_TIMEOUT_MS / 1000) * 1000,
+        });
+        // Everything the offered tools run on starts now, in parallel (the shell beside the
+        // kernel), under INIT's limit: a call's time limit then counts only the call's own work.
+        const rowTools: unknown = (row.responses_create_params as { tools?: unknown }).tools;
+        const prepared = offeredDefinitions(env, Array.isArray(rowTools) ? rowTools : undefined)
+          .filter((tool) => tool.prepare !== undefined)
+          .map((tool) => Promise.resolve().then(() => tool.prepare!(ctx(signal))));
+        const seeded = (async () => {
+          if (env.sandbox) await tools.sandbox();
+          const seedRow = env.seedRow ? env.seedRow.parse(row) : row;
+          if (env.seedSession) await env.seedSession({ ...row, ...(seedRow as object) }, ctx(signal));
+        })();
+        await Promise.all([seeded, ...prepared]);
       });
       stage = 'run';
+      // From here the tools serve the policy: a start that fails after it has acted in the
+      // sandbox may be its doing, so it is the call's error, not INIT's (SessionTools.policyBegins).
+      tools.policyBegins();
       const callModel = models.forRollout(job.id, task.policy);
       const loop = await this.#stage('run', job, (signal) =>
         runAgentLoop({
@@ -415,15 +477,28 @@ export class RolloutRunner {
           maxTurns: task.limits.max_turns,
           toolTimeoutMs: task.limits.tool_timeout_s * 1000,
           signal,
-          onToolCall: (call) => metrics?.toolLatency.observe({ tool: call.name, status: call.status }, call.durationMs / 1000),
+          onToolCall: (call) => {
+            metrics?.toolLatency.observe({ tool: call.name, status: call.status }, call.durationMs / 1000);
+            // a handler that ran may have reached the sandbox without ctx.tools handing it anything
+            if (call.status !== 'unknown_tool' && call.status !== 'invalid_arguments') tools.policyCallEnded();
+          },
           checkLimits: () => tools.limitExceeded(),
+          checkStartup: () => tools.startFailure(),
         }),
+        // starts after the policy acted are its time (SessionTools.startupBeforeActMs)
+        () => tools.startupBeforeActMs(),
       );
       turns = loop.turns;
       messages = loop.messages as Array<Record<string, unknown>>;
       response = buildResponse({ id: job.id, model: task.policy.model, turns, tools: loop.offeredTools, usage: loop.usage });
       if (loop.stop === 'resource_limit') {
         throw new RolloutError({ code: 'RESOURCE_LIMIT', message: `the rollout's sandbox went past a limit and was ended: ${loop.limit}` });
+      }
+      if (loop.stop === 'start_failed') {
+        // A start at first use that failed or missed init_timeout_s before the policy acted:
+        // INIT's failure, however late (after it acted, the call's error: see policyBegins).
+        stage = 'init';
+        throw loop.startError!;
       }
       models.release(job.id);
       stage = 'eval';
@@ -435,9 +510,17 @@ export class RolloutRunner {
         return env.verify({ ...row, ...verifyRow }, response as never, ctx(signal));
       });
       const { reward, reward_components, ...extras } = verified as { reward: number; reward_components?: Record<string, number> };
-      const score = typeof reward === 'number' && Number.isFinite(reward) ? reward : 0;
-      assignTurnRewards(turns, score, task.turn_rewards, task.gamma);
-      outcome = { state: 'done', reward: score, rewardComponents: reward_components ?? null, verifyExtras: extras, criticalError: null, error: null, response, messages, turns };
+      const unscored = verifyFailure(extras);
+      if (unscored !== undefined) {
+        // verify could not score it (NeMo Gym's `_ng_failure_class`: a judge outage, say): an
+        // infrastructure failure of EVAL, filtered, never a reward 0 to train on
+        assignTurnRewards(turns, 0, task.turn_rewards, task.gamma);
+        outcome = { state: 'failed', reward: 0, rewardComponents: null, verifyExtras: extras, criticalError: 'eval', error: unscored, response, messages, turns };
+      } else {
+        const score = typeof reward === 'number' && Number.isFinite(reward) ? reward : 0;
+        assignTurnRewards(turns, score, task.turn_rewards, task.gamma);
+        outcome = { state: 'done', reward: score, rewardComponents: reward_components ?? null, verifyExtras: extras, criticalError: null, error: null, response, messages, turns };
+      }
     } catch (error) {
       outcome = failedOutcome(error, stage, turns, messages, response);
       if (outcome.criticalError !== 'cancelled') logger.warn({ err: error, stage }, 'rollout failed');

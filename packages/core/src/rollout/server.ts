@@ -16,6 +16,8 @@ export interface RolloutServerOptions {
   port?: number;
   /** Bearer token required on the API. */
   token?: string;
+  /** Bearer token of the rollout-node routes, kept apart from `token` (see RolloutApiOptions.nodeToken). */
+  nodeToken?: string;
   /** Serve a non-loopback host without a token anyway; refused otherwise. */
   allowNoToken?: boolean;
   /** OpenAI-compatible base URLs of the policy's inference servers (more can be added at run time). */
@@ -33,6 +35,11 @@ export interface RolloutServerOptions {
   nodeRetentionMs?: number;
   pools?: Partial<Record<StageName, number>>;
   logger?: Logger;
+  /**
+   * The largest request body the API reads, in bytes (4 times as much for a node's results): a
+   * larger one is a 413, refused before it is read whole. @default 64 MiB
+   */
+  maxBodyBytes?: number;
 }
 
 export interface RolloutServer {
@@ -68,7 +75,9 @@ export async function startRolloutServer(options: RolloutServerOptions): Promise
   const app = createRolloutApi(service, {
     backends,
     ...(options.token ? { token: options.token } : {}),
+    ...(options.nodeToken ? { nodeToken: options.nodeToken } : {}),
     ...(options.defaultModel ? { defaultModel: options.defaultModel } : {}),
+    ...(options.maxBodyBytes !== undefined ? { maxBodyBytes: options.maxBodyBytes } : {}),
   });
   const running = await serveFetch(app, { host, port: options.port ?? 0 });
   return {

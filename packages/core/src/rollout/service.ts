@@ -1,4 +1,4 @@
-import { randomUUID } from 'node:crypto';
+import { createHash, randomBytes, randomUUID, timingSafeEqual } from 'node:crypto';
 import { EventEmitter } from 'node:events';
 import { existsSync } from 'node:fs';
 import { z } from 'zod';
@@ -11,17 +11,21 @@ import type { CommitInput, RetentionPolicy, RolloutStore, StoredRollout, StoreRo
 import type { CallModel, ModelTurn } from './agent-loop.ts';
 import { assignTaskGroupCredit } from './credit.ts';
 import { createServiceMetrics, type ServiceMetrics } from './metrics.ts';
-import type {
-  HeartbeatAnswer,
-  NodeClaim,
-  NodeCommit,
-  NodeCommitStatus,
-  NodeCoordinator,
-  NodeLease,
-  NodeModelRequest,
-  NodeRegistered,
-  NodeRegistration,
-  NodeView,
+import {
+  isReservedNodeId,
+  NODE_CREDENTIAL_HEADER,
+  SERVICE_WORKER_ID,
+  type HeartbeatAnswer,
+  type NodeAuth,
+  type NodeClaim,
+  type NodeCommit,
+  type NodeCommitStatus,
+  type NodeCoordinator,
+  type NodeLease,
+  type NodeModelRequest,
+  type NodeRegistered,
+  type NodeRegistration,
+  type NodeView,
 } from './nodes.ts';
 import { goneSlurmJobs, slurmJobOf, slurmRunOf, type SlurmJobRef } from './slurm-watch.ts';
 import { RolloutRunner, STAGES, type ModelProvider, type RolloutRunnerOptions, type StageName } from './runner.ts';
@@ -55,8 +59,10 @@ export interface RolloutServiceOptions extends Omit<RolloutRunnerOptions, 'metri
    */
   nodeRetentionMs?: number;
   /**
-   * Whether the service runs rollouts itself: 'auto' while no rollout node is up (the default),
-   * 'always', or 'never' (only nodes run them).
+   * Whether the service runs rollouts itself: 'auto' while no rollout node takes work (the
+   * default), 'always', or 'never' (only nodes run them). A node takes work while it has a claim
+   * open (or ended one in the last few seconds), or holds as many leases as its `maxRollouts`: a
+   * node that is up but claims nothing does not stop the service running rollouts itself.
    */
   runLocally?: 'auto' | 'always' | 'never';
   /**
@@ -83,8 +89,16 @@ export interface SubmittedTask {
   existing: boolean;
 }
 
-/** The id under which the service leases what its own pools run. */
-const LOCAL = 'service';
+/** The id under which the service leases what its own pools run (no node may register under it). */
+const LOCAL = SERVICE_WORKER_ID;
+
+/**
+ * A lease's life, from its claim, is at most this many times its task's limits (`init_timeout_s`
+ * for INIT, `time_limit_s` for RUN and EVAL; plus twice that waiting for the node's stage slots):
+ * past it, a heartbeat no longer renews
+ * the lease, so a node that holds work without ever committing it cannot keep it.
+ */
+const LEASE_LIFE_PER_TIME_LIMIT = 3;
 
 interface NodeState {
   registration: NodeRegistration;
@@ -95,6 +109,12 @@ interface NodeState {
   lostReason?: string;
   /** Results it committed. */
   committed: number;
+  /** SHA-256 of its credential (hex); unknown for a placeholder from before a restart of the service. */
+  credentialHash?: string;
+  /** Claims of it open now (long polls). */
+  claims: number;
+  /** When its last claim answered. */
+  lastClaimAt: number;
 }
 
 /**
@@ -110,10 +130,77 @@ interface RemoteLease {
   /** The task's samples. */
   n?: number;
   caller?: CallModel;
+  /** No heartbeat renews the lease after this (epoch ms; see LEASE_LIFE_PER_TIME_LIMIT). */
+  renewUntil?: number;
+  /** Whose sample it is: a result the node sends for it must say the same. */
+  taskId?: string;
+  sampleIndex?: number;
+}
+
+/** Leases to nodes by rollout id, counting what each node holds (a claim asks it at every turn). */
+class RemoteLeases extends Map<string, RemoteLease> {
+  readonly #byNode = new Map<string, number>();
+
+  override set(rolloutId: string, lease: RemoteLease): this {
+    const old = super.get(rolloutId);
+    if (old) this.#count(old.nodeId, -1);
+    this.#count(lease.nodeId, 1);
+    return super.set(rolloutId, lease);
+  }
+
+  override delete(rolloutId: string): boolean {
+    const old = super.get(rolloutId);
+    if (old) this.#count(old.nodeId, -1);
+    return super.delete(rolloutId);
+  }
+
+  heldBy(nodeId: string): number {
+    return this.#byNode.get(nodeId) ?? 0;
+  }
+
+  #count(nodeId: string, by: number): void {
+    const held = (this.#byNode.get(nodeId) ?? 0) + by;
+    if (held > 0) this.#byNode.set(nodeId, held);
+    else this.#byNode.delete(nodeId);
+  }
 }
 
 const unavailable = () => new RolloutError({ code: 'UNAVAILABLE', message: 'the service is shutting down', retryable: true });
 const notFoundNode = (nodeId: string) => new RolloutError({ code: 'NOT_FOUND', message: `no node "${nodeId}" (register again)` });
+const badCredential = (nodeId: string) =>
+  new RolloutError({ code: 'UNAUTHORIZED', message: `node "${nodeId}": a valid node credential is required (the ${NODE_CREDENTIAL_HEADER} header, as given at its registration)` });
+const hashCredential = (credential: string) => createHash('sha256').update(credential).digest('hex');
+
+/** Whether `credential` hashes to `hash`, compared in constant time. */
+function credentialFits(credential: string | undefined, hash: string | undefined): boolean {
+  if (credential === undefined || hash === undefined) return false;
+  const given = Buffer.from(hashCredential(credential), 'hex');
+  const kept = Buffer.from(hash, 'hex');
+  return given.length === kept.length && timingSafeEqual(given, kept);
+}
+
+/**
+ * Runs an environment's per-row sandbox spec at submit: what it refuses is the rollout API's 422,
+ * its `details` naming the row's field (`path`, as a schema failure's).
+ */
+function rowSandboxCheck(spec: () => unknown, envName: string): void {
+  try {
+    spec();
+  } catch (error) {
+    // whatever the environment cannot make a sandbox of is a bad row: a 4xx, never a 500
+    const failure = RolloutError.from(error);
+    const items = Array.isArray(failure.details) ? (failure.details as Array<{ loc?: unknown[]; msg?: string }>) : [];
+    const details = items.map((item) => ({
+      code: 'custom',
+      path: ['row', ...(Array.isArray(item.loc) ? item.loc.filter((_, i) => i > 0 || item.loc![0] !== 'body') : [])],
+      message: (item.msg ?? failure.message).replace(/^Value error, /, ''),
+    }));
+    throw new RolloutError({ code: 'UNPROCESSABLE', message: `row does not fit environment "${envName}": ${failure.message}`, details: details.length > 0 ? details : undefined });
+  }
+}
+
+/** How long a lease may be renewed after its claim (see LEASE_LIFE_PER_TIME_LIMIT). */
+const leaseLifeMs = (task: RolloutTask) => LEASE_LIFE_PER_TIME_LIMIT * (task.limits.init_timeout_s + task.limits.time_limit_s) * 1000;
 
 /** A promise that settles when `wake` is called or `ms` pass. */
 function sleepUntilWoken(ms: number, wakers: Set<() => void>, signal?: AbortSignal): Promise<void> {
@@ -154,7 +241,7 @@ export class RolloutService implements NodeCoordinator {
   /** Rollouts the service's own pools run, by id: their lease's attempt. */
   readonly #local = new Map<string, number>();
   /** Rollouts leased to nodes. */
-  readonly #remote = new Map<string, RemoteLease>();
+  readonly #remote = new RemoteLeases();
   readonly #nodes = new Map<string, NodeState>();
   /** Cancels asked for rollouts leased to a node that has not heartbeaten since (delivered with its next heartbeat). */
   readonly #cancelRequests = new Set<string>();
@@ -225,16 +312,27 @@ export class RolloutService implements NodeCoordinator {
     await this.#recount();
     // Nodes holding leases from before a restart get a node timeout to come back, else their work is re-issued.
     const holders = new Set<string>();
+    const now = Date.now();
+    const tasks = new Map<string, RolloutTask | undefined>();
     for (let cursor: string | null = null; ; ) {
       const page = await this.store.listRollouts({ state: 'leased', cursor, limit: 10_000 });
-      for (const rollout of page.items) if (rollout.workerId) holders.add(rollout.workerId);
+      for (const rollout of page.items) {
+        if (!rollout.workerId) continue;
+        holders.add(rollout.workerId);
+        // its lease's life starts again now (when it was claimed is not kept)
+        if (!tasks.has(rollout.taskId)) tasks.set(rollout.taskId, (await this.store.getTask(rollout.taskId))?.task);
+        const task = tasks.get(rollout.taskId);
+        if (task) {
+          const { taskId, sampleIndex } = rollout;
+          this.#remote.set(rollout.id, { nodeId: rollout.workerId, attempt: rollout.attempt, stage: 'queued', policy: task.policy, n: task.n, renewUntil: now + leaseLifeMs(task), taskId, sampleIndex });
+        }
+      }
       if (!(cursor = page.cursor)) break;
     }
-    const now = Date.now();
     for (const nodeId of holders) {
       // a placeholder (no capacity, so it is not "up" for claims) until the node registers again
       const registration: NodeRegistration = { nodeId, host: '', pid: 0, capacity: { init: 0, run: 0, eval: 0 }, maxRollouts: 0, environments: [] };
-      this.#nodes.set(nodeId, { registration, registeredAt: now, lastSeen: now, state: 'up', committed: 0 });
+      this.#nodes.set(nodeId, { registration, registeredAt: now, lastSeen: now, state: 'up', committed: 0, claims: 0, lastClaimAt: 0 });
     }
     // their nodes get a node timeout to come back before the service runs anything itself
     if (holders.size > 0) this.#localHoldUntil = now + this.#nodeTimeoutMs;
@@ -287,6 +385,8 @@ export class RolloutService implements NodeCoordinator {
           throw new RolloutError({ code: 'UNPROCESSABLE', message: `row does not fit environment "${task.env}": ${z.prettifyError(parsed.error)}`, details: parsed.error.issues });
         }
       }
+      // the row's sandbox (the host paths, images and binds it names) is checked now, not at INIT
+      rowSandboxCheck(() => this.#runner.rowSandboxSpec(task.env, task.row), task.env);
     }
     const withIds = tasks.map((task) => (task.id ? task : { ...task, id: randomUUID() }));
     // One batch at a time, so a task id is known to the next batch once stored.
@@ -336,9 +436,30 @@ export class RolloutService implements NodeCoordinator {
     return up;
   }
 
+  /** Leases a node holds, as the service counts them. */
+  #heldBy(nodeId: string): number {
+    return this.#remote.heldBy(nodeId);
+  }
+
+  /**
+   * Whether a node takes work: up, and asking for it (a claim open, or one answered within the
+   * last few heartbeats: a node's claim loop asks again at once) or full (as many leases as its
+   * capacity). A node that is up but never claims does not count, so it cannot stop the service
+   * from running rollouts itself under `runLocally: 'auto'`.
+   */
+  #takesWork(node: NodeState, now: number): boolean {
+    if (node.state !== 'up' || node.registration.maxRollouts === 0) return false;
+    if (node.claims > 0 || now - node.lastClaimAt <= Math.max(5_000, 2 * this.#heartbeatMs)) return true;
+    return this.#heldBy(node.registration.nodeId) >= node.registration.maxRollouts;
+  }
+
   #runsLocally(): boolean {
     const mode = this.#options.runLocally ?? 'auto';
-    return mode === 'always' || (mode === 'auto' && this.#nodesUp() === 0 && Date.now() >= this.#localHoldUntil);
+    if (mode !== 'auto') return mode === 'always';
+    const now = Date.now();
+    if (now < this.#localHoldUntil) return false;
+    for (const node of this.#nodes.values()) if (this.#takesWork(node, now)) return false;
+    return true;
   }
 
   /** Leases queued work to the service's own pools while they have room. */
@@ -406,7 +527,7 @@ export class RolloutService implements NodeCoordinator {
    * finish gets the group's credit computed and the others' results amended, in the same
    * transaction. Then its waiters and listeners hear of it.
    */
-  #commit(workerId: string, attempt: number, result: RolloutResult, groupSize?: number): Promise<NodeCommitStatus> {
+  #commit(workerId: string, attempt: number, result: RolloutResult, groupSize?: number, unheld = false): Promise<NodeCommitStatus> {
     const commit = async (): Promise<NodeCommitStatus> => {
       let amend: RolloutResult[] = [];
       let whole = true;
@@ -422,7 +543,7 @@ export class RolloutService implements NodeCoordinator {
           amend = others as RolloutResult[];
         }
       }
-      const outcome = await this.store.commit({ rolloutId: result.id, attempt, result, workerId, amend });
+      const outcome = await this.store.commit({ rolloutId: result.id, attempt, result, workerId, unheld, amend });
       if (outcome.status === 'committed') {
         // The results of a group not yet whole stay here until it is: its credit, computed when the
         // last sample finishes, then reaches the very results their waiters were given.
@@ -433,7 +554,7 @@ export class RolloutService implements NodeCoordinator {
       return outcome.status;
     };
     // a single sample has no group to see whole: it joins the next batch of commits
-    if (groupSize === 1) return this.#commitBatched({ rolloutId: result.id, attempt, result, workerId });
+    if (groupSize === 1) return this.#commitBatched({ rolloutId: result.id, attempt, result, workerId, unheld });
     const run = (this.#taskLocks.get(result.taskId) ?? Promise.resolve()).then(commit);
     const settled = run.catch(() => undefined);
     this.#taskLocks.set(result.taskId, settled);
@@ -512,7 +633,10 @@ export class RolloutService implements NodeCoordinator {
       const now = Date.now();
       for (const [nodeId, node] of this.#nodes) {
         if (node.state !== 'up') {
-          if (now - node.lastSeen > this.#nodeRetentionMs) this.#nodes.delete(nodeId);
+          if (now - node.lastSeen > this.#nodeRetentionMs) {
+            this.#nodes.delete(nodeId);
+            await this.store.deleteNodeCredential(nodeId);
+          }
           continue;
         }
         if (now - node.lastSeen <= this.#nodeTimeoutMs) continue;
@@ -709,7 +833,8 @@ export class RolloutService implements NodeCoordinator {
         return this.#view(rollout);
       }
       const result = await this.#endedResult(rollout, { state: 'cancelled', code: 'CANCELLED', message: 'rollout cancelled' });
-      const status = await this.#commit(LOCAL, rollout.attempt, result);
+      // queued: held by no one, which only the service's own commit may end
+      const status = await this.#commit(LOCAL, rollout.attempt, result, undefined, rollout.state === 'queued');
       if (status === 'committed' || status === 'duplicate' || tries >= 5) return (await this.get(id))!;
       // claimed in between: look again
     }
@@ -789,38 +914,95 @@ export class RolloutService implements NodeCoordinator {
 
   // ----- rollout nodes (NodeCoordinator) -----------------------------------------------------
 
-  async registerNode(registration: NodeRegistration): Promise<NodeRegistered> {
+  /** Registrations one at a time: two for one id never both take it. */
+  #registrations: Promise<unknown> = Promise.resolve();
+
+  registerNode(registration: NodeRegistration, credential?: string): Promise<NodeRegistered> {
+    const registered = this.#registrations.then(() => this.#register(registration, credential));
+    this.#registrations = registered.catch(() => undefined);
+    return registered;
+  }
+
+  async #register(registration: NodeRegistration, credential: string | undefined): Promise<NodeRegistered> {
     if (this.#closed) throw unavailable();
+    const { nodeId } = registration;
+    if (isReservedNodeId(nodeId)) {
+      throw new RolloutError({ code: 'UNPROCESSABLE', message: `node_id: "${nodeId}" is reserved (the service's own worker id); choose another` });
+    }
     const missing = this.environments.filter((name) => !registration.environments.includes(name));
     if (missing.length > 0) {
-      throw new RolloutError({ code: 'UNPROCESSABLE', message: `node "${registration.nodeId}" does not serve environment${missing.length === 1 ? '' : 's'} ${missing.join(', ')} that the service does` });
+      throw new RolloutError({ code: 'UNPROCESSABLE', message: `node "${nodeId}" does not serve environment${missing.length === 1 ? '' : 's'} ${missing.join(', ')} that the service does` });
     }
     const run = slurmRunOf(registration);
     if (run && this.#goneRuns.has(run)) {
-      throw new RolloutError({ code: 'CONFLICT', message: `node "${registration.nodeId}" belongs to a run of Slurm job ${slurmJobOf(registration)} that Slurm reported gone: this process should exit (a requeued job starts a new node)` });
+      throw new RolloutError({ code: 'CONFLICT', message: `node "${nodeId}" belongs to a run of Slurm job ${slurmJobOf(registration)} that Slurm reported gone: this process should exit (a requeued job starts a new node)` });
+    }
+    const known = this.#nodes.get(nodeId);
+    const stored = known?.credentialHash ?? (await this.store.getNodeCredential(nodeId))?.credentialHash;
+    let hash = stored;
+    if (!credentialFits(credential, stored)) {
+      // Without its credential, an id in use (a node up, or holding leases from before a restart) is not taken over.
+      if (known?.state === 'up') {
+        throw new RolloutError({
+          code: 'CONFLICT',
+          message: `node id "${nodeId}" is in use by a live node: registering again under it needs that node's credential (or wait until the node is lost, ${this.#nodeTimeoutMs} ms without a heartbeat)`,
+        });
+      }
+      credential = randomBytes(32).toString('base64url');
+      hash = hashCredential(credential);
+      await this.store.putNodeCredential({ nodeId, credentialHash: hash, issuedAt: Date.now() });
     }
     const now = Date.now();
-    const known = this.#nodes.get(registration.nodeId);
-    this.#nodes.set(registration.nodeId, { registration, registeredAt: known?.registeredAt ?? now, lastSeen: now, state: 'up', committed: known?.committed ?? 0 });
-    this.logger.info({ node: registration.nodeId, host: registration.host, capacity: registration.capacity, slurm: registration.slurm }, known ? 'node registered again' : 'node registered');
-    return { nodeId: registration.nodeId, leaseMs: this.#leaseMs, heartbeatMs: this.#heartbeatMs, nodeTimeoutMs: this.#nodeTimeoutMs };
+    // the same object when known: a claim of it still open counts itself out of that one
+    const state: NodeState = known ?? { registration, registeredAt: now, lastSeen: now, state: 'up', committed: 0, claims: 0, lastClaimAt: 0 };
+    Object.assign(state, { registration, lastSeen: now, state: 'up', credentialHash: hash! });
+    delete state.lostReason;
+    this.#nodes.set(nodeId, state);
+    this.logger.info({ node: nodeId, host: registration.host, capacity: registration.capacity, slurm: registration.slurm }, known ? 'node registered again' : 'node registered');
+    return { nodeId, credential: credential!, leaseMs: this.#leaseMs, heartbeatMs: this.#heartbeatMs, nodeTimeoutMs: this.#nodeTimeoutMs };
   }
 
-  #node(nodeId: string): NodeState {
+  /**
+   * The node a call comes from, authenticated: registered (a placeholder from before a restart
+   * must register again first), and with its credential. Not yet whether it is lost.
+   */
+  #node({ nodeId, credential }: NodeAuth): NodeState {
     const node = this.#nodes.get(nodeId);
     if (!node || node.state === 'left' || node.registration.maxRollouts === 0) throw notFoundNode(nodeId);
+    if (!credentialFits(credential, node.credentialHash)) throw badCredential(nodeId);
     return node;
   }
 
-  async heartbeat(nodeId: string, leases: readonly NodeLease[]): Promise<HeartbeatAnswer> {
+  async heartbeat(auth: NodeAuth, given: readonly NodeLease[]): Promise<HeartbeatAnswer> {
     if (this.#closed) throw unavailable();
-    const node = this.#node(nodeId);
+    const node = this.#node(auth);
+    const { nodeId } = auth;
+    const max = node.registration.maxRollouts;
+    if (given.length > max) {
+      throw new RolloutError({ code: 'UNPROCESSABLE', message: `leases: a heartbeat carries at most the node's max_rollouts (${max}) leases, not ${given.length}` });
+    }
+    // one entry per rollout (the last one given)
+    const leases = [...new Map(given.map((lease) => [lease.rolloutId, lease])).values()];
     if (node.state === 'lost') {
       // declared lost: its work was re-issued. It hears so, and must register again.
       return { renewed: [], lost: leases.map((lease) => lease.rolloutId), cancel: [] };
     }
     node.lastSeen = Date.now();
-    const { renewed, lost } = await this.store.renewLeases(nodeId, leases.map(({ rolloutId, attempt }) => ({ rolloutId, attempt })), this.#leaseMs);
+    // a lease past its life is not renewed: it runs out, and its rollout is re-issued
+    const now = Date.now();
+    const overdue = leases.filter((lease) => {
+      const known = this.#remote.get(lease.rolloutId);
+      return known?.nodeId === nodeId && known.attempt === lease.attempt && known.renewUntil !== undefined && now > known.renewUntil;
+    });
+    const late = new Set(overdue);
+    const renewable = overdue.length === 0 ? leases : leases.filter((lease) => !late.has(lease));
+    if (overdue.length > 0) {
+      const released = await this.store.releaseLeases(nodeId, overdue);
+      for (const id of released) this.#forgetRemote(id, nodeId);
+      this.logger.warn({ node: nodeId, rollouts: released }, "leases held past their life (3× their task's time limit) without a commit: re-queued");
+      if (released.length > 0) this.#workArrived();
+    }
+    const { renewed, lost } = await this.store.renewLeases(nodeId, renewable.map(({ rolloutId, attempt }) => ({ rolloutId, attempt })), this.#leaseMs);
     const reported = new Map(leases.map((lease) => [lease.rolloutId, lease]));
     for (const id of renewed) {
       const { attempt, stage } = reported.get(id)!;
@@ -830,44 +1012,73 @@ export class RolloutService implements NodeCoordinator {
     }
     for (const id of lost) this.#forgetRemote(id, nodeId);
     const cancel = renewed.filter((id) => this.#cancelRequests.has(id));
-    return { renewed, lost, cancel };
+    return { renewed, lost: [...lost, ...overdue.map((lease) => lease.rolloutId)], cancel };
   }
 
-  async claimForNode(nodeId: string, limit: number, waitMs: number, signal?: AbortSignal): Promise<NodeClaim[]> {
+  async claimForNode(auth: NodeAuth, limit: number, waitMs: number, signal?: AbortSignal): Promise<NodeClaim[]> {
+    const { nodeId } = auth;
+    const first = this.#node(auth);
+    if (limit > first.registration.maxRollouts) {
+      throw new RolloutError({ code: 'UNPROCESSABLE', message: `limit: a claim asks for at most the node's max_rollouts (${first.registration.maxRollouts}), not ${limit}` });
+    }
     const until = Date.now() + Math.max(0, waitMs);
-    for (;;) {
-      if (this.#closed) throw unavailable();
-      const node = this.#node(nodeId);
-      if (node.state === 'lost') throw notFoundNode(nodeId);
-      node.lastSeen = Date.now();
-      const claimed = limit > 0 ? await this.#withinAttempts(nodeId, await this.store.claim({ workerId: nodeId, limit, leaseMs: this.#leaseMs })) : [];
-      if (claimed.length > 0) {
-        for (const work of claimed) {
-          this.#remote.set(work.id, { nodeId, attempt: work.attempt, stage: 'queued', policy: work.task.policy, n: work.task.n });
+    first.claims++;
+    try {
+      for (;;) {
+        if (this.#closed) throw unavailable();
+        const node = this.#node(auth);
+        if (node.state === 'lost') throw notFoundNode(nodeId);
+        node.lastSeen = Date.now();
+        // at most its free capacity, as the service counts its leases
+        const room = Math.min(limit, node.registration.maxRollouts - this.#heldBy(nodeId));
+        const claimed = room > 0 ? await this.#withinAttempts(nodeId, await this.store.claim({ workerId: nodeId, limit: room, leaseMs: this.#leaseMs })) : [];
+        if (claimed.length > 0) {
+          const now = Date.now();
+          for (const work of claimed) {
+            const { taskId, sampleIndex } = work;
+            this.#remote.set(work.id, { nodeId, attempt: work.attempt, stage: 'queued', policy: work.task.policy, n: work.task.n, renewUntil: now + leaseLifeMs(work.task), taskId, sampleIndex });
+          }
+          return claimed.map((work) => ({ rolloutId: work.id, taskId: work.taskId, sampleIndex: work.sampleIndex, attempt: work.attempt, leaseExpiresAt: work.leaseExpiresAt, task: work.task }));
         }
-        return claimed.map((work) => ({ rolloutId: work.id, taskId: work.taskId, sampleIndex: work.sampleIndex, attempt: work.attempt, leaseExpiresAt: work.leaseExpiresAt, task: work.task }));
+        const left = until - Date.now();
+        if (left <= 0 || signal?.aborted) return [];
+        await sleepUntilWoken(Math.min(left, this.#heartbeatMs), this.#claimWakers, signal);
       }
-      const left = until - Date.now();
-      if (left <= 0 || signal?.aborted) return [];
-      await sleepUntilWoken(Math.min(left, this.#heartbeatMs), this.#claimWakers, signal);
+    } finally {
+      first.claims = Math.max(0, first.claims - 1);
+      first.lastClaimAt = Date.now();
     }
   }
 
-  async commitFromNode(nodeId: string, commits: readonly NodeCommit[]): Promise<NodeCommitStatus[]> {
-    const node = this.#nodes.get(nodeId);
-    if (node?.state === 'up') node.lastSeen = Date.now();
+  async commitFromNode(auth: NodeAuth, commits: readonly NodeCommit[]): Promise<NodeCommitStatus[]> {
+    const node = this.#node(auth);
+    const { nodeId } = auth;
+    if (commits.length > node.registration.maxRollouts) {
+      throw new RolloutError({ code: 'UNPROCESSABLE', message: `results: a node commits at most its max_rollouts (${node.registration.maxRollouts}) results at once, not ${commits.length}` });
+    }
+    if (node.state === 'up') node.lastSeen = Date.now();
+    for (const { rolloutId, result } of commits) {
+      if (result.id !== rolloutId) throw new RolloutError({ code: 'UNPROCESSABLE', message: `result id "${result.id}" is not rollout "${rolloutId}"` });
+      // (a rollout's task and sample are the store's: a result naming others would be stored under them)
+      const lease = this.#remote.get(rolloutId);
+      if (lease?.nodeId === nodeId && lease.taskId !== undefined && (result.taskId !== lease.taskId || result.sampleIndex !== lease.sampleIndex)) {
+        throw new RolloutError({ code: 'UNPROCESSABLE', message: `result "${rolloutId}" names task "${result.taskId}" sample ${result.sampleIndex}; the rollout is task "${lease.taskId}" sample ${lease.sampleIndex}` });
+      }
+    }
     const outcomes: NodeCommitStatus[] = [];
     for (const { rolloutId, attempt, result } of commits) {
-      if (result.id !== rolloutId) throw new RolloutError({ code: 'UNPROCESSABLE', message: `result id "${result.id}" is not rollout "${rolloutId}"` });
       const lease = this.#remote.get(rolloutId);
-      const status = await this.#commit(nodeId, attempt, result, lease?.attempt === attempt ? lease.n : undefined);
-      if (status === 'committed' && node) node.committed++;
+      // the store takes it only from this node's lease at this attempt (one statement)
+      const status = await this.#commit(nodeId, attempt, result, lease?.nodeId === nodeId && lease.attempt === attempt ? lease.n : undefined);
+      if (status === 'committed') node.committed++;
       outcomes.push(status);
     }
     return outcomes;
   }
 
-  async modelTurn(nodeId: string, call: NodeModelRequest, signal: AbortSignal): Promise<ModelTurn> {
+  async modelTurn(auth: NodeAuth, call: NodeModelRequest, signal: AbortSignal): Promise<ModelTurn> {
+    this.#node(auth);
+    const { nodeId } = auth;
     const lease = await this.#remoteLease(nodeId, call.rolloutId, call.attempt);
     if (!lease?.policy) {
       throw new RolloutError({ code: 'CONFLICT', message: `node "${nodeId}" does not hold rollout "${call.rolloutId}" at attempt ${call.attempt}: its lease was lost` });
@@ -890,12 +1101,14 @@ export class RolloutService implements NodeCoordinator {
     const task = await this.store.getTask(rollout.taskId);
     if (!task) return undefined;
     const lease: RemoteLease = { ...(this.#remote.get(rolloutId) ?? { nodeId, attempt, stage: 'run' }), policy: task.task.policy, n: task.task.n };
+    lease.renewUntil ??= Date.now() + leaseLifeMs(task.task);
     this.#remote.set(rolloutId, lease);
     return lease;
   }
 
-  async deregisterNode(nodeId: string): Promise<{ released: number }> {
-    const node = this.#node(nodeId);
+  async deregisterNode(auth: NodeAuth): Promise<{ released: number }> {
+    const node = this.#node(auth);
+    const { nodeId } = auth;
     if (node.state === 'lost') {
       // its work was re-issued when it was lost; it stays listed as lost, with why
       this.logger.info({ node: nodeId, reason: node.lostReason }, 'a lost node left');

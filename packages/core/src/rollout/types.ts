@@ -35,11 +35,27 @@ export const PolicySpec = z.strictObject({
 });
 
 export const RolloutLimits = z.strictObject({
-  /** Stage time a sample may take (INIT + RUN + EVAL; queue time excluded). */
+  /**
+   * Stage time a sample may take in RUN and EVAL (queue time, INIT and starts of the sandbox or
+   * backends at first use before the policy acted excluded: those are `init_timeout_s`'s; a start
+   * after it is the policy's time). Passing it ends the sample with
+   * `criticalError: 'timeout'`, filtered.
+   */
   time_limit_s: z.number().positive().max(86_400).default(600),
+  /**
+   * INIT's own limit: creating the sandbox, starting the offered tools' backends (the shell, the
+   * Python kernel; see `ToolDefinition.prepare`) and `seedSession`; also each start a tool call
+   * makes later (a kernel reset). A start is never charged to `tool_timeout_s`. Until the policy
+   * has acted in its sandbox, start-up is infrastructure work: it is not charged to `time_limit_s`
+   * either, and a start that fails or misses this limit ends the sample with
+   * `criticalError: 'init'`, filtered, however loaded the machine. After it, the policy can have
+   * broken the start: its failure is the tool call's error and the sample is scored (README:
+   * "Start-up is not the policy's").
+   */
+  init_timeout_s: z.number().positive().max(86_400).default(600),
   /** Model calls per sample. */
   max_turns: z.number().int().positive().max(1_000).default(16),
-  /** Per tool call. */
+  /** Per tool call: the tool's own work (starting what it runs on is `init_timeout_s`'s). */
   tool_timeout_s: z.number().positive().max(3_600).default(60),
   /**
    * Limits of the rollout's sandbox, over the environment's (`sandbox.resources`); see
@@ -57,14 +73,16 @@ export const RolloutLimits = z.strictObject({
       workspace_mib: z.number().int().positive().optional(),
       /** `/tmp` size, MiB. */
       tmp_mib: z.number().int().positive().optional(),
-      /** Files and directories in the workspace and /tmp. */
-      max_inodes: z.number().int().positive().optional(),
+      /** Files and directories in the workspace, /tmp and /dev/shm together (each mount's share is its tmpfs inode count). */
+      max_inodes: z.number().int().min(20).optional(),
       /** Largest file, MiB. */
       max_file_size_mib: z.number().int().positive().optional(),
       /** Room for command output, MiB. */
       output_mib: z.number().int().positive().optional(),
       /** CPU seconds per process. */
       cpu_seconds: z.number().int().positive().optional(),
+      /** Open files per process (RLIMIT_NOFILE): past it, EMFILE. */
+      max_open_files: z.number().int().positive().optional(),
     })
     .optional(),
 });
@@ -276,6 +294,11 @@ export const RolloutResult = z.object({
   advantage: z.number().nullable(),
   /** How the turns' rewards, returns and advantages were computed; null in results from before it. */
   credit: CreditRecord.nullable(),
+  /**
+   * Per stage, the wait for a worker slot and the time in it. INIT's holds the sandbox's creation
+   * and the start of the offered tools' backends (shell, Python kernel); RUN's also any start a
+   * tool call made itself (left out of the time limits all the same).
+   */
   timing: z.object({ init: StageTiming, run: StageTiming, eval: StageTiming, totalMs: z.number() }),
   /** The NeMo Gym-shaped Responses API response (token ids on each model call's last item). */
   response: z.record(z.string(), z.unknown()).nullable(),

@@ -1,6 +1,7 @@
 import { spawn as spawnChild, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { writeFileSync, writeSync } from 'node:fs';
+import { closeSync, constants, fstatSync, openSync, statSync, writeFileSync, writeSync } from 'node:fs';
+import { connect as connectSocket, type Socket } from 'node:net';
 import { rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import * as pty from 'node-pty';
@@ -26,6 +27,9 @@ const DEFAULT_MAX_OUTPUT = 10 * 1024 * 1024;
 export const MAX_DOWNLOAD_BYTES = 1024 * 1024 * 1024;
 
 export const TAG_VAR = 'ROLLSERVE_SANDBOX';
+
+/** open(2)'s O_PATH (Linux; the same on every architecture Node runs on there): a handle on an inode that opens nothing. */
+const O_PATH = 0o10000000;
 
 /** A host command line that runs `inner` inside the sandbox. */
 export interface HostCommand {
@@ -98,8 +102,14 @@ export abstract class CommandSandbox implements Sandbox {
     return () => this.live.delete(entry);
   }
 
+  /**
+   * The tags' stem: random, not the id, which names the sandbox's host directory and cgroup and
+   * would show inside (the tag is in every process's environment there).
+   */
+  private readonly tagStem = `t${randomBytes(6).toString('hex')}`;
+
   protected nextTag(): string {
-    return `${this.id}.${++this.execCount}`;
+    return `${this.tagStem}.${++this.execCount}`;
   }
 
   /** Providers that watch limits override this; see `Sandbox.checkLimits`. */
@@ -255,6 +265,41 @@ export abstract class CommandSandbox implements Sandbox {
         }
       },
     };
+  }
+
+  async connect(name: string): Promise<Socket> {
+    this.ensureOpen();
+    if (!/^[\w.-]+$/.test(name)) throw new RolloutError({ code: 'SANDBOX', message: `bad socket name ${JSON.stringify(name)}` });
+    // O_PATH | O_NOFOLLOW holds the inode the name points at now (a link is held as the link):
+    // the checks and the connect below are about that inode, whatever is renamed meanwhile.
+    let fd: number;
+    try {
+      fd = openSync(join(this.socketDir.host, name), O_PATH | constants.O_NOFOLLOW);
+    } catch (error) {
+      throw new RolloutError({ code: 'SANDBOX', message: `socket ${name}: ${(error as Error).message}` });
+    }
+    try {
+      const stat = fstatSync(fd);
+      if (!stat.isSocket() || stat.dev !== this.socketDevice()) {
+        throw new RolloutError({ code: 'SANDBOX', message: `socket ${name} was replaced (not a socket of the sandbox's socket directory)` });
+      }
+      return await new Promise<Socket>((resolve, reject) => {
+        const socket = connectSocket(`/proc/self/fd/${fd}`, () => {
+          socket.off('error', reject);
+          resolve(socket);
+        });
+        socket.once('error', reject);
+      }).catch((error: Error) => {
+        throw new RolloutError({ code: 'SANDBOX', message: `socket ${name}: ${error.message}` });
+      });
+    } finally {
+      closeSync(fd);
+    }
+  }
+
+  /** The device of the socket directory's file system: a socket `connect` reaches lies on it. */
+  protected socketDevice(): number {
+    return statSync(this.socketDir.host).dev;
   }
 
   stageFile(name: string, data: string | Buffer): string {

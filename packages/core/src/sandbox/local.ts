@@ -2,9 +2,9 @@ import { randomBytes } from 'node:crypto';
 import { mkdir } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { buildPrlimitArgs } from './limits.ts';
+import { buildPrlimitArgs, openFilesWithin, resolveSandboxSpec } from './limits.ts';
 import { CommandSandbox, type HostCommand } from './command-sandbox.ts';
-import type { SandboxProvider, SandboxSpec, SandboxStatus } from './types.ts';
+import type { ResolvedSandboxSpec, SandboxLimitSupport, SandboxProvider, SandboxSpec, SandboxStatus } from './types.ts';
 
 export interface LocalProviderOptions {
   /** Where the per-sandbox temporary directories go. @default os.tmpdir() */
@@ -12,18 +12,29 @@ export interface LocalProviderOptions {
 }
 
 /**
+ * What the local provider keeps: the per-process rlimits, set by `prlimit`. Not RLIMIT_NPROC (it
+ * would count every process of the service's user), and no tmpfs or cgroup: the workspace is a
+ * host directory. Their defaults are not applied; a spec giving one is refused.
+ */
+const LOCAL_LIMITS: SandboxLimitSupport = {
+  memoryMib: 'RLIMIT_AS (prlimit)',
+  maxFileSizeMib: 'RLIMIT_FSIZE (prlimit)',
+  cpuSeconds: 'RLIMIT_CPU (prlimit)',
+  maxOpenFiles: 'RLIMIT_NOFILE (prlimit)',
+};
+
+/**
  * Plain processes in a temporary directory: no isolation at all, for development and for hosts
  * without user namespaces; only used when chosen by name. The workdir is the host temp dir (the
- * spec's `workdir` is ignored) and RLIMIT_NPROC is not set, since it would count every process of
- * the service's user.
+ * spec's `workdir` is ignored); see LOCAL_LIMITS for the limits it keeps.
  */
 class LocalSandbox extends CommandSandbox {
   readonly provider = 'local';
   private readonly limits: string[];
 
-  constructor(id: string, base: string, workdir: string, socketDir: string, spec: SandboxSpec) {
+  constructor(id: string, base: string, workdir: string, socketDir: string, spec: ResolvedSandboxSpec) {
     super(workdir, { host: socketDir, sandbox: socketDir }, spec, [base], id);
-    this.limits = buildPrlimitArgs(spec.resources, false);
+    this.limits = buildPrlimitArgs(spec.resources);
   }
 
   protected wrap(inner: string[], env: Record<string, string>): HostCommand {
@@ -32,6 +43,10 @@ class LocalSandbox extends CommandSandbox {
 
   protected override entersSandbox(): boolean {
     return false; // prlimit execs the program itself
+  }
+
+  protected override isSandboxFailure(stderr: string): boolean {
+    return /^prlimit:/m.test(stderr);
   }
 
   async status(): Promise<SandboxStatus> {
@@ -46,7 +61,10 @@ class LocalSandbox extends CommandSandbox {
 export function createLocalProvider(options: LocalProviderOptions = {}): SandboxProvider {
   return {
     name: 'local',
-    async create(spec: SandboxSpec = {}) {
+    limits: () => ({ ...LOCAL_LIMITS }),
+    async create(requested: SandboxSpec = {}) {
+      const resolved = resolveSandboxSpec(requested, { name: 'local', limits: LOCAL_LIMITS });
+      const spec = { ...resolved, resources: { ...resolved.resources, maxOpenFiles: openFilesWithin(resolved, 'local') } };
       const id = `rs-${randomBytes(6).toString('hex')}`;
       const base = join(options.tmpDir ?? tmpdir(), `rollserve-${id}`);
       const workdir = join(base, 'workspace');

@@ -31,4 +31,23 @@ describe('createSandboxProvider', () => {
     registerSandboxProvider('fake', () => ({ name: 'fake', create: () => Promise.reject(new Error('no')) }));
     expect(createSandboxProvider('fake').name).toBe('fake');
   });
+
+  it('refuses limits for a provider that does not say which it keeps, instead of letting it drop them', async () => {
+    const created: unknown[] = [];
+    registerSandboxProvider('silent', () => ({
+      name: 'silent',
+      create: (spec) => {
+        created.push(spec);
+        return Promise.reject(new Error('started'));
+      },
+    }));
+    const provider = createSandboxProvider('silent');
+    expect(provider.limits?.()).toEqual({});
+    await expect(provider.create({ resources: { maxInodes: 100 } })).rejects.toThrow('the silent sandbox provider cannot keep the limit maxInodes (max_inodes)');
+    expect(created).toEqual([]);
+    await expect(provider.create({ image: 'x' })).rejects.toThrow('started'); // a spec without limits goes through as it was
+    expect(created).toEqual([{ image: 'x' }]);
+    // the built-in ones declare theirs
+    for (const name of ['bwrap', 'local', 'apptainer']) expect(createSandboxProvider(name).limits?.()).toHaveProperty('memoryMib');
+  });
 });

@@ -1,8 +1,9 @@
 import { RolloutError } from '../errors.ts';
 import { createApptainerProvider, findApptainerBinary, type ApptainerProviderOptions } from './apptainer/index.ts';
 import { bwrapAvailable, createBwrapProvider, type BwrapProviderOptions } from './bwrap/index.ts';
+import { resolveSandboxSpec } from './limits.ts';
 import { createLocalProvider, type LocalProviderOptions } from './local.ts';
-import type { SandboxProvider } from './types.ts';
+import type { SandboxProvider, SandboxSpec } from './types.ts';
 
 export type SandboxProviderFactory = (options?: any) => SandboxProvider;
 
@@ -72,5 +73,22 @@ export function createSandboxProvider(name?: string | Record<string, unknown>, o
       message: `unknown sandbox provider "${resolved}" (known: ${sandboxProviderNames().join(', ')})`,
     });
   }
-  return factory(options ?? undefined);
+  return declaringLimits(factory(options ?? undefined));
+}
+
+/**
+ * A provider that does not say which limits it keeps (`limits`) is taken to keep none: a spec
+ * giving one is refused, not passed on to be dropped in silence.
+ */
+function declaringLimits(provider: SandboxProvider): SandboxProvider {
+  if (provider.limits !== undefined) return provider;
+  return {
+    name: provider.name,
+    limits: () => ({}),
+    create: async (spec?: SandboxSpec) => {
+      resolveSandboxSpec(spec, { name: provider.name, limits: {} });
+      return provider.create(spec);
+    },
+    ...(provider.close === undefined ? {} : { close: () => provider.close!() }),
+  };
 }

@@ -1,13 +1,56 @@
-import { lstatSync, readdirSync, readFileSync } from 'node:fs';
+import { closeSync, constants, lstatSync, openSync, readdirSync, readFileSync, readlinkSync, writeFileSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { removeStaleCgroups } from './cgroup.ts';
 
+/** The file in a sandbox's directory that names the process that made it. */
+const OWNER_FILE = 'owner';
+
+/** A process as "<pid> <start time>": a pid reused by another process does not match. */
+function processIdentity(pid: number | 'self'): string | undefined {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'latin1');
+    // the fields after the command's name (which may hold spaces and parentheses); start time is field 22
+    const starttime = stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19];
+    return starttime === undefined ? undefined : `${pid === 'self' ? process.pid : pid} ${starttime}`;
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * Records in a sandbox's new directory which process made it: once that process is gone (a node or
+ * service killed), the directory is stale at once, whatever its age.
+ */
+export function markSandboxDir(dir: string): void {
+  const self = processIdentity('self');
+  if (self !== undefined) writeFileSync(join(dir, OWNER_FILE), self, { flag: 'wx', mode: 0o644 });
+}
+
+/** Whether the process that made `dir` is known to be gone (false when the directory does not say). */
+function ownerGone(dir: string): boolean {
+  let owner: string;
+  try {
+    const fd = openSync(join(dir, OWNER_FILE), constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK);
+    try {
+      owner = readFileSync(fd, 'latin1').slice(0, 64).trim();
+    } finally {
+      closeSync(fd);
+    }
+  } catch {
+    return false;
+  }
+  const pid = Number(owner.split(' ')[0]);
+  return Number.isInteger(pid) && pid > 0 && processIdentity(pid) !== owner;
+}
+
 /**
  * Removes the temporary directories and cgroups of sandboxes whose service died without closing
  * them (their processes died with it: --die-with-parent). A directory is stale when no process's
- * command line names it and it is older than `minAgeMs`; a cgroup when it is that old and empty.
+ * command line names it, none works in it (bwrap runs in its sandbox's directory: its command line
+ * names no host path) and it is older than `minAgeMs` or the process that made it is gone (see
+ * markSandboxDir); a cgroup when it is that old and empty.
  * Call once at service start. Returns what it removed. `ids` limits it to those sandboxes.
  */
 export async function removeStaleSandboxDirs(options: { tmpDir?: string; minAgeMs?: number; ids?: string[] } = {}): Promise<string[]> {
@@ -24,23 +67,29 @@ export async function removeStaleSandboxDirs(options: { tmpDir?: string; minAgeM
   if (names.length === 0) return cgroups;
   if (names.length === 0) return [];
   const cmdlines: string[] = [];
+  const cwds: string[] = [];
   for (const pid of readdirSync('/proc')) {
     if (!/^\d+$/.test(pid)) continue;
     try {
       cmdlines.push(readFileSync(`/proc/${pid}/cmdline`, 'latin1'));
+      cwds.push(readlinkSync(`/proc/${pid}/cwd`));
     } catch {
-      // exited
+      // exited, or another user's
     }
   }
   const removed: string[] = [];
   for (const name of names) {
     const path = join(dir, name);
     try {
-      if (Date.now() - lstatSync(path).mtimeMs < minAgeMs) continue;
+      const stat = lstatSync(path);
+      // young: maybe a sandbox being made right now (its bwrap not started yet), unless its maker is gone
+      if (Date.now() - stat.mtimeMs < minAgeMs && !ownerGone(path)) continue;
+      // another user's (whose processes' working directories we cannot see), unless we are root
+      if (process.getuid !== undefined && process.getuid() !== 0 && stat.uid !== process.getuid()) continue;
     } catch {
       continue;
     }
-    if (cmdlines.some((cmdline) => cmdline.includes(path))) continue;
+    if (cmdlines.some((cmdline) => cmdline.includes(path)) || cwds.some((cwd) => cwd === path || cwd.startsWith(`${path}/`))) continue;
     await rm(path, { recursive: true, force: true });
     removed.push(path);
   }

@@ -1,3 +1,4 @@
+import type { Socket } from 'node:net';
 import type { IPty } from 'node-pty';
 
 /**
@@ -23,40 +24,81 @@ export interface SandboxSpec {
   env?: Record<string, string>;
   /** Files written into the sandbox before `create` returns (path inside the sandbox → text). */
   files?: Record<string, string>;
-  /** Resource limits (rlimits on bwrap and local, flags on apptainer). */
+  /** Resource limits; see `SandboxResources` for who keeps which. */
   resources?: SandboxResources;
   /** Extra host directories bound into the sandbox. */
   binds?: SandboxBind[];
 }
 
+/**
+ * Limits of a sandbox. Each provider keeps the ones it declares (`SandboxProvider.limits`), each
+ * enforced by the kernel (an rlimit, a tmpfs's size and inode count, a cgroup): a spec GIVING a
+ * limit its provider cannot keep is refused by `create` with an error naming it. A default the
+ * provider cannot keep is not applied (the `local` provider has no tmpfs mounts: it has no
+ * workspace size). `resolveSandboxSpec` fills the defaults, once.
+ */
 export interface SandboxResources {
-  /** Address-space limit per process, MiB. @default 4096 */
+  /** Address-space limit per process (RLIMIT_AS), MiB. @default 4096 */
   memoryMib?: number;
-  /** Processes and threads per sandbox (RLIMIT_NPROC inside the sandbox's user namespace). @default 512 */
+  /**
+   * Processes and threads of the sandbox (RLIMIT_NPROC inside the sandbox's user namespace, and
+   * the cgroup's pids.max where one can be had). @default 512
+   */
   maxProcesses?: number;
-  /** Largest file a process may write, MiB. @default 1024 */
+  /** Largest file a process may write (RLIMIT_FSIZE), MiB. @default 1024 */
   maxFileSizeMib?: number;
-  /** CPU seconds per process. @default 3600 */
+  /** CPU seconds per process (RLIMIT_CPU). @default 3600 */
   cpuSeconds?: number;
-  /** apptainer `--cpus`. */
+  /**
+   * Open files per process (RLIMIT_NOFILE): past it `open` fails with EMFILE. The sandbox as a
+   * whole can then hold at most `maxProcesses × maxOpenFiles` descriptors; their kernel memory is
+   * charged to the sandbox's memory cgroup where it has one (`totalMemoryMib`). A default above
+   * the service's own hard limit is lowered to it; a given one above it is refused. @default 1024
+   */
+  maxOpenFiles?: number;
+  /** CPUs of the sandbox as a whole (a cgroup's CPU quota; apptainer `--cpus`). No default: unlimited. */
   cpus?: number;
   /**
-   * Memory of the sandbox as a whole, MiB: its processes, page cache and tmpfs files together
-   * (a cgroup; see `cgroupSupport()`: where no cgroup can be had, only the per-process
-   * `memoryMib` and the tmpfs sizes hold). @default 4096
+   * Memory of the sandbox as a whole, MiB: its processes, page cache, tmpfs files and open files
+   * together (a cgroup; see `cgroupSupport()`: where no cgroup can be had, the default is not
+   * applied and a given value is refused). @default 4096
    */
   totalMemoryMib?: number;
-  /** Size of the writable workspace (a tmpfs on bwrap), MiB. @default 4096 */
+  /** Size of the writable workspace (a tmpfs on bwrap; the writable layer of an image), MiB. @default 4096 */
   workspaceMib?: number;
   /** Size of `/tmp` (a tmpfs), MiB; `/dev/shm` gets a quarter of it. @default 1024 */
   tmpMib?: number;
-  /** Files and directories the sandbox may create in its workspace and `/tmp` together. @default 200_000 */
+  /**
+   * Files and directories the sandbox may create in its workspace, `/tmp` and `/dev/shm`
+   * together. The kernel keeps it: each of those tmpfs mounts gets its share as its inode count
+   * (`nr_inodes`; see `inodeShares`: the workspace 75 %, `/tmp` 20 %, `/dev/shm` 5 %), and
+   * creating a file past a mount's share fails with ENOSPC. At least 20. @default 200_000
+   */
   maxInodes?: number;
   /**
    * Room for command output and the service's channel files (`/run/rollserve`, a tmpfs), MiB: a
    * command writing more gets ENOSPC. @default 256
    */
   outputMib?: number;
+}
+
+/** The name of one limit. */
+export type SandboxLimit = keyof SandboxResources;
+
+/**
+ * The limits a provider keeps here, each with how it keeps them (for messages and the docs). A
+ * limit missing from it is one the provider cannot keep.
+ */
+export type SandboxLimitSupport = Partial<Record<SandboxLimit, string>>;
+
+/** Every limit with its value: what `resolveSandboxSpec` hands a provider. */
+export type ResolvedSandboxResources = Required<Omit<SandboxResources, 'cpus'>> & Pick<SandboxResources, 'cpus'>;
+
+/** A spec with every default filled in once (`resolveSandboxSpec`). */
+export interface ResolvedSandboxSpec extends Omit<SandboxSpec, 'resources'> {
+  resources: ResolvedSandboxResources;
+  /** The limits the spec gave (as opposed to defaults): only these are refused when a provider cannot keep them. */
+  given: ReadonlySet<SandboxLimit>;
 }
 
 export interface SandboxBind {
@@ -140,6 +182,13 @@ export interface Sandbox {
    * between the service and in-sandbox servers (the Python kernel).
    */
   readonly socketDir: { host: string; sandbox: string };
+  /**
+   * Connects to the Unix socket `name` that a process inside listens on in `socketDir.sandbox`.
+   * The socket is opened without following links and must be a socket on the sandbox's own
+   * socket directory, so nothing inside can point the service at another socket (a host one) by
+   * swapping the name or a directory on the way for a link.
+   */
+  connect(name: string): Promise<Socket>;
   exec(command: string, options?: SandboxExecOptions): Promise<SandboxExecResult>;
   /** Starts `argv` on a pseudo-terminal inside the sandbox. */
   spawnPty(argv: string[], options?: SandboxPtyOptions): SandboxPty;
@@ -167,6 +216,12 @@ export interface Sandbox {
 
 export interface SandboxProvider {
   readonly name: string;
+  /**
+   * The limits this provider keeps on this host, and how. `create` refuses a spec that gives any
+   * other (an error naming the limit). `createSandboxProvider` takes a provider that does not say
+   * to keep none (a spec giving a limit is refused); one handed over directly is trusted.
+   */
+  limits?(): SandboxLimitSupport;
   /** Returns only when the sandbox can run commands. */
   create(spec?: SandboxSpec): Promise<Sandbox>;
   /** Ends what the provider itself holds (warm sandboxes). Sandboxes handed out are closed by their owners. */
@@ -176,11 +231,13 @@ export interface SandboxProvider {
 export const DEFAULT_WORKDIR = '/workspace';
 export const SOCKET_MOUNT = '/run/rollserve';
 export const DEFAULT_EXEC_TIMEOUT_MS = 180_000;
-export const DEFAULT_RESOURCES: Required<Omit<SandboxResources, 'cpus'>> = {
+/** The defaults of the limits; read them, but fill them in only through `resolveSandboxSpec`. */
+export const DEFAULT_RESOURCES: Readonly<Required<Omit<SandboxResources, 'cpus'>>> = {
   memoryMib: 4096,
   maxProcesses: 512,
   maxFileSizeMib: 1024,
   cpuSeconds: 3600,
+  maxOpenFiles: 1024,
   totalMemoryMib: 4096,
   workspaceMib: 4096,
   tmpMib: 1024,

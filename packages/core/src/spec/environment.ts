@@ -58,8 +58,9 @@ export interface EnvironmentContext<Config = Record<string, unknown>, Resources 
   signal: AbortSignal;
   /**
    * The session's sandbox and tool backends, closed with the session. The sandbox is the one
-   * `sandbox` describes, for this session's row: the rollout service creates it in INIT, the NeMo
-   * Gym face on first use.
+   * `sandbox` describes, for this session's row: the rollout service creates it in INIT (with
+   * whatever the offered tools `prepare`), the NeMo Gym face on first use. Starting them is never
+   * counted against a tool call's time limit (see `SessionTools.startupMs`).
    * @example const bash = await ctx.tools.bash(); await bash.run('ls')
    */
   tools: SessionTools;

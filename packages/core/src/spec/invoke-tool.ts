@@ -36,6 +36,8 @@ export class LazyAbort {
  * Runs a tool's handler on already-validated arguments under its time limit. The handler's
  * `ctx.signal` is aborted when the limit passes, `signal` aborts or `abort` is aborted; a handler
  * that ignores it is abandoned (its result dropped), so a stuck tool never holds the caller.
+ * The limit counts the tool's own work: time the session spends meanwhile starting its sandbox
+ * or backends (`ctx.tools.startupMs()`, under a start limit of its own) is left out.
  */
 export async function invokeTool<Config>(
   tool: ToolDefinition<any, Config>,
@@ -50,12 +52,23 @@ export async function invokeTool<Config>(
   if (outer?.aborted) forward();
   else outer?.addEventListener('abort', forward, { once: true });
   let timer: NodeJS.Timeout | undefined;
+  // Tests and callers without session tools may hand a ctx whose `tools` has no start-up clock.
+  const startup = (): number => (typeof ctx.tools?.startupMs === 'function' ? ctx.tools.startupMs() : 0);
+  const startedAt = performance.now();
+  const startupAt = startup();
   const limit = new Promise<ToolOutcome>((resolve) => {
-    timer = setTimeout(() => {
+    const expire = (): void => {
+      const used = performance.now() - startedAt - (startup() - startupAt);
+      // a start took part of the time: the call gets it back
+      if (used < options.timeoutMs) {
+        timer = setTimeout(expire, Math.max(1, Math.ceil(options.timeoutMs - used)));
+        return;
+      }
       const error = new RolloutError({ code: 'TIMEOUT', message: `tool call timed out after ${options.timeoutMs} ms` });
       abort.abort(error);
       resolve({ ok: false, timedOut: true, error });
-    }, options.timeoutMs);
+    };
+    timer = setTimeout(expire, options.timeoutMs);
   });
   const run = (async (): Promise<ToolOutcome> => {
     try {

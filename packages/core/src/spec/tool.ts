@@ -36,9 +36,23 @@ export interface ToolDefinition<Params extends z.ZodType = z.ZodType, Config = R
 
   /**
    * Per-call time limit in milliseconds; the handler's `ctx.signal` is aborted when it passes.
+   * Time the call spends starting the session's sandbox or backends (`ctx.tools`) is not counted.
    * @default 60_000
    */
   timeoutMs?: number;
+
+  /**
+   * Starts what the tool's calls run on (the session's sandbox, shell or Python kernel) ahead of
+   * the first call. The rollout service calls it in INIT for each tool it offers, in parallel and
+   * under the task's `limits.init_timeout_s`, so that start-up is infrastructure time: a slow
+   * machine never costs the policy part of `tool_timeout_s`, and a start that fails or misses the
+   * limit ends the rollout as a filtered infrastructure failure (`criticalError: 'init'`). A start
+   * a call makes itself (no `prepare`, or a kernel reset) is left out of the call's time limit
+   * the same way; its failure is infrastructure only before the policy acted in the sandbox
+   * (`SessionTools.policyBegins`), after that it is the call's error. Omitted: nothing is started ahead.
+   * @example prepare: (ctx) => ctx.tools.python()
+   */
+  prepare?(ctx: EnvironmentContext<Config>): unknown;
 
   /**
    * Whether a call that returned `output` did what it was asked (its code ran cleanly, its command

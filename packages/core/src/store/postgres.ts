@@ -19,6 +19,7 @@ import type {
   RenewOutcome,
   RetentionPolicy,
   RolloutStore,
+  StoredNodeCredential,
   StoredRollout,
   StoredTask,
   StoreRolloutState,
@@ -66,6 +67,17 @@ const MIGRATIONS: ReadonlyArray<{ version: number; sql: string }> = [
         imported_at text NOT NULL,
         tasks integer NOT NULL,
         results integer NOT NULL
+      );
+    `,
+  },
+  {
+    // rollout nodes' credentials (hashes): a node registering again after a restart proves it is the same node
+    version: 2,
+    sql: `
+      CREATE TABLE nodes (
+        id text PRIMARY KEY,
+        credential_hash text NOT NULL,
+        issued_at bigint NOT NULL
       );
     `,
   },
@@ -295,15 +307,19 @@ export class PostgresStore implements RolloutStore {
   async renewLeases(workerId: string, leases: readonly LeaseRef[], leaseMs: number): Promise<RenewOutcome> {
     checkPositiveInt('leaseMs', leaseMs);
     if (leases.length === 0) return { renewed: [], lost: [] };
-    const { rows } = await this.#query<{ id: string }>(
+    const { rows } = await this.#query<{ id: string; attempt: number }>(
       `UPDATE rollouts AS r SET lease_expires_at = $1
        FROM unnest($3::text[], $4::int[]) AS l(id, attempt)
        WHERE r.id = l.id AND r.attempt = l.attempt AND r.worker_id = $2 AND r.state = 'leased'
-       RETURNING r.id`,
+       RETURNING r.id, r.attempt`,
       [this.#now() + leaseMs, workerId, leases.map((l) => l.rolloutId), leases.map((l) => l.attempt)],
     );
-    const renewed = new Set(rows.map((row) => row.id));
-    return { renewed: leases.map((l) => l.rolloutId).filter((id) => renewed.has(id)), lost: leases.map((l) => l.rolloutId).filter((id) => !renewed.has(id)) };
+    // by id and attempt: a lease quoted at another attempt as well is lost, not renewed
+    const key = (id: string, attempt: number) => `${attempt}:${id}`;
+    const renewed = new Set(rows.map((row) => key(row.id, row.attempt)));
+    const outcome: RenewOutcome = { renewed: [], lost: [] };
+    for (const l of leases) (renewed.has(key(l.rolloutId, l.attempt)) ? outcome.renewed : outcome.lost).push(l.rolloutId);
+    return outcome;
   }
 
   async expireLeases(): Promise<string[]> {
@@ -318,6 +334,18 @@ export class PostgresStore implements RolloutStore {
     const { rows } = await this.#query<{ id: string }>(
       "UPDATE rollouts SET state = 'queued', worker_id = NULL, lease_expires_at = NULL WHERE worker_id = $1 AND state = 'leased' RETURNING id",
       [workerId],
+    );
+    return rows.map((row) => row.id);
+  }
+
+  async releaseLeases(workerId: string, leases: readonly LeaseRef[]): Promise<string[]> {
+    if (leases.length === 0) return [];
+    const { rows } = await this.#query<{ id: string }>(
+      `UPDATE rollouts AS r SET state = 'queued', worker_id = NULL, lease_expires_at = NULL
+       FROM unnest($2::text[], $3::int[]) AS l(id, attempt)
+       WHERE r.id = l.id AND r.attempt = l.attempt AND r.worker_id = $1 AND r.state = 'leased'
+       RETURNING r.id`,
+      [workerId, leases.map((l) => l.rolloutId), leases.map((l) => l.attempt)],
     );
     return rows.map((row) => row.id);
   }
@@ -339,26 +367,26 @@ export class PostgresStore implements RolloutStore {
     return outcomes;
   }
 
-  async commit({ rolloutId, attempt, result, workerId, amend = [] }: CommitInput): Promise<CommitOutcome> {
+  async commit({ rolloutId, attempt, result, workerId, unheld = false, amend = [] }: CommitInput): Promise<CommitOutcome> {
     checkResult(result);
     for (const other of amend) checkResult(other);
     // The fenced update and the insert are one statement: it stores the result only if this
-    // attempt is current and the rollout unfinished (a concurrent twin waits on the row lock,
-    // then finds it finished).
+    // attempt is current, the rollout unfinished and leased to the committer (or queued, for the
+    // service's own `unheld` commits); a concurrent twin waits on the row lock, then finds it finished.
     const finish = `WITH finished AS (
-        UPDATE rollouts SET state = $3, worker_id = coalesce($4, worker_id), lease_expires_at = NULL, committed_attempt = attempt
-        WHERE id = $1 AND attempt = $2 AND state IN ('queued', 'leased') RETURNING id, task_id
+        UPDATE rollouts SET state = $3, worker_id = $4, lease_expires_at = NULL, committed_attempt = attempt
+        WHERE id = $1 AND attempt = $2 AND ((state = 'leased' AND worker_id = $4) OR (state = 'queued' AND $7::boolean)) RETURNING id, task_id
       )
       INSERT INTO results (rollout_id, task_id, state, stored_at, body) SELECT id, task_id, $3, $5, $6 FROM finished RETURNING task_id`;
-    const values = [rolloutId, attempt, result.state, workerId ?? null, this.#now(), JSON.stringify(encodeResult(result))];
+    const values = [rolloutId, attempt, result.state, workerId, this.#now(), JSON.stringify(encodeResult(result)), unheld];
     const classify = async (client: Client): Promise<CommitOutcome> => {
-      const { rows } = await client.query<{ state: StoreRolloutState; attempt: number; committed_attempt: number | null }>(
-        'SELECT state, attempt, committed_attempt FROM rollouts WHERE id = $1',
+      const { rows } = await client.query<{ state: StoreRolloutState; attempt: number; committed_attempt: number | null; worker_id: string | null }>(
+        'SELECT state, attempt, committed_attempt, worker_id FROM rollouts WHERE id = $1',
         [rolloutId],
       );
       const row = rows[0];
       if (!row) return { status: 'not_found' };
-      if (row.committed_attempt === attempt) return { status: 'duplicate' };
+      if (row.committed_attempt === attempt && row.worker_id === workerId) return { status: 'duplicate' };
       return { status: 'stale', currentAttempt: row.attempt, state: row.state };
     };
     const others = amend.filter((other) => other.id !== rolloutId);
@@ -487,6 +515,23 @@ export class PostgresStore implements RolloutStore {
       await client.query('UPDATE imports SET tasks = $2, results = $3 WHERE source = $1', [source, counts.tasks, counts.results]);
       return { imported: true, ...counts };
     });
+  }
+
+  async putNodeCredential({ nodeId, credentialHash, issuedAt }: StoredNodeCredential): Promise<void> {
+    await this.#query(
+      'INSERT INTO nodes (id, credential_hash, issued_at) VALUES ($1, $2, $3) ON CONFLICT (id) DO UPDATE SET credential_hash = excluded.credential_hash, issued_at = excluded.issued_at',
+      [nodeId, credentialHash, issuedAt],
+    );
+  }
+
+  async getNodeCredential(nodeId: string): Promise<StoredNodeCredential | undefined> {
+    const { rows } = await this.#query<{ id: string; credential_hash: string; issued_at: string }>('SELECT * FROM nodes WHERE id = $1', [nodeId]);
+    const row = rows[0];
+    return row && { nodeId: row.id, credentialHash: row.credential_hash, issuedAt: Number(row.issued_at) };
+  }
+
+  async deleteNodeCredential(nodeId: string): Promise<void> {
+    await this.#query('DELETE FROM nodes WHERE id = $1', [nodeId]);
   }
 
   async schemaVersion(): Promise<number> {

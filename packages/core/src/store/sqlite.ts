@@ -20,6 +20,7 @@ import type {
   RenewOutcome,
   RetentionPolicy,
   RolloutStore,
+  StoredNodeCredential,
   StoredRollout,
   StoredTask,
   StoreRolloutState,
@@ -70,7 +71,21 @@ const MIGRATIONS: ReadonlyArray<{ version: number; sql: string }> = [
       );
     `,
   },
+  {
+    // rollout nodes' credentials (hashes): a node registering again after a restart proves it is the same node
+    version: 2,
+    sql: `
+      CREATE TABLE nodes (
+        id TEXT PRIMARY KEY,
+        credential_hash TEXT NOT NULL,
+        issued_at INTEGER NOT NULL
+      );
+    `,
+  },
 ];
+
+/** Leases renewed per transaction: a heartbeat's long list is renewed a chunk at a time, the event loop free between them. */
+const RENEW_CHUNK = 500;
 
 interface RolloutRow {
   seq: number;
@@ -152,9 +167,13 @@ export class SqliteStore implements RolloutStore {
       ),
       renew: db.prepare<[number, string, string, number]>("UPDATE rollouts SET lease_expires_at = ? WHERE id = ? AND worker_id = ? AND attempt = ? AND state = 'leased'"),
       expire: db.prepare<[number], { id: string }>("UPDATE rollouts SET state = 'queued', worker_id = NULL, lease_expires_at = NULL WHERE state = 'leased' AND lease_expires_at < ? RETURNING id"),
+      releaseLease: db.prepare<[string, string, number], { id: string }>(
+        "UPDATE rollouts SET state = 'queued', worker_id = NULL, lease_expires_at = NULL WHERE id = ? AND worker_id = ? AND attempt = ? AND state = 'leased' RETURNING id",
+      ),
       release: db.prepare<[string], { id: string }>("UPDATE rollouts SET state = 'queued', worker_id = NULL, lease_expires_at = NULL WHERE worker_id = ? AND state = 'leased' RETURNING id"),
-      finish: db.prepare<[string, string | null, string, number], { task_id: string }>(
-        "UPDATE rollouts SET state = ?, worker_id = coalesce(?, worker_id), lease_expires_at = NULL, committed_attempt = attempt WHERE id = ? AND attempt = ? AND state IN ('queued', 'leased') RETURNING task_id",
+      // the fence and the holder in one statement: the current attempt, unfinished, leased to the committer (or queued, for the service's own)
+      finish: db.prepare<[string, string, string, number, string, number], { task_id: string }>(
+        "UPDATE rollouts SET state = ?, worker_id = ?, lease_expires_at = NULL, committed_attempt = attempt WHERE id = ? AND attempt = ? AND ((state = 'leased' AND worker_id = ?) OR (state = 'queued' AND ? = 1)) RETURNING task_id",
       ),
       finishImported: db.prepare<[string, string], { task_id: string }>(
         "UPDATE rollouts SET state = ?, worker_id = NULL, lease_expires_at = NULL, committed_attempt = attempt WHERE id = ? AND state IN ('queued', 'leased') RETURNING task_id",
@@ -168,6 +187,9 @@ export class SqliteStore implements RolloutStore {
       hasImport: db.prepare<[string], { source: string }>('SELECT source FROM imports WHERE source = ?'),
       insertImport: db.prepare<[string, string, number, number]>('INSERT INTO imports (source, imported_at, tasks, results) VALUES (?, ?, ?, ?)'),
       version: db.prepare<[], { version: number | null }>('SELECT max(version) AS version FROM schema_version'),
+      putNode: db.prepare<[string, string, number]>('INSERT INTO nodes (id, credential_hash, issued_at) VALUES (?, ?, ?) ON CONFLICT (id) DO UPDATE SET credential_hash = excluded.credential_hash, issued_at = excluded.issued_at'),
+      getNode: db.prepare<[string], { id: string; credential_hash: string; issued_at: number }>('SELECT * FROM nodes WHERE id = ?'),
+      deleteNode: db.prepare<[string]>('DELETE FROM nodes WHERE id = ?'),
     };
   }
 
@@ -267,14 +289,17 @@ export class SqliteStore implements RolloutStore {
     checkPositiveInt('leaseMs', leaseMs);
     const until = this.#now() + leaseMs;
     const outcome: RenewOutcome = { renewed: [], lost: [] };
-    this.#db
-      .transaction(() => {
-        for (const { rolloutId, attempt } of leases) {
-          const { changes } = this.#statements.renew.run(until, rolloutId, workerId, attempt);
-          (changes > 0 ? outcome.renewed : outcome.lost).push(rolloutId);
-        }
-      })
-      .immediate();
+    const renewChunk = this.#db.transaction((chunk: readonly LeaseRef[]) => {
+      for (const { rolloutId, attempt } of chunk) {
+        const { changes } = this.#statements.renew.run(until, rolloutId, workerId, attempt);
+        (changes > 0 ? outcome.renewed : outcome.lost).push(rolloutId);
+      }
+    });
+    for (let start = 0; start < leases.length; start += RENEW_CHUNK) {
+      // other requests get their turn between chunks (a synchronous driver holds the event loop)
+      if (start > 0) await new Promise((resolve) => setImmediate(resolve));
+      renewChunk.immediate(leases.slice(start, start + RENEW_CHUNK));
+    }
     return outcome;
   }
 
@@ -284,6 +309,10 @@ export class SqliteStore implements RolloutStore {
 
   async releaseWorker(workerId: string): Promise<string[]> {
     return this.#statements.release.all(workerId).map((row) => row.id);
+  }
+
+  async releaseLeases(workerId: string, leases: readonly LeaseRef[]): Promise<string[]> {
+    return this.#db.transaction(() => leases.flatMap(({ rolloutId, attempt }) => this.#statements.releaseLease.all(rolloutId, workerId, attempt).map((row) => row.id))).immediate();
   }
 
   async commit(input: CommitInput): Promise<CommitOutcome> {
@@ -301,14 +330,14 @@ export class SqliteStore implements RolloutStore {
   }
 
   /** One commit, inside the caller's transaction. */
-  #commitOne({ rolloutId, attempt, result, workerId, amend = [] }: CommitInput): CommitOutcome {
+  #commitOne({ rolloutId, attempt, result, workerId, unheld = false, amend = [] }: CommitInput): CommitOutcome {
     const s = this.#statements;
     const now = this.#now();
-    const finished = s.finish.get(result.state, workerId ?? null, rolloutId, attempt);
+    const finished = s.finish.get(result.state, workerId, rolloutId, attempt, workerId, unheld ? 1 : 0);
     if (!finished) {
       const row = s.rollout.get(rolloutId);
       if (!row) return { status: 'not_found' };
-      if (row.committed_attempt === attempt) return { status: 'duplicate' };
+      if (row.committed_attempt === attempt && row.worker_id === workerId) return { status: 'duplicate' };
       return { status: 'stale', currentAttempt: row.attempt, state: row.state };
     }
     s.insertResult.run(rolloutId, finished.task_id, result.state, now, JSON.stringify(encodeResult(result)));
@@ -415,6 +444,19 @@ export class SqliteStore implements RolloutStore {
         return { imported: true, tasks: taskCount, results: resultCount };
       })
       .immediate();
+  }
+
+  async putNodeCredential({ nodeId, credentialHash, issuedAt }: StoredNodeCredential): Promise<void> {
+    this.#statements.putNode.run(nodeId, credentialHash, issuedAt);
+  }
+
+  async getNodeCredential(nodeId: string): Promise<StoredNodeCredential | undefined> {
+    const row = this.#statements.getNode.get(nodeId);
+    return row && { nodeId: row.id, credentialHash: row.credential_hash, issuedAt: row.issued_at };
+  }
+
+  async deleteNodeCredential(nodeId: string): Promise<void> {
+    this.#statements.deleteNode.run(nodeId);
   }
 
   async schemaVersion(): Promise<number> {

@@ -85,8 +85,16 @@ export interface CommitInput {
   attempt: number;
   /** The finished result; its `state` must be `done`, `failed` or `cancelled`. */
   result: RolloutResult;
-  /** Who commits (kept as the rollout's `workerId`). */
-  workerId?: string;
+  /**
+   * Who commits (kept as the rollout's `workerId`): it must hold the rollout's lease at `attempt`,
+   * checked in the same statement as the attempt, so no worker commits for another's lease.
+   */
+  workerId: string;
+  /**
+   * Also accept the commit for a rollout that is queued at `attempt` (held by no one): only the
+   * service itself ends work that never ran (cancelled while queued). Never set for a node.
+   */
+  unheld?: boolean;
   /**
    * Results of the same task's other rollouts, rewritten in the same transaction when this commit
    * is accepted (the group's credit, computed when the last sample finishes). Only rollouts that
@@ -97,15 +105,25 @@ export interface CommitInput {
 
 /**
  * What a commit did. `committed`: the result is stored, the rollout finished. `duplicate`: this
- * very attempt had already committed (a retried commit); nothing changed. `stale`: the attempt is
- * not the current one (the lease was lost and the rollout re-issued) or another attempt already
- * committed; nothing changed. `not_found`: no such rollout.
+ * worker had already committed this very attempt (a retried commit); nothing changed. `stale`:
+ * the attempt is not the current one (the lease was lost and the rollout re-issued), another
+ * attempt already committed, or the worker does not hold the lease (another worker does, or no
+ * one); nothing changed. `not_found`: no such rollout.
  */
 export type CommitOutcome =
   | { status: 'committed' }
   | { status: 'duplicate' }
   | { status: 'stale'; currentAttempt: number; state: StoreRolloutState }
   | { status: 'not_found' };
+
+/** A rollout node's credential as the store keeps it: only its hash, so a node re-registering after a restart of the service proves it is the same. */
+export interface StoredNodeCredential {
+  nodeId: string;
+  /** SHA-256 of the secret, hex. */
+  credentialHash: string;
+  /** When it was issued (epoch ms). */
+  issuedAt: number;
+}
 
 export interface ListRolloutsQuery {
   state?: StoreRolloutState | readonly StoreRolloutState[];
@@ -186,14 +204,23 @@ export interface RolloutStore {
    * has expired. Each claim bumps the rollout's attempt. Concurrent claimers get disjoint sets.
    */
   claim(options: ClaimOptions): Promise<ClaimedRollout[]>;
-  /** Heartbeat: extends the worker's leases still current; reports the ones it has lost. */
+  /**
+   * Heartbeat: extends the worker's leases still current (held by `workerId` at their attempt);
+   * reports the ones it has lost. SQLite renews at most 500 per transaction and yields to the
+   * event loop between them, so a long list never holds the process for long.
+   */
   renewLeases(workerId: string, leases: readonly LeaseRef[], leaseMs: number): Promise<RenewOutcome>;
   /** Re-queues rollouts whose lease has expired; returns their ids. (`claim` takes them anyway.) */
   expireLeases(): Promise<string[]>;
   /** Re-queues every rollout a worker holds (a lost node); returns their ids. */
   releaseWorker(workerId: string): Promise<string[]>;
+  /** Re-queues those of `leases` the worker still holds at their attempt (held too long, say); returns their ids. */
+  releaseLeases(workerId: string, leases: readonly LeaseRef[]): Promise<string[]>;
 
-  /** Stores a result in one transaction if `attempt` is current and the rollout unfinished. */
+  /**
+   * Stores a result in one transaction if `attempt` is current, the rollout unfinished and leased
+   * to `workerId` (or queued, with `unheld`): one statement checks all of it.
+   */
   commit(input: CommitInput): Promise<CommitOutcome>;
   /**
    * Several commits, each with its own outcome, as if made one after the other (SQLite: in one
@@ -222,6 +249,12 @@ export interface RolloutStore {
    * Returns false, writing nothing, when `source` was already imported.
    */
   recordImport(source: string, tasks: readonly RolloutTask[], results: readonly RolloutResult[]): Promise<{ imported: boolean; tasks: number; results: number }>;
+
+  /** Keeps a rollout node's credential hash (replacing the one it had). */
+  putNodeCredential(credential: StoredNodeCredential): Promise<void>;
+  getNodeCredential(nodeId: string): Promise<StoredNodeCredential | undefined>;
+  /** Forgets a node's credential (a node forgotten by the service's retention). */
+  deleteNodeCredential(nodeId: string): Promise<void>;
 
   /** The applied schema version (see the migrations). */
   schemaVersion(): Promise<number>;

@@ -1,6 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { RolloutError } from '../errors.ts';
 import type { Sandbox, SandboxPty } from '../sandbox/types.ts';
+import { endSandboxForChannel } from './channel-limit.ts';
 
 export interface BashSessionOptions {
   /** Start directory. @default the sandbox's workdir */
@@ -13,6 +14,15 @@ export interface BashSessionOptions {
   defaultTimeoutMs?: number;
   /** The shell. @default ['/bin/bash', '--noprofile', '--norc', '--noediting', '-i'] */
   shell?: string[];
+  /** How long `start` waits for the shell to answer (a restart within a command waits 15 s). @default 15_000 */
+  startTimeoutMs?: number;
+  /**
+   * What the terminal may carry from one command's start to the next's, characters (the output
+   * kept is `maxOutputChars`; the rest is read and dropped). More ends the sandbox with
+   * RESOURCE_LIMIT, as a full workspace does: a flood costs the service CPU for every byte.
+   * @default 64 Mi: under a second of `yes` here, the event loop never held up for long
+   */
+  maxStreamChars?: number;
 }
 
 export interface BashResult {
@@ -54,6 +64,7 @@ export function ansiCQuote(text: string): string {
 }
 
 const MARGIN = 256;
+const DEFAULT_MAX_STREAM_CHARS = 64 * 1024 * 1024;
 
 /** Collects a command's output up to the marker, keeping head and tail within the cap. */
 class Collector {
@@ -121,6 +132,9 @@ export class BashSession {
   private closed = false;
   private readonly maxOutputChars: number;
   private readonly defaultTimeoutMs: number;
+  /** What the terminal carried since the current command began, and why the sandbox was ended if it carried too much. */
+  private streamed = 0;
+  private limit: string | undefined;
 
   private constructor(
     private readonly sandbox: Sandbox,
@@ -132,7 +146,7 @@ export class BashSession {
 
   static async start(sandbox: Sandbox, options: BashSessionOptions = {}): Promise<BashSession> {
     const session = new BashSession(sandbox, options);
-    await session.spawn();
+    await session.spawn(options.startTimeoutMs);
     return session;
   }
 
@@ -144,7 +158,7 @@ export class BashSession {
     return `printf '\\n${this.marker(seq)}%d__\\n' $?`;
   }
 
-  private async spawn(): Promise<void> {
+  private async spawn(startTimeoutMs = 15_000): Promise<void> {
     this.exited = undefined;
     this.buffer = '';
     const pty = this.sandbox.spawnPty(this.options.shell ?? ['/bin/bash', '--noprofile', '--norc', '--noediting', '-i'], {
@@ -154,6 +168,8 @@ export class BashSession {
     this.pty = pty;
     pty.onData((data) => {
       if (this.pty !== pty) return;
+      this.streamed += data.length;
+      if (this.streamed > (this.options.maxStreamChars ?? DEFAULT_MAX_STREAM_CHARS)) return this.flooded();
       if (this.waiter !== undefined) this.waiter(data);
       else {
         // Between commands only background jobs write; keep the tail, bounded, so a noisy one
@@ -172,7 +188,7 @@ export class BashSession {
     pty.write(
       `stty -echo -icanon -onlcr 2>/dev/null; PS1=''; PS2=''; PS0=''; unset PROMPT_COMMAND; set +o history 2>/dev/null; ${this.markerCommand(seq)}\n`,
     );
-    const ready = await this.read(seq, 15_000, new Collector(4096));
+    const ready = await this.read(seq, startTimeoutMs, new Collector(4096));
     if (ready.kind !== 'marker') {
       this.kill();
       throw new RolloutError({ code: 'SANDBOX', message: `bash did not start in the sandbox: ${ready.output.slice(-500)}` });
@@ -232,7 +248,23 @@ export class BashSession {
     return result;
   }
 
+  /** Why the shell's sandbox was ended for flooding the terminal, if it was. */
+  limitExceeded(): string | undefined {
+    return this.limit;
+  }
+
+  /** The terminal carried more than its bound: the shell is killed and its sandbox ended. */
+  private flooded(): void {
+    if (this.limit !== undefined) return;
+    this.limit = `the bash terminal carried more than ${this.options.maxStreamChars ?? DEFAULT_MAX_STREAM_CHARS} characters for one command`;
+    this.kill();
+    endSandboxForChannel(this.sandbox, this.limit);
+    this.exited = { code: -1 };
+    this.waiter?.('');
+  }
+
   private async runNow(command: string, timeoutMs: number): Promise<BashResult> {
+    if (this.limit !== undefined) throw new RolloutError({ code: 'RESOURCE_LIMIT', message: `the sandbox was ended: ${this.limit}` });
     if (this.closed) throw new RolloutError({ code: 'SANDBOX', message: 'bash session is closed' });
     let restarted = '';
     if (this.exited !== undefined || this.pty === undefined) {
@@ -242,9 +274,13 @@ export class BashSession {
     const pty = this.pty!;
     const seq = ++this.seq;
     const collector = new Collector(this.maxOutputChars);
+    this.streamed = 0;
     pty.write(`eval ${ansiCQuote(command)}; ${this.markerCommand(seq)}\n`);
     const first = await this.read(seq, timeoutMs, collector);
     if (first.kind === 'marker') return this.result(restarted + first.output, first.code, false, collector);
+    if (this.limit !== undefined) {
+      return this.result(`${restarted}${first.output}\n[The command's output passed what the terminal may carry; the sandbox was ended (${this.limit}).]`, null, false, collector);
+    }
     if (first.kind === 'exit') {
       const notice = `\n[The shell exited with code ${first.code}; the next command starts a new shell.]`;
       return this.result(restarted + first.output + notice, null, false, collector);
@@ -253,6 +289,9 @@ export class BashSession {
     const notice = `\n[Command timed out after ${formatSeconds(timeoutMs)} and was interrupted (Ctrl-C); the shell is still usable.]`;
     const partial = first.output;
     const recovered = await this.interrupt(seq);
+    if (this.limit !== undefined) {
+      return this.result(`${restarted}${partial}\n[The command's output passed what the terminal may carry; the sandbox was ended (${this.limit}).]`, null, true, collector);
+    }
     if (!recovered) {
       this.kill();
       await this.spawn().catch(() => undefined);

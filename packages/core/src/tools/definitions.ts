@@ -10,7 +10,7 @@ export interface ToolFactoryOptions {
   maxTimeoutMs?: number;
 }
 
-/** Room for sandbox start-up and the interrupt on top of the command's own limit. */
+/** Room for the interrupt on top of the command's own limit (start-up is not counted: `prepare`). */
 const SLACK_MS = 30_000;
 
 const bashParameters = z.object({
@@ -36,6 +36,7 @@ export function createBashTool<Config = any>(
     text: (value: BashToolResult) => (value.exitCode !== null && value.exitCode !== 0 ? `${value.output}\n[exit code: ${value.exitCode}]` : value.output),
     execution: (value: BashToolResult) => ({ exitCode: value.exitCode, timedOut: value.timedOut, exception: null }),
     code: (args: { command: string }) => args.command,
+    prepare: (ctx) => ctx.tools.bash(),
     async handler({ command, timeout }, ctx): Promise<BashToolResult> {
       const timeoutMs = Math.min(timeout === undefined ? defaultTimeoutMs : timeout * 1000, maxTimeoutMs);
       const bash = await ctx.tools.bash();
@@ -75,6 +76,7 @@ export function createPythonTool<Config = any>(
       exception: output.status === 'ok' ? null : (output.error?.trim().split('\n').at(-1) ?? output.status),
     }),
     code: (args: { code: string }) => args.code,
+    prepare: (ctx) => ctx.tools.python(),
     async handler({ code }, ctx) {
       const kernel = await ctx.tools.python();
       const result = await kernel.run(code, { timeoutMs });
@@ -124,6 +126,7 @@ export function createEditorTool<Config = any>(
       '* The `new_str` parameter should contain the edited lines that should replace the `old_str`',
     parameters: editorParameters,
     timeoutMs: options.defaultTimeoutMs ?? 60_000,
+    prepare: (ctx) => ctx.tools.sandbox(),
     async handler(args, ctx) {
       const editor = await ctx.tools.editor();
       return (await editor.run(args)).output;

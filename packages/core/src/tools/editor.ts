@@ -75,10 +75,31 @@ function countOccurrences(haystack: string, needle: string): number {
 
 const pyList = (values: number[]): string => `[${values.join(', ')}]`;
 
+export interface EditorOptions {
+  /**
+   * The largest file the editor reads, bytes: a larger one is an error that says to use bash
+   * (grep -n, sed -n) instead, and never more than this is read into the service. @default 16 MiB
+   */
+  maxFileBytes?: number;
+  /** What the undo history of all files may hold, characters; the oldest entries go first. @default 64 Mi */
+  maxHistoryChars?: number;
+}
+
+const DEFAULT_MAX_FILE_BYTES = 16 * 1024 * 1024;
+/** A directory listing is read up to this many bytes; the model sees MAX_RESPONSE_LEN of it. */
+const MAX_LISTING_BYTES = 1024 * 1024;
+
 export class Editor {
   private readonly history = new Map<string, string[]>();
+  private historyChars = 0;
+  private readonly maxFileBytes: number;
 
-  constructor(private readonly sandbox: Sandbox) {}
+  constructor(
+    private readonly sandbox: Sandbox,
+    private readonly options: EditorOptions = {},
+  ) {
+    this.maxFileBytes = options.maxFileBytes ?? DEFAULT_MAX_FILE_BYTES;
+  }
 
   /** Runs one editor command; errors come back as `{ error: true, output: <message> }`. */
   async run(args: EditorArgs): Promise<EditorResult> {
@@ -147,12 +168,28 @@ export class Editor {
     }
   }
 
+  /**
+   * A file's text, at most maxFileBytes of it read into the service: `head -c` stops one byte past
+   * the cap inside the sandbox, so a file that grows meanwhile is refused too, never read whole.
+   */
   private async read(path: string): Promise<string> {
-    try {
-      return (await this.sandbox.download(path)).toString('utf8');
-    } catch (error) {
-      throw new ToolError(`Ran into ${(error as Error).message} while trying to read ${path}`);
+    const cap = this.maxFileBytes;
+    const q = shQuote(path);
+    // counted in the sandbox first (by bytes: the text comes back decoded), then read; `head`
+    // bounds a device or /proc file that says it is empty and never ends
+    const script = `n=$(head -c ${cap + 1} -- ${q} | wc -c) || exit 1; if [ "$n" -gt ${cap} ]; then echo large; else echo ok; head -c ${cap} -- ${q}; fi`;
+    const result = await this.sandbox.exec(script, { cwd: '/', maxOutputBytes: cap + 64 });
+    if (result.returnCode !== 0) {
+      throw new ToolError(`Ran into ${result.stderr.trim() || `exit code ${result.returnCode}`} while trying to read ${path}`);
     }
+    const newline = result.stdout.indexOf('\n');
+    const text = result.stdout.slice(newline + 1);
+    if (result.stdout.slice(0, newline) !== 'ok') {
+      throw new ToolError(
+        `The file ${path} is larger than ${cap} bytes, more than this tool reads. Use bash to work with it (\`grep -n\`, \`sed -n '<start>,<end>p'\`).`,
+      );
+    }
+    return text;
   }
 
   private async write(path: string, content: string): Promise<void> {
@@ -163,18 +200,27 @@ export class Editor {
     }
   }
 
+  /** One undo level more; the history of all files stays within maxHistoryChars (oldest dropped). */
   private pushHistory(path: string, content: string): void {
     const list = this.history.get(path) ?? [];
     list.push(content);
     this.history.set(path, list);
+    this.historyChars += content.length;
+    const max = this.options.maxHistoryChars ?? 64 * 1024 * 1024;
+    for (const [file, entries] of this.history) {
+      while (this.historyChars > max && entries.length > 0) this.historyChars -= entries.shift()!.length;
+      if (entries.length === 0) this.history.delete(file);
+      if (this.historyChars <= max) break;
+    }
   }
 
   private async view(path: string, viewRange: number[] | undefined): Promise<string> {
     if ((await this.kind(path)) === 'dir') {
       if (viewRange !== undefined) throw new ToolError('The `view_range` parameter is not allowed when `path` points to a directory.');
-      const result = await this.sandbox.exec(`find ${shQuote(path)} -maxdepth 2 -not -path '*/\\.*'`, { cwd: '/' });
-      if (result.stderr !== '' && result.stdout === '') throw new ToolError(result.stderr);
-      return `Here's the files and directories up to 2 levels deep in ${path}, excluding hidden items:\n${result.stdout}\n`;
+      // a listing is clipped as the reference tool's run() clips command output
+      const result = await this.sandbox.exec(`find ${shQuote(path)} -maxdepth 2 -not -path '*/\\.*'`, { cwd: '/', maxOutputBytes: MAX_LISTING_BYTES });
+      if (result.stderr !== '' && result.stdout === '') throw new ToolError(maybeTruncate(result.stderr));
+      return `Here's the files and directories up to 2 levels deep in ${path}, excluding hidden items:\n${maybeTruncate(result.stdout)}\n`;
     }
     let content = await this.read(path);
     let initLine = 1;
@@ -267,6 +313,7 @@ export class Editor {
     const list = this.history.get(path);
     const previous = list?.pop();
     if (previous === undefined) throw new ToolError(`No edit history found for ${path}.`);
+    this.historyChars -= previous.length;
     await this.write(path, previous);
     return `Last edit to ${path} undone successfully. ${makeOutput(previous, path)}`;
   }

@@ -1,10 +1,11 @@
 import { randomBytes } from 'node:crypto';
-import { lstatSync, readFileSync, writeFileSync } from 'node:fs';
-import { connect, type Socket } from 'node:net';
+import { readFileSync, writeFileSync } from 'node:fs';
+import type { Socket } from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { join } from 'node:path';
 import { RolloutError } from '../errors.ts';
 import type { Sandbox, SandboxProcess } from '../sandbox/types.ts';
+import { endSandboxForChannel } from './channel-limit.ts';
 
 /** The kernel server that ships in core (packages/core/python). */
 export const KERNEL_SOURCE_PATH = fileURLToPath(new URL('../../python/rollserve_kernel.py', import.meta.url));
@@ -16,6 +17,13 @@ export interface PythonKernelOptions {
   defaultTimeoutMs?: number;
   /** Output kept per stream (head and tail). @default 30_000 */
   maxOutputChars?: number;
+  /**
+   * The longest message the service reads from the kernel's socket, bytes (the kernel halves a
+   * reply's texts until it fits); the socket may carry at most twice this between two cells. More
+   * (cell code writing to the socket itself) ends the sandbox with RESOURCE_LIMIT.
+   * @default 64 × maxOutputChars, within 1 MiB and 32 MiB (2 MiB for the default 30,000 characters)
+   */
+  maxMessageBytes?: number;
   /** How long to wait for the kernel to listen. @default 20_000 */
   startTimeoutMs?: number;
   /** Extra environment variables of the kernel. */
@@ -45,6 +53,11 @@ export interface PythonResult {
   notice?: string;
 }
 
+/** Lines the socket may carry between two cells: the reply, a late one of an interrupted cell, slack. */
+const MAX_LINES_PER_CELL = 16;
+/** What the kernel's own stdout and stderr pipes may carry from one cell to the next (warnings), bytes: a cell's output goes to files. */
+const MAX_PIPE_BYTES = 8 * 1024 * 1024;
+
 interface Reply {
   id: number;
   status: 'ok' | 'error';
@@ -64,7 +77,15 @@ export class PythonKernel {
   private process: SandboxProcess | undefined;
   private socket: Socket | undefined;
   private seq = 0;
-  private input = '';
+  /** The socket's current line, unfinished, and what the socket and pipes carried since the last cell began. */
+  private line: Buffer[] = [];
+  private lineBytes = 0;
+  private received = 0;
+  private lines = 0;
+  private piped = 0;
+  /** Set when the kernel flooded a channel: the sandbox is ended and every later call fails. */
+  private limit: string | undefined;
+  private readonly maxMessageBytes: number;
   private readonly waiting = new Map<number, (reply: Reply | undefined) => void>();
   private queue: Promise<unknown> = Promise.resolve();
   private closed = false;
@@ -74,7 +95,15 @@ export class PythonKernel {
   private constructor(
     private readonly sandbox: Sandbox,
     private readonly options: PythonKernelOptions,
-  ) {}
+  ) {
+    const fit = Math.min(32 * 1024 * 1024, Math.max(1024 * 1024, 64 * (options.maxOutputChars ?? 30_000)));
+    this.maxMessageBytes = Math.max(64 * 1024, options.maxMessageBytes ?? fit);
+  }
+
+  /** Why the kernel's sandbox was ended for flooding a channel, if it was. */
+  limitExceeded(): string | undefined {
+    return this.limit;
+  }
 
   static async start(sandbox: Sandbox, options: PythonKernelOptions = {}): Promise<PythonKernel> {
     const kernel = new PythonKernel(sandbox, options);
@@ -86,9 +115,8 @@ export class PythonKernel {
     const name = `py-${randomBytes(6).toString('hex')}`;
     const dir = this.sandbox.socketDir;
     const source = this.sandbox.stageFile(`${name}.py`, readFileSync(KERNEL_SOURCE_PATH));
-    const socketHost = join(dir.host, `${name}.sock`);
     const proc = this.sandbox.spawn(
-      [this.options.python ?? 'python3', source, `${dir.sandbox}/${name}.sock`],
+      [this.options.python ?? 'python3', '-s', source, `${dir.sandbox}/${name}.sock`],
       {
         env: {
           PYTHONUNBUFFERED: '1',
@@ -99,21 +127,26 @@ export class PythonKernel {
       },
     );
     this.process = proc;
+    // The pipes are channels too (the kernel's own stdout and stderr, which cell code can reach):
+    // what they carry is kept bounded, and past MAX_PIPE_BYTES the sandbox is ended.
     let stderr = '';
     proc.stderr.on('data', (chunk: Buffer) => {
-      if (stderr.length < 4096) stderr += chunk.toString('utf8');
+      if (stderr.length < 4096) stderr += chunk.toString('utf8', 0, 4096);
+      this.countPiped(proc, chunk.length);
     });
+    let onStdout: ((chunk: Buffer) => void) | undefined;
     const ready = await new Promise<string>((resolve, reject) => {
       let out = '';
       const timer = setTimeout(() => reject(new Error('timed out')), this.options.startTimeoutMs ?? 20_000);
-      proc.stdout.on('data', (chunk: Buffer) => {
-        out += chunk.toString('utf8');
+      onStdout = (chunk: Buffer) => {
+        out = (out + chunk.toString('latin1')).slice(-4096);
         const match = /READY (\w+)\n/.exec(out);
         if (match !== null) {
           clearTimeout(timer);
           resolve(match[1]!);
         }
-      });
+      };
+      proc.stdout.on('data', onStdout);
       void proc.exited.then((code) => {
         clearTimeout(timer);
         reject(new Error(`exited with ${code}`));
@@ -123,37 +156,20 @@ export class PythonKernel {
       throw new RolloutError({ code: 'SANDBOX', message: `python kernel did not start (${error.message}): ${stderr.trim()}` });
     });
     this.mode = ready;
-    proc.stdout.resume();
-    const stat = lstatSync(socketHost);
-    if (!stat.isSocket()) {
-      proc.kill();
-      throw new RolloutError({ code: 'SANDBOX', message: 'python kernel socket was replaced' });
-    }
-    const socket = await new Promise<Socket>((resolve, reject) => {
-      const s = connect(socketHost, () => resolve(s));
-      s.once('error', reject);
-    }).catch((error: Error) => {
+    proc.stdout.off('data', onStdout!);
+    proc.stdout.on('data', (chunk: Buffer) => this.countPiped(proc, chunk.length));
+    const socket = await this.sandbox.connect(`${name}.sock`).catch((error: Error) => {
       proc.kill();
       throw new RolloutError({ code: 'SANDBOX', message: `python kernel socket: ${error.message}` });
     });
     socket.setNoDelay?.(true);
     this.socket = socket;
-    this.input = '';
+    this.line = [];
+    this.lineBytes = 0;
+    this.received = 0;
+    this.lines = 0;
     socket.on('data', (chunk: Buffer) => {
-      if (this.socket !== socket) return;
-      this.input += chunk.toString('utf8');
-      let newline: number;
-      while ((newline = this.input.indexOf('\n')) >= 0) {
-        const line = this.input.slice(0, newline);
-        this.input = this.input.slice(newline + 1);
-        try {
-          const reply = JSON.parse(line) as Reply;
-          this.waiting.get(reply.id)?.(reply);
-          this.waiting.delete(reply.id);
-        } catch {
-          // not ours
-        }
-      }
+      if (this.socket === socket) this.receive(chunk);
     });
     const dead = (): void => {
       if (this.socket !== socket) return;
@@ -177,7 +193,80 @@ export class PythonKernel {
     this.socket?.write(`${JSON.stringify(message)}\n`);
   }
 
+  /**
+   * Reads the socket as the exec agent's channel is read: in bounded time and memory. A line is at
+   * most maxMessageBytes (an unfinished one counts as it grows), and between two cells the socket
+   * carries at most two of them and MAX_LINES_PER_CELL lines; anything more was written by cell
+   * code, not the kernel, and ends the sandbox (RESOURCE_LIMIT) before more is read.
+   */
+  private receive(chunk: Buffer): void {
+    this.received += chunk.length;
+    if (this.received > 2 * this.maxMessageBytes + 4096) {
+      return this.flooded(`more than ${2 * this.maxMessageBytes} bytes in one cell`);
+    }
+    let from = 0;
+    for (let newline = chunk.indexOf(10); newline >= 0; newline = chunk.indexOf(10, from)) {
+      if (this.lineBytes + newline - from > this.maxMessageBytes) return this.flooded(`a message longer than ${this.maxMessageBytes} bytes`);
+      if (++this.lines > MAX_LINES_PER_CELL) return this.flooded(`more than ${MAX_LINES_PER_CELL} messages in one cell`);
+      const part = chunk.subarray(from, newline);
+      const line = this.lineBytes === 0 ? part : Buffer.concat([...this.line, part]);
+      this.line = [];
+      this.lineBytes = 0;
+      from = newline + 1;
+      this.onLine(line);
+      if (this.limit !== undefined) return;
+    }
+    if (from < chunk.length) {
+      if (this.lineBytes + chunk.length - from > this.maxMessageBytes) return this.flooded(`a message longer than ${this.maxMessageBytes} bytes`);
+      this.line.push(chunk.subarray(from));
+      this.lineBytes += chunk.length - from;
+    }
+  }
+
+  private onLine(line: Buffer): void {
+    if (line.length === 0 || line[0] !== 0x7b) return; // not a reply
+    let reply: Reply;
+    try {
+      reply = JSON.parse(line.toString('utf8')) as Reply;
+    } catch {
+      return; // not ours
+    }
+    if (!isReply(reply)) return;
+    this.waiting.get(reply.id)?.(reply);
+    this.waiting.delete(reply.id);
+  }
+
+  private countPiped(proc: SandboxProcess, bytes: number): void {
+    if (this.process !== proc) return;
+    this.piped += bytes;
+    if (this.piped > MAX_PIPE_BYTES) this.flooded(`more than ${MAX_PIPE_BYTES} bytes on the kernel's own stdout and stderr`);
+  }
+
+  /** A channel carried more than its bound: the kernel is killed and its sandbox ended. */
+  private flooded(detail: string): void {
+    if (this.limit !== undefined) return;
+    this.limit = `the Python kernel's channel to the service was flooded (${detail})`;
+    this.stop();
+    endSandboxForChannel(this.sandbox, this.limit);
+  }
+
+  private limitError(): RolloutError {
+    return new RolloutError({ code: 'RESOURCE_LIMIT', message: `the sandbox was ended: ${this.limit}` });
+  }
+
+  private limitResult(): PythonResult {
+    return {
+      status: 'error',
+      stdout: '',
+      stderr: '',
+      result: null,
+      error: { ename: 'ResourceLimit', evalue: this.limit!, traceback: `ResourceLimit: ${this.limit}` },
+      notice: 'The cell wrote more to the kernel\'s channel than it may; the sandbox was ended.',
+    };
+  }
+
   private async runNow(code: string, timeoutMs: number): Promise<PythonResult> {
+    if (this.limit !== undefined) throw this.limitError();
     if (this.closed) throw new RolloutError({ code: 'SANDBOX', message: 'python kernel is closed' });
     let notice: string | undefined;
     if (this.socket === undefined) {
@@ -186,7 +275,10 @@ export class PythonKernel {
     }
     const id = ++this.seq;
     const reply = new Promise<Reply | undefined>((resolve) => this.waiting.set(id, resolve));
-    this.send({ id, code, max_output: this.options.maxOutputChars ?? 30_000 });
+    this.received = 0;
+    this.lines = 0;
+    this.piped = 0;
+    this.send({ id, code, max_output: this.options.maxOutputChars ?? 30_000, max_message: this.maxMessageBytes });
     let timer: NodeJS.Timeout | undefined;
     const first = await Promise.race([
       reply,
@@ -197,6 +289,7 @@ export class PythonKernel {
     clearTimeout(timer);
     if (first !== 'timeout') {
       if (first === undefined) {
+        if (this.limit !== undefined) return this.limitResult();
         await this.restart().catch(() => undefined);
         return {
           status: 'error',
@@ -207,6 +300,8 @@ export class PythonKernel {
           notice: 'The Python kernel died while running this cell and was restarted; earlier variables are gone.',
         };
       }
+      // the cell may have forged its own reply and flooded on: the flood is what counts
+      if (this.limit !== undefined) return this.limitResult();
       return toResult(first, notice);
     }
     const timeoutNotice = `Cell timed out after ${timeoutMs / 1000} seconds and was interrupted (KeyboardInterrupt); variables are kept.`;
@@ -219,6 +314,7 @@ export class PythonKernel {
       if (late === undefined) break;
     }
     this.waiting.delete(id);
+    if (this.limit !== undefined) return this.limitResult();
     await this.restart().catch(() => undefined);
     return {
       status: 'timeout',
@@ -252,6 +348,18 @@ export class PythonKernel {
     this.stop();
     if (proc !== undefined) await Promise.race([proc.exited, new Promise((resolve) => setTimeout(resolve, 1000))]);
   }
+}
+
+const isText = (value: unknown): value is string => typeof value === 'string';
+
+/** A reply as the kernel writes it (cell code can write lines of its own to the socket). */
+function isReply(value: unknown): value is Reply {
+  const reply = value as Partial<Reply> | null;
+  if (typeof reply !== 'object' || reply === null || typeof reply.id !== 'number') return false;
+  if ((reply.status !== 'ok' && reply.status !== 'error') || !isText(reply.stdout) || !isText(reply.stderr)) return false;
+  if (reply.result !== null && !isText(reply.result)) return false;
+  const error = reply.error as Partial<PythonError> | null | undefined;
+  return error === null || (typeof error === 'object' && isText(error.ename) && isText(error.evalue) && isText(error.traceback));
 }
 
 function toResult(reply: Reply, notice: string | undefined): PythonResult {

@@ -2,7 +2,21 @@ import { createRoute, OpenAPIHono, z } from '@hono/zod-openapi';
 import type { ModelTurn } from '../agent-loop.ts';
 import type { ChatMessage, ChatTool } from '../messages.ts';
 import { integerArray, numberArray } from '../number-arrays.ts';
-import type { HeartbeatAnswer, NodeClaim, NodeCommit, NodeCommitStatus, NodeCoordinator, NodeLease, NodeModelRequest, NodeRegistered, NodeRegistration, NodeView } from '../nodes.ts';
+import {
+  isReservedNodeId,
+  NODE_CREDENTIAL_HEADER,
+  type HeartbeatAnswer,
+  type NodeAuth,
+  type NodeClaim,
+  type NodeCommit,
+  type NodeCommitStatus,
+  type NodeCoordinator,
+  type NodeLease,
+  type NodeModelRequest,
+  type NodeRegistered,
+  type NodeRegistration,
+  type NodeView,
+} from '../nodes.ts';
 import { decodeResult, encodeResult } from '../result-codec.ts';
 import { RolloutResult, RolloutTask } from '../types.ts';
 import type { ApiContext } from './context.ts';
@@ -12,9 +26,17 @@ import { errorResponses } from './wire.ts';
 // the API, except the results a node commits: those are RolloutResult as the runner made it
 // (camelCase, as the store keeps it), passed through whole. `rollserve node` (src/node/client.ts)
 // speaks this with the same mappers.
+//
+// Every call after a registration carries the node's credential (given by the registration) in
+// the NODE_CREDENTIAL_HEADER header, besides the service's bearer token in `Authorization`.
 
-const NodeId = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$/, 'node ids are 1-128 of [A-Za-z0-9._:-], starting alphanumeric');
+const NodeId = z
+  .string()
+  .regex(/^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$/, 'node ids are 1-128 of [A-Za-z0-9._:-], starting alphanumeric')
+  .refine((id) => !isReservedNodeId(id), 'this node id is reserved (the service\'s own worker id)');
 const Slots = z.number().int().positive().max(100_000);
+/** Rollouts a node holds at most: its claims, heartbeats and commits are bounded by it. */
+export const MAX_NODE_ROLLOUTS = 10_000;
 const Stage = z.enum(['queued', 'init', 'run', 'eval']);
 
 const WireSlurm = z.strictObject({
@@ -36,8 +58,8 @@ export const WireNodeRegistration = z
     pid: z.number().int().nonnegative(),
     /** Worker slots per stage. */
     capacity: z.strictObject({ init: Slots, run: Slots, eval: Slots }),
-    /** Rollouts the node holds at most at once. */
-    max_rollouts: Slots,
+    /** Rollouts the node holds at most at once: a heartbeat carries at most this many leases, a claim asks for at most this many. */
+    max_rollouts: z.number().int().positive().max(MAX_NODE_ROLLOUTS),
     /** The environments it runs; one the service has and the node lacks is a 422 that names it. */
     environments: z.array(z.string().min(1)),
     /** From the Slurm job environment (SLURM_JOB_ID, SLURM_ARRAY_JOB_ID, …). */
@@ -48,7 +70,18 @@ export const WireNodeRegistration = z
 export type WireNodeRegistration = z.infer<typeof WireNodeRegistration>;
 
 export const WireNodeRegistered = z
-  .strictObject({ node_id: z.string(), lease_ms: z.number(), heartbeat_ms: z.number(), node_timeout_ms: z.number() })
+  .strictObject({
+    node_id: z.string(),
+    /**
+     * The node's secret credential: sent in the `x-rollserve-node-credential` header on every
+     * later call of this node, and when it registers again under the same id. The service keeps
+     * only its hash. Registering again with it answers the same credential.
+     */
+    credential: z.string(),
+    lease_ms: z.number(),
+    heartbeat_ms: z.number(),
+    node_timeout_ms: z.number(),
+  })
   .openapi('NodeRegistered');
 export type WireNodeRegistered = z.infer<typeof WireNodeRegistered>;
 
@@ -68,7 +101,22 @@ export type WireNodeView = z.infer<typeof WireNodeView>;
 
 const WireLease = z.strictObject({ rollout_id: z.string().min(1), attempt: z.number().int().nonnegative(), stage: Stage });
 
-export const WireHeartbeat = z.strictObject({ leases: z.array(WireLease).max(100_000) }).openapi('NodeHeartbeat');
+/**
+ * A list of at most `max` items, its length checked before any item is: a flood of made-up items
+ * costs its length, not the checking of each.
+ */
+function boundedArray<T extends z.ZodType>(item: T, max: number) {
+  return z.preprocess((value, ctx) => {
+    if (Array.isArray(value) && value.length > max) {
+      ctx.addIssue({ code: 'too_big', origin: 'array', maximum: max, inclusive: true, input: value, message: `Too big: expected array to have <=${max} items (got ${value.length})` });
+      return z.NEVER;
+    }
+    return value;
+  }, z.array(item).max(max));
+}
+
+/** Every lease the node holds: at most its `max_rollouts` (a longer list is a 422 that names it). */
+export const WireHeartbeat = z.strictObject({ leases: boundedArray(WireLease, MAX_NODE_ROLLOUTS) }).openapi('NodeHeartbeat');
 export const WireHeartbeatAnswer = z
   .strictObject({
     /** Leases extended. */
@@ -82,8 +130,8 @@ export const WireHeartbeatAnswer = z
 
 export const WireClaimRequest = z
   .strictObject({
-    /** Free slots: rollouts the node takes at most. */
-    limit: z.number().int().positive().max(10_000),
+    /** Free slots: rollouts the node takes at most (at most its `max_rollouts`; the service hands out no more than its free capacity). */
+    limit: z.number().int().positive().max(MAX_NODE_ROLLOUTS),
     /** With no work ready, wait this long for some before answering an empty list (a long poll). */
     wait_ms: z.number().int().nonnegative().max(60_000).default(5_000),
   })
@@ -128,7 +176,7 @@ export const WireCommits = z
         }),
       )
       .min(1)
-      .max(10_000),
+      .max(MAX_NODE_ROLLOUTS),
   })
   .openapi('NodeCommits');
 
@@ -214,8 +262,20 @@ export function fromWireRegistration(w: WireNodeRegistration): NodeRegistration 
   };
 }
 
-export const toWireRegistered = (r: NodeRegistered): WireNodeRegistered => ({ node_id: r.nodeId, lease_ms: r.leaseMs, heartbeat_ms: r.heartbeatMs, node_timeout_ms: r.nodeTimeoutMs });
-export const fromWireRegistered = (w: WireNodeRegistered): NodeRegistered => ({ nodeId: w.node_id, leaseMs: w.lease_ms, heartbeatMs: w.heartbeat_ms, nodeTimeoutMs: w.node_timeout_ms });
+export const toWireRegistered = (r: NodeRegistered): WireNodeRegistered => ({
+  node_id: r.nodeId,
+  credential: r.credential,
+  lease_ms: r.leaseMs,
+  heartbeat_ms: r.heartbeatMs,
+  node_timeout_ms: r.nodeTimeoutMs,
+});
+export const fromWireRegistered = (w: WireNodeRegistered): NodeRegistered => ({
+  nodeId: w.node_id,
+  credential: w.credential,
+  leaseMs: w.lease_ms,
+  heartbeatMs: w.heartbeat_ms,
+  nodeTimeoutMs: w.node_timeout_ms,
+});
 
 export const toWireNodeView = (v: NodeView): WireNodeView => ({
   ...toWireRegistration(v),
@@ -283,16 +343,28 @@ export const fromWireModelTurn = (w: WireModelTurn): ModelTurn => ({
 });
 
 const NodeParam = z.object({ node_id: NodeId.openapi({ param: { name: 'node_id', in: 'path' } }) });
+/** The node's credential: optional in the schema, so a missing one is the 401 that says what is wrong, not a 422. */
+const CredentialHeader = z.object({
+  [NODE_CREDENTIAL_HEADER]: z
+    .string()
+    .optional()
+    .openapi({ param: { name: NODE_CREDENTIAL_HEADER, in: 'header' }, description: 'The credential the registration answered (`credential`); required on every call of a registered node (401 without it, or with another node\'s)' }),
+});
 const json = <T extends z.ZodType>(schema: T) => ({ 'application/json': { schema } });
+const NODE_401 = {
+  description: 'Missing or wrong bearer token (the service\'s --node-token when it has one), or a missing or wrong node credential (the x-rollserve-node-credential header)',
+  content: errorResponses(401)[401].content,
+};
 
 const registerRoute = createRoute({
   method: 'post',
   path: '/v1/nodes',
-  summary: 'Register a rollout node (`rollserve node`), or register it again under the same id; answers the timings it must keep',
-  request: { body: { required: true, content: json(WireNodeRegistration) } },
+  summary:
+    "Register a rollout node (`rollserve node`), or register it again under the same id; answers its credential and the timings it must keep. Registering again under an id in use (a node up, or holding leases) needs that node's credential in the x-rollserve-node-credential header: a 409 without it. The id `service` is reserved (422)",
+  request: { headers: CredentialHeader, body: { required: true, content: json(WireNodeRegistration) } },
   responses: {
     201: { description: 'Registered', content: json(WireNodeRegistered) },
-    ...errorResponses(400, 401, 422, 503),
+    ...errorResponses(400, 401, 409, 422, 503),
   },
 });
 
@@ -309,22 +381,26 @@ const listRoute = createRoute({
 const heartbeatRoute = createRoute({
   method: 'post',
   path: '/v1/nodes/{node_id}/heartbeat',
-  summary: "A node's heartbeat with every lease it holds: renews them, names those it lost and those to cancel. 404: unknown node (register again)",
-  request: { params: NodeParam, body: { required: true, content: json(WireHeartbeat) } },
+  summary:
+    "A node's heartbeat with every lease it holds (at most its max_rollouts: a 422 naming it otherwise): renews those it holds, names those it lost (a lease held past 3× its task's time_limit_s is not renewed) and those to cancel. 404: unknown node (register again)",
+  request: { params: NodeParam, headers: CredentialHeader, body: { required: true, content: json(WireHeartbeat) } },
   responses: {
     200: { description: 'What the node keeps, loses and cancels', content: json(WireHeartbeatAnswer) },
-    ...errorResponses(400, 401, 404, 422, 503),
+    ...errorResponses(400, 404, 422, 503),
+    401: NODE_401,
   },
 });
 
 const claimRoute = createRoute({
   method: 'post',
   path: '/v1/nodes/{node_id}/claim',
-  summary: "Lease up to `limit` queued rollouts of the node's environments; with none, a long poll of up to `wait_ms`",
-  request: { params: NodeParam, body: { required: true, content: json(WireClaimRequest) } },
+  summary:
+    "Lease up to `limit` queued rollouts of the node's environments (`limit` at most its max_rollouts; no more than its free capacity is handed out); with none, a long poll of up to `wait_ms`",
+  request: { params: NodeParam, headers: CredentialHeader, body: { required: true, content: json(WireClaimRequest) } },
   responses: {
     200: { description: 'Leased rollouts (maybe none)', content: json(WireClaims) },
-    ...errorResponses(400, 401, 404, 422, 503),
+    ...errorResponses(400, 404, 422, 503),
+    401: NODE_401,
   },
 });
 
@@ -332,11 +408,12 @@ const resultsRoute = createRoute({
   method: 'post',
   path: '/v1/nodes/{node_id}/results',
   summary:
-    "Commit finished rollouts, each with its lease's attempt; each answers committed, duplicate, stale (the lease was re-issued: nothing changed) or not_found. The results are RolloutResult in the runner's internal camelCase form (NodeRolloutResult), not the API's snake_case, their token ids sent once (`$tokens`)",
-  request: { params: NodeParam, body: { required: true, content: json(WireCommits) } },
+    "Commit finished rollouts, each with its lease's attempt; each answers committed, duplicate, stale (the lease was re-issued, or is not this node's: nothing changed) or not_found. Only the node holding a rollout's lease at that attempt commits it. The results are RolloutResult in the runner's internal camelCase form (NodeRolloutResult), not the API's snake_case, their token ids sent once (`$tokens`)",
+  request: { params: NodeParam, headers: CredentialHeader, body: { required: true, content: json(WireCommits) } },
   responses: {
     200: { description: 'One status per result, in order', content: json(WireCommitAnswer) },
-    ...errorResponses(400, 401, 404, 422, 503),
+    ...errorResponses(400, 404, 422, 503),
+    401: NODE_401,
   },
 });
 
@@ -344,10 +421,11 @@ const modelRoute = createRoute({
   method: 'post',
   path: '/v1/nodes/{node_id}/model',
   summary: "One policy turn of a rollout the node holds, through the service's LLM backends (least in flight, sticky per rollout); closing the request aborts it",
-  request: { params: NodeParam, body: { required: true, content: json(WireModelRequest) } },
+  request: { params: NodeParam, headers: CredentialHeader, body: { required: true, content: json(WireModelRequest) } },
   responses: {
     200: { description: 'The turn', content: json(WireModelTurn) },
-    ...errorResponses(400, 401, 404, 409, 422, 503),
+    ...errorResponses(400, 404, 409, 422, 503),
+    401: NODE_401,
     502: { description: 'Every LLM backend failed the turn', content: errorResponses(400)[400].content },
     504: { description: 'The turn timed out', content: errorResponses(400)[400].content },
   },
@@ -357,10 +435,11 @@ const deregisterRoute = createRoute({
   method: 'delete',
   path: '/v1/nodes/{node_id}',
   summary: 'A node leaving: what it still holds is re-queued at once',
-  request: { params: NodeParam },
+  request: { params: NodeParam, headers: CredentialHeader },
   responses: {
     200: { description: 'Left', content: json(z.strictObject({ released: z.number().int() }).openapi('NodeLeft')) },
-    ...errorResponses(401, 404, 422),
+    ...errorResponses(404, 422),
+    401: NODE_401,
   },
 });
 
@@ -369,25 +448,30 @@ export function nodesApi({ service }: ApiContext): OpenAPIHono {
   const nodes: NodeCoordinator = service;
   const app = new OpenAPIHono();
 
-  app.openapi(registerRoute, async (c) => c.json(toWireRegistered(await nodes.registerNode(fromWireRegistration(c.req.valid('json')))), 201));
+  const auth = (c: { req: { valid(target: 'param'): { node_id: string }; header(name: string): string | undefined } }): NodeAuth => ({
+    nodeId: c.req.valid('param').node_id,
+    credential: c.req.header(NODE_CREDENTIAL_HEADER),
+  });
+
+  app.openapi(registerRoute, async (c) => c.json(toWireRegistered(await nodes.registerNode(fromWireRegistration(c.req.valid('json')), c.req.header(NODE_CREDENTIAL_HEADER))), 201));
 
   app.openapi(listRoute, (c) => c.json({ nodes: nodes.nodes().map(toWireNodeView) }, 200));
 
   app.openapi(heartbeatRoute, async (c) => {
     const leases = c.req.valid('json').leases.map((l) => ({ rolloutId: l.rollout_id, attempt: l.attempt, stage: l.stage }));
-    const answer: HeartbeatAnswer = await nodes.heartbeat(c.req.valid('param').node_id, leases);
+    const answer: HeartbeatAnswer = await nodes.heartbeat(auth(c), leases);
     return c.json({ renewed: answer.renewed, lost: answer.lost, cancel: answer.cancel }, 200);
   });
 
   app.openapi(claimRoute, async (c) => {
     const { limit, wait_ms } = c.req.valid('json');
-    const claims = await nodes.claimForNode(c.req.valid('param').node_id, limit, wait_ms, c.req.raw.signal);
+    const claims = await nodes.claimForNode(auth(c), limit, wait_ms, c.req.raw.signal);
     return c.json({ claims: claims.map(toWireClaim) }, 200);
   });
 
   app.openapi(resultsRoute, async (c) => {
     const commits = c.req.valid('json').results.map((r) => ({ rolloutId: r.rollout_id, attempt: r.attempt, result: r.result }));
-    const statuses: NodeCommitStatus[] = await nodes.commitFromNode(c.req.valid('param').node_id, commits);
+    const statuses: NodeCommitStatus[] = await nodes.commitFromNode(auth(c), commits);
     return c.json({ results: commits.map((commit, i) => ({ rollout_id: commit.rolloutId, status: statuses[i]! })) }, 200);
   });
 
@@ -398,10 +482,10 @@ export function nodesApi({ service }: ApiContext): OpenAPIHono {
       attempt: body.attempt,
       request: { messages: body.messages as unknown as ChatMessage[], tools: body.tools as unknown as ChatTool[] },
     };
-    return c.json(toWireModelTurn(await nodes.modelTurn(c.req.valid('param').node_id, call, c.req.raw.signal)), 200);
+    return c.json(toWireModelTurn(await nodes.modelTurn(auth(c), call, c.req.raw.signal)), 200);
   });
 
-  app.openapi(deregisterRoute, async (c) => c.json(await nodes.deregisterNode(c.req.valid('param').node_id), 200));
+  app.openapi(deregisterRoute, async (c) => c.json(await nodes.deregisterNode(auth(c)), 200));
 
   return app;
 }

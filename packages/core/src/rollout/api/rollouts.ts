@@ -1,7 +1,4 @@
-import { text } from 'node:stream/consumers';
-import type { HttpBindings } from '@hono/node-server';
 import { createRoute, OpenAPIHono, z } from '@hono/zod-openapi';
-import type { MiddlewareHandler } from 'hono';
 import { RolloutError } from '../../errors.ts';
 import type { SubmittedTask } from '../service.ts';
 import { trainingView } from '../training-view.ts';
@@ -67,24 +64,9 @@ const Submitted = z
 // types.ts's schemas were made before @hono/zod-openapi extended zod: named with zod's own `.meta({ id })`.
 const SubmitBody = z.union([SubmitBatch.meta({ id: 'SubmitBatch' }), RolloutTask.meta({ id: 'RolloutTask' })]).openapi('SubmitRequest');
 
-/**
- * Served by Node, the JSON validator reads the body straight from Node's request: `c.req.json()`
- * would first build a web Request (a ReadableStream over the body, an AbortController) to read it
- * from, which cost more than the rest of a submit's HTTP handling. Read on first use only.
- */
-const bodyFromNode: MiddlewareHandler = async (c, next) => {
-  const incoming = (c.env as Partial<HttpBindings> | undefined)?.incoming;
-  if (incoming) {
-    let body: Promise<string> | undefined;
-    Object.defineProperty(c.req.bodyCache, 'text', { enumerable: true, configurable: true, get: () => (body ??= text(incoming)) });
-  }
-  await next();
-};
-
 const submitRoute = createRoute({
   method: 'post',
   path: '/v1/rollouts',
-  middleware: [bodyFromNode] as const,
   summary: 'Submit one task or a batch; answers once it is stored with the rollout ids (n per task). A known task id returns what it has.',
   request: { body: { required: true, content: { 'application/json': { schema: SubmitBody } } } },
   responses: {

@@ -214,6 +214,7 @@ const ERROR_RESPONSES = {
   401: 'Missing or wrong bearer token',
   404: 'Unknown rollout, task, environment or backend',
   409: 'Conflict (a task id submitted before with another body, a rollout not finished yet, a backend id in use)',
+  413: 'The body is larger than the service reads (`--max-body-mib`); refused before it is read whole, `details.max_bytes` says how much it takes',
   422: 'The body or query does not fit the schema; the message and `details` name the fields',
   503: 'The service is shutting down',
 } as const;

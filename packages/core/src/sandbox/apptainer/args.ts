@@ -1,4 +1,4 @@
-import { DEFAULT_RESOURCES, SOCKET_MOUNT, type SandboxBind, type SandboxResources } from '../types.ts';
+import { SOCKET_MOUNT, type ResolvedSandboxResources, type SandboxBind } from '../types.ts';
 
 export function normalizeImage(image: string): string {
   if (image.includes('://')) return image;
@@ -15,7 +15,12 @@ export interface ApptainerStartInput {
   socketHost: string;
   network: boolean;
   binds?: SandboxBind[];
-  resources?: SandboxResources;
+  /** The sandbox's limits (`resolveSandboxSpec`); the per-process ones go to `limitWrapper` instead. */
+  resources: ResolvedSandboxResources;
+  /**
+   * Give the instance a cgroup (needs cgroup delegation) for the limits of the instance as a
+   * whole: memory (`--memory`, no swap beyond it), processes (`--pids-limit`), CPUs (`--cpus`).
+   */
   applyResourceLimits?: boolean;
   extraStartArgs?: string[];
 }
@@ -27,8 +32,10 @@ export function buildInstanceStartArgv(input: ApptainerStartInput): string[] {
   argv.push('--bind', `${input.workspaceHost}:${input.workdir}`, '--bind', `${input.socketHost}:${SOCKET_MOUNT}`);
   for (const bind of input.binds ?? []) argv.push('--bind', `${bind.host}:${bind.sandbox}${bind.readOnly ? ':ro' : ''}`);
   if (input.applyResourceLimits === true) {
-    if (input.resources?.cpus !== undefined) argv.push('--cpus', String(input.resources.cpus));
-    if (input.resources?.memoryMib !== undefined) argv.push('--memory', `${input.resources.memoryMib}M`);
+    const { totalMemoryMib, maxProcesses, cpus } = input.resources;
+    // (the starter and the processes `exec` brings in count too)
+    argv.push('--memory', `${totalMemoryMib}M`, '--memory-swap', `${totalMemoryMib}M`, '--pids-limit', String(maxProcesses + 64));
+    if (cpus !== undefined) argv.push('--cpus', String(cpus));
   }
   argv.push(...(input.extraStartArgs ?? []), normalizeImage(input.image), input.name);
   return argv;

@@ -1,8 +1,9 @@
-import { chmodSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import {
+  apptainerLimits,
   buildExecArgv,
   buildInstanceStartArgv,
   buildInstanceStopArgv,
@@ -10,7 +11,7 @@ import {
   findApptainerBinary,
   normalizeImage,
 } from './index.ts';
-import { limitWrapper } from '../limits.ts';
+import { limitWrapper, resolveSandboxSpec, serviceHardLimit } from '../limits.ts';
 
 // Behavioural tests of a real instance are in test/sandbox/providers.test.ts (skipped with the
 // reason printed where no binary exists); here, the exact command lines.
@@ -23,6 +24,7 @@ describe('apptainer command lines', () => {
     workdir: '/workspace',
     socketHost: '/tmp/rollserve-rs-1/sock',
     network: false,
+    resources: resolveSandboxSpec().resources,
   };
 
   it('starts an instance contained, with a writable tmpfs, no home and no network', () => {
@@ -35,13 +37,13 @@ describe('apptainer command lines', () => {
     ]);
   });
 
-  it('keeps the network when asked, adds binds, limits and extra args, normalises images', () => {
+  it('keeps the network when asked, adds binds, the cgroup limits and extra args, normalises images', () => {
     const argv = buildInstanceStartArgv({
       ...base,
       image: 'python:3.12-slim',
       network: true,
       binds: [{ host: '/data', sandbox: '/data', readOnly: true }],
-      resources: { cpus: 2, memoryMib: 2048 },
+      resources: resolveSandboxSpec({ resources: { totalMemoryMib: 2048, maxProcesses: 36, cpus: 2 } }).resources,
       applyResourceLimits: true,
       extraStartArgs: ['--fakeroot'],
     });
@@ -51,10 +53,10 @@ describe('apptainer command lines', () => {
       '--bind', '/tmp/rollserve-rs-1/workspace:/workspace',
       '--bind', '/tmp/rollserve-rs-1/sock:/run/rollserve',
       '--bind', '/data:/data:ro',
-      '--cpus', '2', '--memory', '2048M',
+      '--memory', '2048M', '--memory-swap', '2048M', '--pids-limit', '100', '--cpus', '2',
       '--fakeroot', 'docker://python:3.12-slim', 'rollserve-rs-1',
     ]);
-    expect(buildInstanceStartArgv({ ...base, resources: { cpus: 2 } })).not.toContain('--cpus');
+    expect(buildInstanceStartArgv(base).join(' ')).not.toMatch(/--memory|--pids-limit|--cpus/);
   });
 
   it('execs in the instance and stops it', () => {
@@ -78,11 +80,12 @@ describe('apptainer command lines', () => {
   });
 
   it('applies rlimits inside the instance with a POSIX sh wrapper', () => {
-    const [sh, flag, script] = limitWrapper({ memoryMib: 10, maxFileSizeMib: 1, cpuSeconds: 2 });
+    const [sh, flag, script] = limitWrapper({ memoryMib: 10, maxFileSizeMib: 1, cpuSeconds: 2, maxOpenFiles: 50 });
     expect([sh, flag]).toEqual(['/bin/sh', '-c']);
     expect(script).toContain('ulimit -v 10240');
     expect(script).toContain('ulimit -f 2048');
     expect(script).toContain('ulimit -t 2');
+    expect(script).toContain('ulimit -n 50');
     expect(script).toContain('exec "$@"');
   });
 });
@@ -112,15 +115,18 @@ describe('findApptainerBinary', () => {
   });
 });
 
-describe('apptainer provider against a fake binary', () => {
-  it('starts, probes, execs with a clean env file, reports status and stops the instance', async () => {
-    const dir = mkdtempSync(join(tmpdir(), 'rs-fake-appt-'));
-    const log = join(dir, 'calls.log');
-    const state = join(dir, 'instances');
-    // a stand-in that logs its argv and runs exec'd commands on the host with the env file only
-    writeFileSync(
-      join(dir, 'apptainer'),
-      `#!/bin/sh
+/**
+ * A stand-in `apptainer` in a new directory that logs its argv and runs exec'd commands on the
+ * host with the env file only (no apptainer is installable here: the flags are checked at the
+ * argument level, the rlimit wrapper for real on the host).
+ */
+function fakeApptainer(): { dir: string; log: string } {
+  const dir = mkdtempSync(join(tmpdir(), 'rs-fake-appt-'));
+  const log = join(dir, 'calls.log');
+  const state = join(dir, 'instances');
+  writeFileSync(
+    join(dir, 'apptainer'),
+    `#!/bin/sh
 printf '%s\\n' "$*" >> ${log}
 case "$1 $2" in
   "instance start") for last; do :; done; echo "$last" >> ${state}; exit 0 ;;
@@ -139,8 +145,14 @@ while [ $# -gt 0 ]; do
 done
 exec env -i sh -c 'set -a; . "$0"; set +a; exec "$@"' "$envfile" "$@"
 `,
-    );
-    chmodSync(join(dir, 'apptainer'), 0o755);
+  );
+  chmodSync(join(dir, 'apptainer'), 0o755);
+  return { dir, log };
+}
+
+describe('apptainer provider against a fake binary', () => {
+  it('starts, probes, execs with a clean env file, reports status and stops the instance', async () => {
+    const { dir, log } = fakeApptainer();
     process.env.ROLLSERVE_FAKE_SECRET = 'leak'; // the service's environment must not reach commands
     try {
       const provider = createApptainerProvider({ binDir: dir, tmpDir: dir });
@@ -158,11 +170,79 @@ exec env -i sh -c 'set -a; . "$0"; set +a; exec "$@"' "$envfile" "$@"
       expect(calls).toMatch(
         new RegExp(`^instance start --containall --writable-tmpfs --no-home --net --network none --bind \\S+/workspace:/workspace --bind \\S+/sock:/run/rollserve docker://python:3.12-slim ${name}\\n`),
       );
-      expect(calls).toMatch(new RegExp(`\\nexec --env-file \\S+\\.env instance://${name} /bin/sh -c ulimit -c 0 .*ulimit -v 4194304`));
+      expect(calls).toMatch(new RegExp(`\\nexec --env-file \\S+\\.env instance://${name} /bin/sh -c ulimit -c 0 .*ulimit -v 4194304 .*ulimit -n 1024 `));
+      // no cgroup asked for: nothing whole-instance is passed, and the per-process memory is not one
+      expect(calls).not.toContain('--memory');
       expect(calls).toContain('printf apptainer-sandbox-ready');
       expect(calls.trim().endsWith(`\ninstance stop ${name}`)).toBe(true);
     } finally {
       delete process.env.ROLLSERVE_FAKE_SECRET;
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
+
+describe('apptainer limits', () => {
+  it('keeps the per-process limits with ulimit, and the whole-instance ones only with a cgroup', () => {
+    expect(Object.keys(apptainerLimits()).sort()).toEqual(['cpuSeconds', 'maxFileSizeMib', 'maxOpenFiles', 'memoryMib']);
+    expect(Object.keys(apptainerLimits({ applyResourceLimits: true })).sort()).toEqual(
+      ['cpuSeconds', 'cpus', 'maxFileSizeMib', 'maxOpenFiles', 'maxProcesses', 'memoryMib', 'totalMemoryMib'],
+    );
+  });
+
+  it('refuses, before starting anything, a spec giving a limit it cannot keep', async () => {
+    const { dir, log } = fakeApptainer();
+    try {
+      const plain = createApptainerProvider({ binDir: dir, tmpDir: dir });
+      for (const [limit, resources] of [
+        ['totalMemoryMib (total_memory_mib)', { totalMemoryMib: 512 }],
+        ['maxProcesses (max_processes)', { maxProcesses: 64 }],
+        ['cpus', { cpus: 2 }],
+        ['workspaceMib (workspace_mib)', { workspaceMib: 64 }],
+        ['tmpMib (tmp_mib)', { tmpMib: 64 }],
+        ['maxInodes (max_inodes)', { maxInodes: 1000 }],
+        ['outputMib (output_mib)', { outputMib: 8 }],
+      ] as const) {
+        await expect(plain.create({ image: 'x.sif', resources })).rejects.toThrow(`the apptainer sandbox provider cannot keep the limit ${limit}`);
+      }
+      const withCgroup = createApptainerProvider({ binDir: dir, tmpDir: dir, applyResourceLimits: true });
+      await expect(withCgroup.create({ image: 'x.sif', resources: { workspaceMib: 64 } })).rejects.toThrow(/cannot keep the limit workspaceMib/);
+      expect(existsSync(log)).toBe(false); // no instance was started for any of them
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('passes the whole-instance limits to the cgroup and the per-process ones to ulimit, each where it belongs', async () => {
+    const { dir, log } = fakeApptainer();
+    try {
+      const provider = createApptainerProvider({ binDir: dir, tmpDir: dir, applyResourceLimits: true });
+      const sandbox = await provider.create({
+        image: 'x.sif',
+        resources: { totalMemoryMib: 512, memoryMib: 256, maxProcesses: 40, cpus: 1.5, maxOpenFiles: 48 },
+      });
+      // the wrapper runs for real here (the stand-in execs on the host): the limits hold
+      const limits = await sandbox.exec('grep -E "Max (open files|address space)" /proc/self/limits', { cwd: '/' });
+      expect(limits.stdout).toMatch(/Max address space\s+268435456\s+268435456/);
+      expect(limits.stdout).toMatch(/Max open files\s+48\s+48/);
+      await sandbox.close();
+      const calls = readFileSync(log, 'utf8');
+      expect(calls).toMatch(/^instance start .* --memory 512M --memory-swap 512M --pids-limit 104 --cpus 1\.5 x\.sif /);
+      expect(calls).toMatch(/\nexec .*ulimit -v 262144 .*ulimit -n 48 /);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('refuses an open-files limit above the service\'s own hard limit', async () => {
+    const { dir } = fakeApptainer();
+    try {
+      const hard = serviceHardLimit('Max open files');
+      if (hard === undefined) return;
+      await expect(createApptainerProvider({ binDir: dir, tmpDir: dir }).create({ image: 'x.sif', resources: { maxOpenFiles: hard + 1 } })).rejects.toThrow(
+        `cannot keep the limit maxOpenFiles (max_open_files) of ${hard + 1}: the service's own hard limit is ${hard}`,
+      );
+    } finally {
       rmSync(dir, { recursive: true, force: true });
     }
   });

@@ -5,7 +5,8 @@ import { mkdir } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { RolloutError } from '../../errors.ts';
-import { BASE_ENV, DEFAULT_WORKDIR, type SandboxProvider, type SandboxSpec } from '../types.ts';
+import { openFilesWithin, resolveSandboxSpec } from '../limits.ts';
+import { BASE_ENV, DEFAULT_WORKDIR, type SandboxLimitSupport, type SandboxProvider, type SandboxSpec } from '../types.ts';
 import { buildInstanceStartArgv } from './args.ts';
 import { ApptainerSandbox, pickHostEnv } from './sandbox.ts';
 
@@ -20,7 +21,11 @@ export interface ApptainerProviderOptions {
   extraStartArgs?: string[];
   /** Appended to `exec` (NeMo Gym's `exec.extra_exec_args`). */
   extraExecArgs?: string[];
-  /** Pass `--cpus` / `--memory` (needs cgroup delegation, often missing on HPC). @default false */
+  /**
+   * Give each instance a cgroup: `--memory` (totalMemoryMib), `--pids-limit` (maxProcesses) and
+   * `--cpus` (cpus). Needs cgroup delegation, often missing on HPC; without it those limits are
+   * not kept (their defaults not applied, a spec giving one refused). @default false
+   */
   applyResourceLimits?: boolean;
   /** How long `instance start` (an image pull included) may take. @default 600_000 */
   startTimeoutMs?: number;
@@ -41,10 +46,32 @@ export function findApptainerBinary(options: Pick<ApptainerProviderOptions, 'bin
 
 /** A bare name becomes `docker://<name>`; `.sif`, paths and `scheme://` URIs are kept (NeMo Gym's rule). */
 
+/**
+ * What an apptainer instance keeps: the per-process rlimits (set by `ulimit` inside, around every
+ * command), and with `applyResourceLimits` its cgroup's memory, processes and CPUs. Never the
+ * sizes and file counts of the workspace, `/tmp` and the output directory: the workspace is a
+ * host directory and apptainer has no per-instance tmpfs size.
+ */
+export function apptainerLimits(options: Pick<ApptainerProviderOptions, 'applyResourceLimits'> = {}): SandboxLimitSupport {
+  return {
+    memoryMib: 'RLIMIT_AS (ulimit -v)',
+    maxFileSizeMib: 'RLIMIT_FSIZE (ulimit -f)',
+    cpuSeconds: 'RLIMIT_CPU (ulimit -t)',
+    maxOpenFiles: 'RLIMIT_NOFILE (ulimit -n)',
+    ...(options.applyResourceLimits === true
+      ? { totalMemoryMib: 'the instance cgroup (--memory)', maxProcesses: 'the instance cgroup (--pids-limit)', cpus: 'the instance cgroup (--cpus)' }
+      : {}),
+  };
+}
+
 export function createApptainerProvider(options: ApptainerProviderOptions = {}): SandboxProvider {
+  const limits = apptainerLimits(options);
   return {
     name: 'apptainer',
-    async create(spec: SandboxSpec = {}) {
+    limits: () => ({ ...limits }),
+    async create(requested: SandboxSpec = {}) {
+      const resolved = resolveSandboxSpec(requested, { name: 'apptainer', limits });
+      const spec = { ...resolved, resources: { ...resolved.resources, maxOpenFiles: openFilesWithin(resolved, 'apptainer') } };
       const binary = findApptainerBinary(options);
       if (binary === undefined) {
         throw new RolloutError({ code: 'SANDBOX', message: 'neither apptainer nor singularity was found' });
@@ -68,7 +95,7 @@ export function createApptainerProvider(options: ApptainerProviderOptions = {}):
         socketHost,
         network: spec.network ?? false,
         ...(spec.binds === undefined ? {} : { binds: spec.binds }),
-        ...(spec.resources === undefined ? {} : { resources: spec.resources }),
+        resources: spec.resources,
         ...(options.applyResourceLimits === undefined ? {} : { applyResourceLimits: options.applyResourceLimits }),
         ...(options.extraStartArgs === undefined ? {} : { extraStartArgs: options.extraStartArgs }),
       });

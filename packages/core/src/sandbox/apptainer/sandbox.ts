@@ -3,7 +3,7 @@ import { join } from 'node:path';
 import { CommandSandbox, TAG_VAR, type HostCommand } from '../command-sandbox.ts';
 import { limitWrapper } from '../limits.ts';
 import { runProcess, shQuote } from '../process.ts';
-import { BASE_ENV, SOCKET_MOUNT, type SandboxSpec, type SandboxStatus } from '../types.ts';
+import { BASE_ENV, SOCKET_MOUNT, type ResolvedSandboxSpec, type SandboxStatus } from '../types.ts';
 import { buildExecArgv, buildInstanceStopArgv } from './args.ts';
 import type { ApptainerProviderOptions } from './provider.ts';
 
@@ -15,13 +15,13 @@ export class ApptainerSandbox extends CommandSandbox {
     id: string,
     workdir: string,
     socketHost: string,
-    spec: SandboxSpec,
+    private readonly resolved: ResolvedSandboxSpec,
     private readonly base: string,
     private readonly binary: string,
     private readonly name: string,
     private readonly options: ApptainerProviderOptions,
   ) {
-    super(workdir, { host: socketHost, sandbox: SOCKET_MOUNT }, spec, [base], id);
+    super(workdir, { host: socketHost, sandbox: SOCKET_MOUNT }, resolved, [base], id);
   }
 
   protected wrap(inner: string[], env: Record<string, string>): HostCommand {
@@ -34,13 +34,13 @@ export class ApptainerSandbox extends CommandSandbox {
       name: this.name,
       envFile,
       ...(this.options.extraExecArgs === undefined ? {} : { extraExecArgs: this.options.extraExecArgs }),
-      command: [...limitWrapper(this.spec.resources), ...inner],
+      command: [...limitWrapper(this.resolved.resources), ...inner],
     });
     return { argv, env: { ...BASE_ENV, ...pickHostEnv(), [TAG_VAR]: env[TAG_VAR] ?? '' }, cwd: this.base };
   }
 
   protected override isSandboxFailure(stderr: string): boolean {
-    return /fatal:|no instance found|instance not found|does not exist/i.test(stderr);
+    return /fatal:|no instance found|instance not found|does not exist|^rs-limits:/im.test(stderr);
   }
 
   async status(): Promise<SandboxStatus> {

@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
-import { buildPrlimitArgs } from '../limits.ts';
+import { buildPrlimitArgs, resolveSandboxSpec } from '../limits.ts';
 import { agentScript } from './agent.ts';
-import { buildBwrapArgs, buildEnterArgs, scanRoot } from './args.ts';
+import { ARGS_FD, buildBwrapArgs, buildEnterArgs, bwrapArgsOnFd, scanRoot } from './args.ts';
 
 const input = {
   root: '/',
@@ -11,7 +11,7 @@ const input = {
   ],
   workdir: '/workspace',
   inputHost: '/tmp/rollserve-rs-1/in',
-  resources: { workspaceMib: 64, tmpMib: 32, outputMib: 8 },
+  writable: { mounted: { workspace: '/m/workspace', tmp: '/m/tmp', shm: '/m/shm', output: '/m/output' } },
   network: false,
   devices: ['null'],
   env: { PATH: '/usr/bin' },
@@ -24,9 +24,9 @@ describe('buildBwrapArgs', () => {
     expect(args.slice(10, 18)).toEqual(['--uid', '1234', '--gid', '2345', '--cap-drop', 'ALL', '--bind', '/tmp/rollserve-rs-1/layer/root']);
     expect(args.slice(18, 19)).toEqual(['/']);
     // the workdir is the image's own directory (its files stay), and the root is not remounted read-only
-    expect(args.join(' ')).toContain('--dir /testbed --size');
-    expect(args).not.toContain('--remount-ro');
-    expect(args.join(' ')).not.toContain('--tmpfs /testbed');
+    expect(args.join(' ')).toContain('--bind /m/tmp /tmp --dir /testbed --bind /m/output /run/rollserve');
+    expect(args.filter((arg) => arg === '--remount-ro')).toHaveLength(1); // /dev's alone
+    expect(args.join(' ')).not.toContain('/m/workspace');
   });
 
   it('builds the exact isolated command line', () => {
@@ -35,21 +35,27 @@ describe('buildBwrapArgs', () => {
       '--die-with-parent', '--new-session', '--hostname', 'sandbox',
       '--ro-bind', '/usr', '/usr',
       '--symlink', 'usr/bin', '/bin',
-      '--proc', '/proc', '--tmpfs', '/dev',
+      '--proc', '/proc', '--size', '65536', '--tmpfs', '/dev',
       '--dev-bind', '/dev/null', '/dev/null',
       '--symlink', '/proc/self/fd', '/dev/fd',
       '--symlink', '/proc/self/fd/0', '/dev/stdin',
       '--symlink', '/proc/self/fd/1', '/dev/stdout',
       '--symlink', '/proc/self/fd/2', '/dev/stderr',
-      // every writable place is a tmpfs of its own size; the service's files come in read-only
-      '--perms', '1777', '--size', String(8 << 20), '--tmpfs', '/dev/shm',
-      '--perms', '1777', '--size', String(32 << 20), '--tmpfs', '/tmp',
-      '--size', String(64 << 20), '--tmpfs', '/workspace',
-      '--size', String(8 << 20), '--tmpfs', '/run/rollserve',
+      // every writable place is a tmpfs of its own size and inode count, mounted before bwrap
+      // (mounts.ts); the service's files come in read-only; /dev is read-only
+      '--bind', '/m/shm', '/dev/shm', '--bind', '/m/tmp', '/tmp', '--bind', '/m/workspace', '/workspace',
+      '--bind', '/m/output', '/run/rollserve',
       '--ro-bind', '/tmp/rollserve-rs-1/in', '/run/rollserve-in',
-      '--remount-ro', '/', '--chdir', '/workspace', '--clearenv', '--setenv', 'PATH', '/usr/bin',
+      '--remount-ro', '/dev', '--remount-ro', '/', '--chdir', '/workspace', '--clearenv', '--setenv', 'PATH', '/usr/bin',
       '--info-fd', '3', '--', '/bin/sh', '-c', 'agent',
     ]);
+  });
+
+  it("falls back to bwrap's own sized tmpfs mounts where the service cannot mount them", () => {
+    const args = buildBwrapArgs({ ...input, writable: { sizes: { workspaceMib: 64, tmpMib: 32, outputMib: 8 } } }).join(' ');
+    expect(args).toContain(
+      `--perms 1777 --size ${8 << 20} --tmpfs /dev/shm --perms 1777 --size ${32 << 20} --tmpfs /tmp --size ${64 << 20} --tmpfs /workspace --size ${8 << 20} --tmpfs /run/rollserve`,
+    );
   });
 
   it('keeps the host network only when asked, never uses --dev, binds extra dirs', () => {
@@ -62,6 +68,21 @@ describe('buildBwrapArgs', () => {
   it('roots an image directory', () => {
     const args = buildBwrapArgs({ ...input, root: '/images/py', entries: [{ name: 'usr', kind: 'dir' }] });
     expect(args.join(' ')).toContain('--ro-bind /images/py/usr /usr');
+  });
+});
+
+describe('bwrapArgsOnFd', () => {
+  it('leaves only the command on the command line (no host path), the options NUL-separated for --args', () => {
+    const args = buildBwrapArgs(input);
+    const { argv, options } = bwrapArgsOnFd(args, input.command);
+    expect(argv).toEqual(['--args', String(ARGS_FD), '--', '/bin/sh', '-c', 'agent']);
+    expect(options.toString('utf8').split('\0')).toEqual([...args.slice(0, -4), '']);
+    expect(argv.join(' ')).not.toContain('/tmp/rollserve-rs-1');
+  });
+
+  it('refuses an option holding a NUL: it would be two options to bwrap', () => {
+    const args = buildBwrapArgs({ ...input, binds: [{ host: '/data\0--bind\0/\0/host', sandbox: '/data', readOnly: true }] });
+    expect(() => bwrapArgsOnFd(args, input.command)).toThrow(/NUL/);
   });
 });
 
@@ -82,21 +103,24 @@ describe('buildEnterArgs', () => {
     expect(args[7]).toBe('setpriv');
   });
 
-  it('prlimit leaves RLIMIT_NPROC out when asked (the local provider)', () => {
-    expect(buildPrlimitArgs({ memoryMib: 1, maxProcesses: 7, maxFileSizeMib: 2, cpuSeconds: 3 })).toEqual([
-      'prlimit', '--as=1048576', '--nproc=7', '--fsize=2097152', '--cpu=3', '--core=0', '--',
+  it('prlimit sets the per-process limits and leaves RLIMIT_NPROC out (the local provider)', () => {
+    expect(buildPrlimitArgs({ memoryMib: 1, maxFileSizeMib: 2, cpuSeconds: 3, maxOpenFiles: 64 })).toEqual([
+      'prlimit', '--as=1048576', '--fsize=2097152', '--cpu=3', '--nofile=64', '--core=0', '--',
     ]);
-    expect(buildPrlimitArgs({}, false).some((a) => a.startsWith('--nproc'))).toBe(false);
   });
 });
 
 describe('agentScript', () => {
-  it('sets the limits inside the sandbox (ulimit -f in 512-byte blocks)', () => {
-    const script = agentScript({ memoryMib: 100, maxProcesses: 9, maxFileSizeMib: 1, cpuSeconds: 5 });
-    expect(script).toContain('ulimit -v 102400');
-    expect(script).toContain('ulimit -f 2048');
-    expect(script).toContain('ulimit -t 5');
-    expect(script).toContain('ulimit -u 9 2>/dev/null || ulimit -p 9');
+  it('sets the limits inside the sandbox (ulimit -f in 512-byte blocks), each or nothing', () => {
+    const { resources } = resolveSandboxSpec({ resources: { memoryMib: 100, maxProcesses: 9, maxFileSizeMib: 1, cpuSeconds: 5, maxOpenFiles: 77 } });
+    const script = agentScript(resources);
+    expect(script).toContain('ulimit -v 102400 ||');
+    expect(script).toContain('ulimit -f 2048 ||');
+    expect(script).toContain('ulimit -t 5 ||');
+    expect(script).toContain('ulimit -n 77 ||');
+    expect(script).toContain('{ ulimit -u 9 2>/dev/null || ulimit -p 9; } ||');
+    // a limit that cannot be set ends the agent before it says it is ready
+    expect(script.indexOf('exit 1')).toBeLessThan(script.indexOf("printf 'R"));
   });
 });
 
@@ -150,7 +174,14 @@ describe('removeStaleSandboxDirs', () => {
       const stale = join(dir, 'rollserve-rs-0123456789ab');
       const fresh = join(dir, 'rollserve-rs-ba9876543210');
       const other = join(dir, 'rollserve-something-else');
-      for (const d of [stale, fresh, other]) mkdirSync(join(d, 'workspace'), { recursive: true });
+      // young, but made by a process that is gone (a node killed): stale at once; young and made by a live one: kept
+      const orphan = join(dir, 'rollserve-rs-00000000000a');
+      const ours = join(dir, 'rollserve-rs-00000000000b');
+      for (const d of [stale, fresh, other, orphan, ours]) mkdirSync(join(d, 'workspace'), { recursive: true });
+      const { writeFileSync, readFileSync } = await import('node:fs');
+      const selfStart = readFileSync('/proc/self/stat', 'latin1').split(') ')[1]!.split(' ')[19];
+      writeFileSync(join(ours, 'owner'), `${process.pid} ${selfStart}`);
+      writeFileSync(join(orphan, 'owner'), `${process.pid} 1`); // this pid, another start time: a pid reused
       const old = new Date(Date.now() - 3_600_000);
       utimesSync(stale, old, old);
       utimesSync(other, old, old);
@@ -161,8 +192,8 @@ describe('removeStaleSandboxDirs', () => {
         utimesSync(livePath, old, old);
       }
       // (stale cgroups of dead services, if any, go too)
-      expect((await removeStaleSandboxDirs({ tmpDir: dir })).filter((path) => path.startsWith(dir))).toEqual([stale]);
-      expect(existsSync(fresh) && existsSync(other)).toBe(true);
+      expect((await removeStaleSandboxDirs({ tmpDir: dir })).filter((path) => path.startsWith(dir)).sort()).toEqual([stale, orphan].sort());
+      expect(existsSync(fresh) && existsSync(other) && existsSync(ours)).toBe(true);
       if (live) {
         expect(existsSync(join(dir, `rollserve-${live.id}`))).toBe(true);
         await live.close();

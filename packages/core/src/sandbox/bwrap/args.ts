@@ -1,17 +1,22 @@
 import { lstatSync, readdirSync, readlinkSync } from 'node:fs';
 import { join } from 'node:path';
-import { BASE_ENV, DEFAULT_RESOURCES, SOCKET_MOUNT, type SandboxBind, type SandboxResources } from '../types.ts';
+import { RolloutError } from '../../errors.ts';
+import { shmMib } from '../limits.ts';
+import { BASE_ENV, SOCKET_MOUNT, type ResolvedSandboxResources, type SandboxBind } from '../types.ts';
 
 export const DEFAULT_HOST_ROOT_DIRS = ['usr', 'bin', 'sbin', 'lib', 'lib32', 'lib64', 'libx32', 'etc', 'opt'];
 export const EXEC_DIR = '.exec';
 /**
  * Where the service's files for the sandbox (command scripts, stdin, the kernel's source) appear:
- * a host directory bound read-only, so nothing inside can swap a path the service writes through.
+ * a tmpfs the service writes from outside (see provider.ts), bound read-only, so nothing inside
+ * can change a file or swap a path the service writes through.
  */
 export const INPUT_MOUNT = '/run/rollserve-in';
 
 
 export const DEVICES = ['null', 'zero', 'full', 'random', 'urandom', 'tty'];
+/** Size of the sandbox's /dev tmpfs: device nodes and links only. */
+const DEV_BYTES = 64 * 1024;
 const IMAGE_SKIP = new Set(['proc', 'dev', 'tmp', 'sys', 'run']);
 
 /** A top-level entry of the sandbox's root. */
@@ -46,11 +51,19 @@ export interface BwrapArgsInput {
   root: string;
   entries: RootEntry[];
   workdir: string;
-  /** Host directory of the service's files for the sandbox, bound read-only at INPUT_MOUNT. */
+  /**
+   * Host directory of the service's files for the sandbox, bound read-only at INPUT_MOUNT: the
+   * prefix mounts a tmpfs on it where it can (so that the sandbox's mount table shows no host
+   * path), the host directory itself is bound otherwise.
+   */
   inputHost: string;
   network: boolean;
-  /** Sizes of the sandbox's tmpfs mounts (workspace, /tmp, output channel); the defaults otherwise. */
-  resources?: SandboxResources;
+  /**
+   * The sandbox's writable places: host directories on which the prefix (mounts.ts) mounted
+   * tmpfs mounts of set size and inode count, bound in (`workspace` absent with a writableRoot);
+   * or, where no such prefix can run, the sizes for bwrap's own `--size --tmpfs` (no inode count).
+   */
+  writable: { mounted: { workspace?: string; tmp: string; shm: string; output: string } } | { sizes: Pick<ResolvedSandboxResources, 'workspaceMib' | 'tmpMib' | 'outputMib'> };
   binds?: SandboxBind[];
   /** Device names under /dev to bind in. @default null zero full random urandom tty */
   devices?: string[];
@@ -89,7 +102,9 @@ export function buildBwrapArgs(input: BwrapArgsInput): string[] {
     if (entry.kind === 'symlink') args.push('--symlink', entry.target!, dest);
     else args.push('--ro-bind', join(input.root, entry.name), dest);
   }
-  args.push('--proc', '/proc', '--tmpfs', '/dev');
+  args.push('--proc', '/proc');
+  // /dev holds only the device nodes and links above: read-only (below), and small should that fail
+  args.push('--size', String(DEV_BYTES), '--tmpfs', '/dev');
   for (const device of input.devices ?? DEVICES) args.push('--dev-bind', `/dev/${device}`, `/dev/${device}`);
   args.push(
     '--symlink', '/proc/self/fd', '/dev/fd',
@@ -97,24 +112,57 @@ export function buildBwrapArgs(input: BwrapArgsInput): string[] {
     '--symlink', '/proc/self/fd/1', '/dev/stdout',
     '--symlink', '/proc/self/fd/2', '/dev/stderr',
   );
-  // Every writable place is a tmpfs of its own size, charged to the sandbox's memory cgroup: a
-  // sandbox can fill none of the host's disks, and the service reaches these through
-  // /proc/<init>/root.
-  const r = { ...DEFAULT_RESOURCES, ...input.resources };
-  const mib = 1024 * 1024;
-  args.push(
-    '--perms', '1777', '--size', String(Math.max(1, Math.floor(r.tmpMib / 4)) * mib), '--tmpfs', '/dev/shm',
-    '--perms', '1777', '--size', String(r.tmpMib * mib), '--tmpfs', '/tmp',
-    ...(input.writableRoot === undefined ? ['--size', String(r.workspaceMib * mib), '--tmpfs', input.workdir] : ['--dir', input.workdir]),
-    '--size', String(r.outputMib * mib), '--tmpfs', SOCKET_MOUNT,
-    '--ro-bind', input.inputHost, INPUT_MOUNT,
-  );
+  // Every writable place is a tmpfs of its own size and inode count, charged to the sandbox's
+  // memory cgroup: a sandbox can fill none of the host's disks, and the service reaches these
+  // through /proc/<init>/root.
+  if ('mounted' in input.writable) {
+    const m = input.writable.mounted;
+    args.push('--bind', m.shm, '/dev/shm', '--bind', m.tmp, '/tmp');
+    if (input.writableRoot === undefined) args.push('--bind', m.workspace!, input.workdir);
+    else args.push('--dir', input.workdir);
+    args.push('--bind', m.output, SOCKET_MOUNT);
+  } else {
+    const r = input.writable.sizes;
+    const mib = 1024 * 1024;
+    args.push(
+      '--perms', '1777', '--size', String(shmMib(r) * mib), '--tmpfs', '/dev/shm',
+      '--perms', '1777', '--size', String(r.tmpMib * mib), '--tmpfs', '/tmp',
+      ...(input.writableRoot === undefined ? ['--size', String(r.workspaceMib * mib), '--tmpfs', input.workdir] : ['--dir', input.workdir]),
+      '--size', String(r.outputMib * mib), '--tmpfs', SOCKET_MOUNT,
+    );
+  }
+  args.push('--ro-bind', input.inputHost, INPUT_MOUNT);
   for (const bind of input.binds ?? []) args.push(bind.readOnly ? '--ro-bind' : '--bind', bind.host, bind.sandbox);
+  args.push('--remount-ro', '/dev');
   if (input.writableRoot === undefined) args.push('--remount-ro', '/');
   args.push('--chdir', input.workdir, '--clearenv');
   for (const [key, value] of Object.entries(input.env ?? BASE_ENV)) args.push('--setenv', key, value);
   args.push('--info-fd', '3', '--', ...input.command);
   return args;
+}
+
+/**
+ * The descriptor bwrap reads its options from (`--args`). Not 4: the overlay's sh setup
+ * (image/overlay.ts) opens the image root there.
+ */
+export const ARGS_FD = 5;
+
+/**
+ * Splits buildBwrapArgs' output into bwrap's command line, which keeps only the command (bwrap
+ * takes it from there alone), and the NUL-separated options it reads from ARGS_FD. The sandbox's
+ * pid 1 is a fork of bwrap: its command line, readable inside at /proc/1/cmdline, would otherwise
+ * name every host directory bound in. An option holding a NUL would become two options there, so
+ * it is refused.
+ */
+export function bwrapArgsOnFd(args: string[], command: string[]): { argv: string[]; options: Buffer } {
+  const end = args.length - command.length - 1;
+  if (end < 0 || args[end] !== '--') throw new Error('bwrap arguments do not end with -- and the command');
+  const options = args.slice(0, end);
+  const bad = options.find((arg) => arg.includes('\0'));
+  if (bad !== undefined) {
+    throw new RolloutError({ code: 'SANDBOX', message: `a sandbox path or option holds a NUL character: ${JSON.stringify(bad)}` });
+  }
+  return { argv: ['--args', String(ARGS_FD), '--', ...command], options: Buffer.from(options.map((arg) => `${arg}\0`).join(''), 'utf8') };
 }
 
 /** prlimit arguments for the limits (prefix of every process that enters the sandbox). */

@@ -4,12 +4,16 @@ import { chownSync, existsSync, mkdirSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import type { Writable } from 'node:stream';
 import { RolloutError } from '../../errors.ts';
-import { createSandboxCgroup } from '../cgroup.ts';
-import { isImageReference, overlayPrefix, overlayRoot, resolveImage, type ResolvedImage } from '../image/index.ts';
-import { BASE_ENV, DEFAULT_RESOURCES, DEFAULT_WORKDIR, type SandboxProvider, type SandboxSpec } from '../types.ts';
+import { cgroupCpuSupport, cgroupSupport, createSandboxCgroup } from '../cgroup.ts';
+import { isImageReference, overlayPrefix, overlayRoot, resolveImage, rootOverlayPrefix, type ResolvedImage } from '../image/index.ts';
+import { inodeShares, openFilesWithin, resolveSandboxSpec, shmMib } from '../limits.ts';
+import { markSandboxDir } from '../staging.ts';
+import { BASE_ENV, DEFAULT_WORKDIR, type ResolvedSandboxSpec, type SandboxLimitSupport, type SandboxProvider, type SandboxSpec } from '../types.ts';
 import { agentScript } from './agent.ts';
-import { buildBwrapArgs, DEFAULT_HOST_ROOT_DIRS, DEVICES, scanRoot, type RootEntry } from './args.ts';
+import { ARGS_FD, buildBwrapArgs, bwrapArgsOnFd, DEFAULT_HOST_ROOT_DIRS, DEVICES, scanRoot, type BwrapArgsInput, type RootEntry } from './args.ts';
+import { tmpfsMountsAvailable, tmpfsPrefix, type TmpfsMount } from './mounts.ts';
 import { BwrapSandbox } from './sandbox.ts';
 
 export interface BwrapProviderOptions {
@@ -27,8 +31,8 @@ export interface BwrapProviderOptions {
    */
   tmpDir?: string;
   /**
-   * The image cache (see `resolveImage`); it and its parents must be searchable by the sandbox uid.
-   * @default $ROLLSERVE_IMAGE_CACHE, else `<os.tmpdir()>/rollserve-images`
+   * The image cache (see `resolveImage`): the service's alone (mode 0700); sandboxes see an image
+   * only through their overlay. @default $ROLLSERVE_IMAGE_CACHE, else `<os.tmpdir()>/rollserve-images`
    */
   imageCacheDir?: string;
   /** Top-level host directories bound read-only when the spec has no image. */
@@ -48,6 +52,13 @@ export interface BwrapProviderOptions {
   warm?: number;
 }
 
+
+/** Files the output tmpfs may hold: the exec channel's two per command in flight, the kernel's socket. */
+const OUTPUT_INODES = 4096;
+/** Files the input tmpfs may hold: a command's script and stdin per command in flight, staged files. */
+const INPUT_INODES = 4096;
+/** What an overlay's writable layer holds besides the sandbox's files (its root, upper, work, root and work/work). */
+const OVERLAY_INODES = 8;
 
 /** The ids a sandbox on an image whose user is root runs as (see `start`). */
 const IMAGE_ROOT_IDS = { uid: 65534, gid: 65534 };
@@ -81,57 +92,99 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
   let filling = 0;
   let providerClosed = false;
 
-  async function start(requested: SandboxSpec): Promise<BwrapSandbox> {
+  const cgroups = options.cgroups !== false && cgroupSupport() !== null;
+  const mountTmpfs = tmpfsMountsAvailable(user);
+  const limits: SandboxLimitSupport = {
+    memoryMib: 'RLIMIT_AS',
+    maxFileSizeMib: 'RLIMIT_FSIZE',
+    cpuSeconds: 'RLIMIT_CPU',
+    maxOpenFiles: 'RLIMIT_NOFILE',
+    maxProcesses: `RLIMIT_NPROC in the sandbox's user namespace${cgroups ? ' and the cgroup\'s pids.max' : ''}`,
+    workspaceMib: 'tmpfs size',
+    tmpMib: 'tmpfs size',
+    outputMib: 'tmpfs size',
+    ...(mountTmpfs ? { maxInodes: 'tmpfs nr_inodes' } : {}),
+    ...(cgroups ? { totalMemoryMib: `cgroup v${cgroupSupport()} memory limit` } : {}),
+    ...(cgroups && cgroupCpuSupport() ? { cpus: `cgroup v${cgroupSupport()} CPU quota` } : {}),
+  };
+
+  async function start(requested: ResolvedSandboxSpec): Promise<BwrapSandbox> {
+    const openFiles = openFilesWithin(requested, 'bwrap');
     let image: ResolvedImage | undefined;
     let spec = requested;
     if (spec.image !== undefined && isImageReference(spec.image)) {
-      image = await resolveImage(spec.image, {
-        ...(options.imageCacheDir === undefined ? {} : { cacheDir: options.imageCacheDir }),
-        ...(user === undefined ? {} : { owner: user }),
-      });
+      // (as root the unpack tools run as the sandbox uid: no more privilege than the sandbox has)
+      image = await resolveImage(spec.image, { ...(options.imageCacheDir === undefined ? {} : { cacheDir: options.imageCacheDir }), ...(user === undefined ? {} : { unpackAs: user }) });
       // the image's Env under the spec's, so that exec and entering processes (PTY, kernel) have it
       spec = { ...spec, env: { ...image.config.env, ...spec.env } };
     }
     const id = `rs-${randomBytes(6).toString('hex')}`;
     const base = join(options.tmpDir ?? tmpdir(), `rollserve-${id}`);
-    const inputHost = join(base, 'in');
     const workdir = spec.workdir ?? image?.config.workdir ?? DEFAULT_WORKDIR;
     const layerDir = join(base, 'layer');
     // an image: bwrap starts inside the namespace that holds the sandbox's overlay (image/overlay.ts)
-    const overlay = image === undefined ? undefined : overlayPrefix(image.rootfs, layerDir, { ...DEFAULT_RESOURCES, ...spec.resources }.workspaceMib * 1024 * 1024);
-    // synchronous on purpose: tiny syscalls beat thread-pool round trips
-    mkdirSync(base, { mode: 0o700 });
-    try {
-      mkdirSync(inputHost, { mode: 0o755 });
-      if (image !== undefined) mkdirSync(layerDir, { mode: 0o700 });
-      // bwrap makes its mounts as the sandbox uid: it must be able to reach the input directory
-      if (user !== undefined) chownSync(base, user.uid, user.gid);
-    } catch (error) {
-      await rm(base, { recursive: true, force: true });
-      throw error;
-    }
-    const resources = { ...DEFAULT_RESOURCES, ...spec.resources };
-    const cgroup = options.cgroups === false ? undefined : createSandboxCgroup(`rollserve-${id}`, {
-      memoryBytes: resources.totalMemoryMib * 1024 * 1024,
-      // the agent and the processes entering from outside count too
-      maxProcesses: resources.maxProcesses + 64,
-    });
+    const resources = spec.resources;
+    const mib = 1024 * 1024;
+    // (as root: the image root, the service's, idmapped to the sandbox uid, then the drop to it)
+    const overlay =
+      image === undefined
+        ? undefined
+        : user === undefined
+          ? overlayPrefix(image.rootfs, layerDir, resources.workspaceMib * mib)
+          : rootOverlayPrefix(image.rootfs, layerDir, resources.workspaceMib * mib, user);
+    // the tmpfs mounts, of their size and inode count (mounts.ts); +1: each mount's own root
+    const shares = inodeShares(resources.maxInodes);
+    const mountDir = join(base, 'mnt');
+    // The service's files for the sandbox go to a tmpfs as well where one can be mounted: the
+    // kernel shows a bind's path within its filesystem in mountinfo (a tmpfs root: "/"), so a
+    // host directory bound in would name the service's temporary directory inside the sandbox.
+    // Sized for the largest stdin a command can use (an upload fills the workspace or /tmp).
+    const inputHost = mountTmpfs ? join(mountDir, 'in') : join(base, 'in');
+    const tmpfs: Record<'workspace' | 'tmp' | 'shm' | 'output' | 'input', TmpfsMount> = {
+      workspace: { dir: join(mountDir, 'workspace'), sizeBytes: resources.workspaceMib * mib, inodes: shares.workspace + 1, mode: '0755' },
+      tmp: { dir: join(mountDir, 'tmp'), sizeBytes: resources.tmpMib * mib, inodes: shares.tmp + 1, mode: '1777' },
+      shm: { dir: join(mountDir, 'shm'), sizeBytes: shmMib(resources) * mib, inodes: shares.shm + 1, mode: '1777' },
+      output: { dir: join(mountDir, 'output'), sizeBytes: resources.outputMib * mib, inodes: OUTPUT_INODES, mode: '0755' },
+      input: { dir: inputHost, sizeBytes: Math.max(resources.workspaceMib, resources.tmpMib) * mib, inodes: INPUT_INODES, mode: '0755' },
+    };
+    // A root service mounts them as root (mounts.ts): every one, owned by the sandbox uid but the
+    // input tmpfs (root's: root writes there), then drops to it; on an image the input tmpfs
+    // alone, before the overlay's setup (which drops), and the rest in the overlay's namespace.
+    const rootInput = mountTmpfs && user !== undefined;
+    const mounted = Object.values(tmpfs).filter((mount) => (image === undefined || mount !== tmpfs.workspace) && !(rootInput && mount === tmpfs.input));
+    // on an image the workspace is a directory of the overlay, whose writable layer (upper and
+    // work directories, the overlay's root: OVERLAY_INODES) gets the workspace's inode count
+    const layer = image === undefined ? undefined : { dir: layerDir, sizeBytes: resources.workspaceMib * mib, inodes: shares.workspace + OVERLAY_INODES };
+    // bwrap runs in the sandbox's directory: what tells removeStaleSandboxDirs it is in use (its
+    // command line names no host path: bwrapArgsOnFd). The overlay's setup leaves it in /.
+    const prefix = !mountTmpfs
+      ? image === undefined
+        ? []
+        : ['/bin/sh', '-c', 'cd -- "$0" && exec "$@"', base]
+      : rootInput && image === undefined
+        ? tmpfsPrefix([], { unshare: false, cwd: base, asRoot: { mounts: [...mounted.map((mount) => ({ ...mount, owner: user! })), tmpfs.input], dropTo: user! } })
+        : tmpfsPrefix(mounted, { unshare: image === undefined, cwd: base, ...(layer === undefined ? {} : { remount: layer }) });
+    const rootPrefix = rootInput && image !== undefined ? tmpfsPrefix([], { unshare: false, asRoot: { mounts: [tmpfs.input] } }) : [];
+    const writable: BwrapArgsInput['writable'] = !mountTmpfs
+      ? { sizes: resources }
+      : { mounted: { tmp: tmpfs.tmp.dir, shm: tmpfs.shm.dir, output: tmpfs.output.dir, ...(image === undefined ? { workspace: tmpfs.workspace.dir } : {}) } };
     const root = spec.image ?? '/';
     let entries: RootEntry[];
     if (image !== undefined) entries = [];
     else if (spec.image === undefined) entries = hostEntries ??= scanRoot('/', options.hostRootDirs ?? DEFAULT_HOST_ROOT_DIRS);
     else entries = scanRoot(spec.image);
+    const command = ['/bin/sh', '-c', agentScript({ ...resources, maxOpenFiles: openFiles })];
     const args = buildBwrapArgs({
       root,
       entries,
       workdir,
       inputHost,
       network: spec.network ?? false,
-      ...(spec.resources === undefined ? {} : { resources: spec.resources }),
+      writable,
       ...(spec.binds === undefined ? {} : { binds: spec.binds }),
       devices: DEVICES.filter((device) => existsSync(`/dev/${device}`)),
       env: BASE_ENV,
-      command: ['/bin/sh', '-c', agentScript(spec.resources)],
+      command,
       ...(image === undefined ? {} : { writableRoot: overlayRoot(layerDir) }),
       // Never root inside: a process entering the sandbox (nsenter) gets every capability of its
       // user namespace back when it execs as root there, and could undo the sandbox's mounts.
@@ -139,17 +192,65 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
       // nobody (65534, in nearly every image's passwd) with the same access to them.
       ...(image === undefined ? {} : { ids: image.config.user ?? IMAGE_ROOT_IDS }),
     });
-    const argv = [...(overlay ?? []), bwrapPath, ...args];
-    // as root, Node itself drops to the sandbox uid (libuv also clears the supplementary groups):
-    // one exec less than `setpriv` on the hot path
+    const bwrap = bwrapArgsOnFd(args, command);
+    // synchronous on purpose: tiny syscalls beat thread-pool round trips
+    mkdirSync(base, { mode: 0o700 });
+    try {
+      markSandboxDir(base);
+      if (!mountTmpfs) mkdirSync(inputHost, { mode: 0o755 });
+      if (image !== undefined) mkdirSync(layerDir, { mode: 0o700 });
+      if (mountTmpfs) {
+        mkdirSync(mountDir, { mode: 0o700 });
+        for (const mount of mounted) mkdirSync(mount.dir, { mode: 0o700 });
+        if (rootInput) mkdirSync(tmpfs.input.dir, { mode: 0o700 });
+      }
+      // bwrap (and the tmpfs prefix) make their mounts as the sandbox uid: it must be able to
+      // reach the input directory and the mount points
+      if (user !== undefined) {
+        chownSync(base, user.uid, user.gid);
+        if (mountTmpfs) for (const dir of [mountDir, ...mounted.map((mount) => mount.dir)]) chownSync(dir, user.uid, user.gid);
+      }
+    } catch (error) {
+      await rm(base, { recursive: true, force: true });
+      throw error;
+    }
+    const cgroup = !cgroups ? undefined : createSandboxCgroup(`rollserve-${id}`, {
+      memoryBytes: resources.totalMemoryMib * mib,
+      // the agent and the processes entering from outside count too
+      maxProcesses: resources.maxProcesses + 64,
+      ...(resources.cpus === undefined ? {} : { cpus: resources.cpus }),
+    });
+    const needsCgroup = (['totalMemoryMib', 'cpus'] as const).find((limit) => spec.given.has(limit));
+    if (cgroup === undefined && needsCgroup !== undefined) {
+      await rm(base, { recursive: true, force: true });
+      throw new RolloutError({
+        code: 'SANDBOX',
+        message: `the bwrap sandbox provider cannot keep the limit ${needsCgroup}${needsCgroup === 'cpus' ? '' : ' (total_memory_mib)'}: no cgroup could be made for this sandbox`,
+        details: { limit: needsCgroup },
+      });
+    }
+    // on an image the tmpfs prefix runs inside the overlay's namespace (it remounts the layer)
+    const argv = image === undefined ? [...prefix, bwrapPath, ...bwrap.argv] : [...rootPrefix, ...overlay!, ...prefix, bwrapPath, ...bwrap.argv];
+    // as root, the tmpfs prefix drops to the sandbox uid after mounting the input tmpfs, or where
+    // it cannot run Node itself does (libuv also clears the supplementary groups): one exec less
+    // than `setpriv` on the hot path; on an image the overlay's setup drops, after idmapping the
+    // image root
     const init = spawn(argv[0]!, argv.slice(1), {
       env: { ...BASE_ENV },
-      cwd: '/',
-      stdio: ['pipe', 'pipe', 'pipe', 'pipe'],
-      ...(user === undefined ? {} : { uid: user.uid, gid: user.gid }),
+      cwd: base,
+      // 3: bwrap's --info-fd; ARGS_FD: its options (4 stays closed: see ARGS_FD)
+      stdio: ['pipe', 'pipe', 'pipe', 'pipe', 'ignore', 'pipe'],
+      ...(user === undefined || image !== undefined || rootInput ? {} : { uid: user.uid, gid: user.gid }),
     });
-    const sandbox = new BwrapSandbox(id, workdir, spec, init, user, cgroup, inputHost, [base]);
+    const sandbox = new BwrapSandbox(id, workdir, { ...spec, resources: { ...resources, maxOpenFiles: openFiles } }, init, user, cgroup, { host: inputHost, mounted: mountTmpfs }, [base]);
     try {
+      // bwrap waits for its options: it makes the sandbox's namespaces once it is in the cgroup,
+      // so the cgroup namespace's root is the sandbox's cgroup and /proc/self/cgroup inside
+      // shows "/", not the cgroup's name
+      sandbox.joinCgroup(init.pid);
+      const optionsFd = (init.stdio as unknown as Array<Writable | null>)[ARGS_FD]!;
+      optionsFd.on('error', () => {}); // bwrap gone before it read them: waitReady says why
+      optionsFd.end(bwrap.options);
       const initPid = await waitReady(init, readyTimeoutMs);
       sandbox.started(initPid);
     } catch (error) {
@@ -162,7 +263,7 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
   function refill(): void {
     while (!providerClosed && pool.length + filling < warm) {
       filling++;
-      start({}).then(
+      start(resolveSandboxSpec({})).then(
         (sandbox) => {
           filling--;
           if (providerClosed) void sandbox.close();
@@ -178,9 +279,11 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
 
   return {
     name: 'bwrap',
-    async create(spec: SandboxSpec = {}) {
+    limits: () => ({ ...limits }),
+    async create(requested: SandboxSpec = {}) {
+      const spec = resolveSandboxSpec(requested, { name: 'bwrap', limits });
       let sandbox: BwrapSandbox | undefined;
-      if (warm > 0 && poolable(spec)) {
+      if (warm > 0 && poolable(requested)) {
         while (sandbox === undefined && pool.length > 0) {
           const candidate = pool.shift()!;
           if (candidate.alive()) sandbox = candidate;

@@ -4,15 +4,15 @@ import { closeSync, constants, fstatSync, openSync, readSync, statfsSync, statSy
 import { join } from 'node:path';
 import type { SandboxCgroup } from '../cgroup.ts';
 import { CommandSandbox, type HostCommand } from '../command-sandbox.ts';
-import { ulimitScript } from '../limits.ts';
-import { childrenOf, killDescendants, killTree, pidNamespaceOf, shQuote, type KillTreeOptions } from '../process.ts';
+import { inodeShares, shmMib, ulimitScript } from '../limits.ts';
+import { killDescendants, killTree, pidNamespaceOf, shQuote, type KillTreeOptions } from '../process.ts';
+import { RolloutError } from '../../errors.ts';
 import {
   DEFAULT_EXEC_TIMEOUT_MS,
-  DEFAULT_RESOURCES,
   SOCKET_MOUNT,
+  type ResolvedSandboxResources,
+  type ResolvedSandboxSpec,
   type SandboxExecOptions,
-  type SandboxResources,
-  type SandboxSpec,
   type SandboxStatus,
 } from '../types.ts';
 import { buildEnterArgs, EXEC_DIR, INPUT_MOUNT, ownNamespaces } from './args.ts';
@@ -22,8 +22,8 @@ import { buildEnterArgs, EXEC_DIR, INPUT_MOUNT, ownNamespaces } from './args.ts'
  *
  * Each sandbox is ONE long-lived `bwrap` (user, mount, pid, ipc, uts, cgroup and, unless asked,
  * net namespaces) whose command is a ten-line POSIX sh agent (agentScript). `exec` writes the
- * command as a script into the input directory (a host directory bound READ-ONLY at INPUT_MOUNT)
- * and sends its id on the agent's stdin; the agent double-forks `sh <script>` with stdout and
+ * command as a script into the input directory (a tmpfs bound READ-ONLY at INPUT_MOUNT: see
+ * openInput) and sends its id on the agent's stdin; the agent double-forks `sh <script>` with stdout and
  * stderr going to files in the output tmpfs (SOCKET_MOUNT/.exec) and answers "<id> <exit code>" on
  * its stdout. Long-lived processes with their own terminal or pipes (the bash tool's PTY, the
  * Python kernel) instead ENTER the sandbox with `nsenter -t <init> -U -m -p` plus every other
@@ -33,6 +33,11 @@ import { buildEnterArgs, EXEC_DIR, INPUT_MOUNT, ownNamespaces } from './args.ts'
  * Writable places are tmpfs mounts of set sizes (workspace, /tmp, /dev/shm, the output directory),
  * charged to the sandbox's cgroup where it has one; the service reaches them through
  * /proc/<init>/root. The sandbox writes nothing to a host disk.
+ *
+ * Host paths: none the service made shows inside. bwrap gets its options on a descriptor (its
+ * fork, the sandbox's pid 1, would show them at /proc/1/cmdline), joins the sandbox's cgroup
+ * before it makes the cgroup namespace (/proc/self/cgroup shows "/"), and binds tmpfs roots only
+ * (mountinfo shows a bind's path within its file system); see README "Sandboxes".
  *
  * Measured (2 cores, Node 20): spawning any child from Node costs ≈ 2 ms (fork of a large
  * process), an nsenter chain ≈ 5 ms, the agent round trip ≈ 0.5-1 ms; bwrap start ≈ 5 ms. A bwrap
@@ -47,8 +52,9 @@ import { buildEnterArgs, EXEC_DIR, INPUT_MOUNT, ownNamespaces } from './args.ts'
  * Processes: RLIMIT_NPROC is counted per (user namespace, uid) since Linux 5.14, so a limit set
  * INSIDE the sandbox's user namespace (the agent's `ulimit`, and the same `ulimit`s in the wrapper
  * of every entering process) caps that sandbox alone. Root is exempt from RLIMIT_NPROC, so a
- * service running as root drops the sandbox to a dedicated uid (65534 unless configured): Node's
- * spawn `uid`/`gid` for bwrap itself, `setpriv` (with no_new_privs) for the processes that enter.
+ * service running as root drops the sandbox to a dedicated uid (65534 unless configured): the
+ * tmpfs prefix (or Node's spawn `uid`/`gid`, or the image overlay's setup) for bwrap itself,
+ * `setpriv` (with no_new_privs) for the processes that enter.
  *
  * Lifetime: killing pid 1 of the pid namespace makes the kernel kill every process of the
  * sandbox; `--die-with-parent` and the agent's stdin pipe do the same when the service dies.
@@ -104,7 +110,11 @@ function unlinkQuiet(path: string): void {
 /** The longest line the exec agent writes ("<id> <exit code>"); anything longer was forged. */
 const MAX_AGENT_LINE = 64;
 const AGENT_LINE = /^x[0-9a-z]+ \d{1,3}$/;
-/** How often a sandbox checks its cgroup and tmpfs usage by itself (tool calls also check). */
+/**
+ * How often a sandbox looks at its cgroup and tmpfs usage by itself (tool calls also look). The
+ * kernel enforces every cap; looking only finds out that one was reached, to end the sandbox
+ * with the reason.
+ */
 const LIMIT_CHECK_MS = 1000;
 
 export class BwrapSandbox extends CommandSandbox {
@@ -117,24 +127,29 @@ export class BwrapSandbox extends CommandSandbox {
   private agentLine = '';
   private seq = 0;
   private execDir = '';
+  /** Where the service writes the sandbox's input files (see openInput). */
+  private inputDir: string;
+  private inputFd = -1;
   private outputDev = -1;
   private monitor: NodeJS.Timeout | undefined;
-  private readonly limits: Required<Omit<SandboxResources, 'cpus'>>;
+  private readonly limits: ResolvedSandboxResources;
   initPid = 0;
 
   constructor(
     id: string,
     workdir: string,
-    spec: SandboxSpec,
+    spec: ResolvedSandboxSpec,
     private readonly init: ChildProcess,
     private readonly user: { uid: number; gid: number } | undefined,
     private cgroup: SandboxCgroup | undefined,
-    private readonly inputHost: string,
+    /** The input directory's host path; `mounted`: the prefix mounted a tmpfs on it (see `started`). */
+    private readonly input: { host: string; mounted: boolean },
     tempDirs: string[],
   ) {
     // the host path of the channel directory is known once the sandbox runs (started)
     super(workdir, { host: '', sandbox: SOCKET_MOUNT }, spec, tempDirs, id);
-    this.limits = { ...DEFAULT_RESOURCES, ...spec.resources };
+    this.limits = spec.resources;
+    this.inputDir = input.host;
     this.exitedPromise = new Promise<void>((resolve) => {
       if (init.exitCode !== null || init.signalCode !== null) resolve();
       init.once('exit', () => resolve());
@@ -144,22 +159,38 @@ export class BwrapSandbox extends CommandSandbox {
     init.stdin!.on('error', () => {});
   }
 
+  /**
+   * Puts bwrap (`pid`, still waiting for its options) in the sandbox's cgroup: the sandbox's
+   * processes, all its descendants, start there, and its cgroup namespace is rooted there.
+   */
+  joinCgroup(pid: number | undefined): void {
+    if (this.cgroup !== undefined && pid !== undefined) {
+      try {
+        this.cgroup.join(pid);
+      } catch (error) {
+        // a cgroup we may create but not move processes into (a v2 hierarchy without delegation
+        // of the common ancestor): the rlimit fallback holds, as where there is no cgroup at all,
+        // unless the spec gave the limit only a cgroup keeps
+        const empty = this.cgroup;
+        this.cgroup = undefined;
+        void removeCgroup(empty);
+        const needsCgroup = (['totalMemoryMib', 'cpus'] as const).find((limit) => (this.spec as ResolvedSandboxSpec).given.has(limit));
+        if (needsCgroup !== undefined) {
+          throw new RolloutError({
+            code: 'SANDBOX',
+            message: `the bwrap sandbox provider cannot keep the limit ${needsCgroup}: the sandbox could not join its cgroup (${(error as Error).message})`,
+            details: { limit: needsCgroup },
+          });
+        }
+      }
+    }
+  }
+
   /** Called once the agent answered: from now on its stdout carries "<id> <code>" lines. */
   started(initPid: number): void {
     this.initPid = initPid;
     this.pidNamespace = pidNamespaceOf(initPid);
-    // bwrap's pid 1 and the agent it started: every later process of the sandbox descends from them
-    if (this.cgroup !== undefined) {
-      try {
-        for (const pid of [initPid, ...childrenOf(initPid)]) this.cgroup.join(pid);
-      } catch {
-        // a cgroup we may create but not move processes into (a v2 hierarchy without delegation
-        // of the common ancestor): the rlimit fallback holds, as where there is no cgroup at all
-        const empty = this.cgroup;
-        this.cgroup = undefined;
-        void removeCgroup(empty);
-      }
-    }
+    if (this.input.mounted) this.openInput();
     (this.socketDir as { host: string }).host = `/proc/${initPid}/root${SOCKET_MOUNT}`;
     this.execDir = join(this.socketDir.host, EXEC_DIR);
     this.outputDev = statSync(this.socketDir.host).dev;
@@ -192,8 +223,34 @@ export class BwrapSandbox extends CommandSandbox {
     this.monitor.unref();
   }
 
+  /** The sandbox's own output tmpfs (reached through /proc/<init>/root: every directory on the way is the sandbox's). */
+  protected override socketDevice(): number {
+    return this.outputDev;
+  }
+
   protected override stagingDir(): { host: string; sandbox: string } {
-    return { host: this.inputHost, sandbox: INPUT_MOUNT };
+    return { host: this.inputDir, sandbox: INPUT_MOUNT };
+  }
+
+  /**
+   * The input tmpfs exists only in the mount namespace of bwrap's own process (the prefix's,
+   * mounts.ts), the one place it is writable: the sandbox sees it through a read-only bind. The
+   * service holds its root open from there, checked to be the very file system bound at
+   * INPUT_MOUNT, and writes through /proc/self/fd/<fd>: no path the sandbox or anyone else could
+   * change lies on the way. (bwrap's process is our unreaped child while the sandbox runs.)
+   */
+  private openInput(): void {
+    const fd = openSync(`/proc/${this.init.pid}/root${this.input.host}`, constants.O_RDONLY | constants.O_DIRECTORY | constants.O_NOFOLLOW);
+    try {
+      const held = fstatSync(fd);
+      const bound = statSync(`/proc/${this.initPid}/root${INPUT_MOUNT}`);
+      if (held.dev !== bound.dev || held.ino !== bound.ino) throw new Error('the input directory is not the file system the sandbox has at its input mount');
+    } catch (error) {
+      closeSync(fd);
+      throw new RolloutError({ code: 'SANDBOX', message: `cannot open the sandbox's input directory: ${(error as Error).message}`, retryable: true });
+    }
+    this.inputFd = fd;
+    this.inputDir = `/proc/self/fd/${fd}`;
   }
 
   /** Something inside wrote to the exec channel: nothing it says can be trusted any more. */
@@ -216,14 +273,17 @@ export class BwrapSandbox extends CommandSandbox {
     return this.limitReason;
   }
 
-  /** The workspace or /tmp full, or more files than allowed (tmpfs has no inode cap of its own here). */
+  /**
+   * The workspace, /tmp or /dev/shm full, or holding all the files it may (the kernel already
+   * refused the next one: each is a tmpfs of that size and inode count, see mounts.ts).
+   */
   private storageExceeded(): string | undefined {
-    let inodes = 0;
     const root = `/proc/${this.initPid}/root`;
-    for (const [mount, label, sizeMib] of [
-      [this.workdir, 'workspace', this.limits.workspaceMib],
-      ['/tmp', '/tmp', this.limits.tmpMib],
-      ['/dev/shm', '/dev/shm', Math.max(1, Math.floor(this.limits.tmpMib / 4))],
+    const shares = inodeShares(this.limits.maxInodes);
+    for (const [mount, label, sizeMib, files] of [
+      [this.workdir, 'workspace', this.limits.workspaceMib, shares.workspace],
+      ['/tmp', '/tmp', this.limits.tmpMib, shares.tmp],
+      ['/dev/shm', '/dev/shm', shmMib(this.limits), shares.shm],
     ] as const) {
       let stats;
       try {
@@ -232,9 +292,13 @@ export class BwrapSandbox extends CommandSandbox {
         return undefined; // ending already
       }
       if (stats.bavail === 0) return `${label} is full: the sandbox may write ${sizeMib} MiB there`;
-      inodes += stats.files - stats.ffree;
+      if (stats.ffree === 0) {
+        return (
+          `too many files: ${label} holds the ${files} files and directories it may (the sandbox may create ${this.limits.maxInodes} ` +
+          `in its workspace, /tmp and /dev/shm together: ${shares.workspace}, ${shares.tmp} and ${shares.shm})`
+        );
+      }
     }
-    if (inodes > this.limits.maxInodes) return `too many files: the sandbox may create ${this.limits.maxInodes} in its workspace and /tmp, and made ${inodes}`;
     return undefined;
   }
 
@@ -252,7 +316,7 @@ export class BwrapSandbox extends CommandSandbox {
     if (this.exited) return sandboxError('sandbox agent exited');
     const id = `x${(++this.seq).toString(36)}${randomBytes(4).toString('hex')}`;
     const base = join(this.execDir, id);
-    const input = join(this.inputHost, id);
+    const input = join(this.inputDir, id);
     let script = '';
     for (const [key, value] of Object.entries({ ...this.spec.env, ...options.env })) {
       if (!ENV_NAME.test(key)) return sandboxError(`invalid environment variable name ${JSON.stringify(key)}`);
@@ -308,7 +372,7 @@ export class BwrapSandbox extends CommandSandbox {
   }
 
   protected override limitScript(): string {
-    return ulimitScript(this.spec.resources);
+    return ulimitScript(this.limits);
   }
 
   protected override killOptions(tag: string): KillTreeOptions {
@@ -330,7 +394,7 @@ export class BwrapSandbox extends CommandSandbox {
   }
 
   protected override isSandboxFailure(stderr: string): boolean {
-    return /^(nsenter|setpriv|prlimit|rs-cgroup):/m.test(stderr);
+    return /^(nsenter|setpriv|prlimit|rs-cgroup|rs-limits):/m.test(stderr);
   }
 
   async status(): Promise<SandboxStatus> {
@@ -357,6 +421,11 @@ export class BwrapSandbox extends CommandSandbox {
     }
     for (const resolve of this.pending.values()) resolve(125);
     this.pending.clear();
+    if (this.inputFd >= 0) {
+      // (it holds the input tmpfs, and what is left in it, until closed)
+      closeSync(this.inputFd);
+      this.inputFd = -1;
+    }
   }
 
   protected override async released(): Promise<void> {
@@ -369,8 +438,8 @@ export class BwrapSandbox extends CommandSandbox {
   }
 
   /** Hands a warm sandbox its spec (env and files; the rest matched the pool's). */
-  adopt(spec: SandboxSpec): void {
-    (this as unknown as { spec: SandboxSpec }).spec = spec;
+  adopt(spec: ResolvedSandboxSpec): void {
+    (this as unknown as { spec: ResolvedSandboxSpec }).spec = spec;
   }
 
   /** Fails `create` cleanly. */

@@ -1,5 +1,5 @@
-export { defaultImageCacheDir, resolveImage } from './resolve.ts';
+export { defaultImageCacheDir, resolveImage, type SealReport } from './resolve.ts';
 export { isImageReference, parseImageReference } from './reference.ts';
-export { defaultOverlayMounter, overlayPrefix, overlayRoot, type OverlayMounter } from './overlay.ts';
+export { defaultOverlayMounter, overlayPrefix, overlayRoot, rootOverlayPrefix, type OverlayMounter } from './overlay.ts';
 export { sifRootPartition } from './sif.ts';
 export type { ImageConfig, ImageKind, ImageReference, ParsedImageReference, ResolvedImage, ResolveImageOptions } from './types.ts';

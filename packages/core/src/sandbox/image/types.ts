@@ -45,7 +45,7 @@ export interface ResolvedImage {
   reference: ImageReference;
   /** The cache key: `sha256:<hex>` of the OCI manifest, or of the SIF/squashfs/archive file. */
   digest: string;
-  /** The unpacked root filesystem (read-only by convention; shared by every sandbox on it). */
+  /** The unpacked, sealed root filesystem (the service's; sandboxes see it read-only, through their overlay). */
   rootfs: string;
   config: ImageConfig;
   /** True when this call unpacked the image (false when the cache already held it). */
@@ -54,17 +54,17 @@ export interface ResolvedImage {
 
 export interface ResolveImageOptions {
   /**
-   * The image cache: one directory per image under it. It and its parents must be searchable by
-   * the sandbox uid. @default $ROLLSERVE_IMAGE_CACHE, else `<os.tmpdir()>/rollserve-images`
+   * The image cache: one directory per image under it, the service's alone (0700; 0711 under
+   * root, each entry 0700).
+   * @default $ROLLSERVE_IMAGE_CACHE, else `<os.tmpdir()>/rollserve-images`
    */
   cacheDir?: string;
-  /**
-   * Owner of the unpacked files (the sandbox uid when the service runs as root, so that a
-   * sandbox's writable layer can copy them up); one cache entry per owner. Ignored when not
-   * running as root: the files then belong to the service's user.
-   * @default { uid: 65534, gid: 65534 } (the bwrap provider's default sandbox user)
-   */
-  owner?: { uid: number; gid: number };
   /** How long to wait for another process unpacking the same image. @default 600_000 */
   lockTimeoutMs?: number;
+  /**
+   * Who runs the unpack tools when the service runs as root (the image's files are then taken by
+   * the service and sealed). Ignored otherwise. @default { uid: 65534, gid: 65534 } (the bwrap
+   * provider's default sandbox user)
+   */
+  unpackAs?: { uid: number; gid: number };
 }
