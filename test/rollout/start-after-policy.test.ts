@@ -241,6 +241,8 @@ describe('a start the policy can have broken is its own', { timeout: 180_000 }, 
     const steps = [plant('/workspace/.hooks/sitecustomize.py', 'import time\ntime.sleep(3)\n'), endSession, print42, endSession, print42, endSession, print42];
     const result = await rollout('slow-restarts', steps, { time_limit_s: 5, init_timeout_s: 60, tool_timeout_s: 600 });
     expect(result.critical_error).toBe('timeout');
+    // its restarts are its own time: the time-out is the policy's, scored, not filtered
+    expect(result.filter).toBe(false);
     expect(await liveSandboxes()).toBe(0);
   });
 

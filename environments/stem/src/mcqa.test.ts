@@ -1,6 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { extractBoxedInner, extractLetter, type McqaOptions } from './mcqa.ts';
-import type { GradingMode } from './schema.ts';
+import { extractBoxedInner, extractLetter, type GradingMode, type McqaOptions } from './mcqa.ts';
 
 // Expected letters are what NeMo Gym's Python mcqa extracts for the same input (each case was
 // checked against the Python functions).

@@ -1,5 +1,5 @@
+import { z } from 'zod';
 import { compilePythonRegex, pythonFindAll } from './python-regex.ts';
-import type { GradingMode } from './schema.ts';
 import { PY_SPACE, PY_WORD_CHARS, pyIsAlphaChar, pyLen, pySplit, pyStrip } from '@rollserve/core';
 
 // Letter extraction as NeMo Gym's resources_servers/mcqa/app.py does it today, function by
@@ -7,6 +7,24 @@ import { PY_SPACE, PY_WORD_CHARS, pyIsAlphaChar, pyLen, pySplit, pyStrip } from 
 
 /** `options` as rows carry it: single-key objects, letter to option text (null: no such option). */
 export type McqaOptions = ReadonlyArray<Readonly<Record<string, string | null>>>;
+
+/**
+ * How the answer letter is read (NeMo Gym mcqa's `grading_mode`):
+ * - `strict_single_letter_boxed`: the last `\boxed{}` holds a letter (`\boxed{C}`, `\boxed{\text{C}}`,
+ *   `\boxed{C: option text}`);
+ * - `lenient_boxed`: that, else the one option whose text the box contains;
+ * - `lenient_answer_colon`: `Answer: C` or `Answer: <exact option text>`;
+ * - `lenient_answer_colon_md`: markdown-tolerant `**Answer:** C`, the last such line, lists such
+ *   as `A or B` rejected, Arabic/Bengali/full-width letters read as A–D.
+ */
+export const GradingMode = z.enum([
+  'strict_single_letter_boxed',
+  'lenient_boxed',
+  'lenient_answer_colon',
+  'lenient_answer_colon_md',
+]);
+
+export type GradingMode = z.output<typeof GradingMode>;
 
 export interface McqaInput {
   text: string;

@@ -1,23 +1,6 @@
 import { z } from 'zod';
+import { GradingMode } from './mcqa.ts';
 import { parseQuantity } from './numeric.ts';
-
-/**
- * How the answer letter is read (NeMo Gym mcqa's `grading_mode`):
- * - `strict_single_letter_boxed`: the last `\boxed{}` holds a letter (`\boxed{C}`, `\boxed{\text{C}}`,
- *   `\boxed{C: option text}`);
- * - `lenient_boxed`: that, else the one option whose text the box contains;
- * - `lenient_answer_colon`: `Answer: C` or `Answer: <exact option text>`;
- * - `lenient_answer_colon_md`: markdown-tolerant `**Answer:** C`, the last such line, lists such
- *   as `A or B` rejected, Arabic/Bengali/full-width letters read as A–D.
- */
-export const GradingMode = z.enum([
-  'strict_single_letter_boxed',
-  'lenient_boxed',
-  'lenient_answer_colon',
-  'lenient_answer_colon_md',
-]);
-
-export type GradingMode = z.output<typeof GradingMode>;
 
 /**
  * A stem dataset row: NeMo Gym mcqa's fields, plus opt-in numeric answers with units.

@@ -53,6 +53,12 @@ export interface AgentLoopOptions {
    * tool call): an infrastructure failure, whatever the tool's handler made of it.
    */
   checkStartup?: () => RolloutError | undefined;
+  /**
+   * The loop sets `snapshot` to what it has produced so far (turns with their prompts whole,
+   * messages), for a rollout cut short by its time limit: a time-out that is the policy's is
+   * scored, so its trajectory is kept.
+   */
+  progress?: { snapshot?: () => Pick<AgentLoopResult, 'turns' | 'messages' | 'offeredTools' | 'usage'> };
 }
 
 export interface AgentLoopResult {
@@ -172,6 +178,13 @@ export async function runAgentLoop(options: AgentLoopOptions): Promise<AgentLoop
   const prompts = new PromptLog();
   const usage = { input: 0, output: 0 };
   let stop: AgentLoopResult['stop'] = 'max_turns';
+  if (options.progress) {
+    options.progress.snapshot = () => {
+      prompts.restore();
+      // copies: a tool call in flight may still land in its turn after the rollout has ended
+      return { turns: turns.map((turn) => ({ ...turn, toolCalls: [...turn.toolCalls] })), messages: messages.slice(), offeredTools: tools, usage: { ...usage } };
+    };
+  }
 
   for (let index = 0; index < options.maxTurns; index++) {
     if (options.signal.aborted) throw options.signal.reason ?? new RolloutError({ code: 'CANCELLED', message: 'rollout aborted' });

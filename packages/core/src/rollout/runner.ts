@@ -70,14 +70,35 @@ interface Job extends RunnerJob {
   active: boolean;
   abort: AbortController;
   usedMs: number;
+  /** Whether `time_limit_s` ran out (in RUN, or before or in EVAL): only that time-out is attributed. */
+  outOfTime: boolean;
   timing: Record<StageName, StageTiming>;
   startedAt: number;
   done: Promise<RolloutResult>;
   resolve: (result: RolloutResult) => void;
 }
 
-/** What a finished rollout's stages produced. */
-type Outcome = Pick<RolloutResult, 'state' | 'reward' | 'rewardComponents' | 'verifyExtras' | 'criticalError' | 'error' | 'response' | 'messages' | 'turns'>;
+/**
+ * What a finished rollout's stages produced. `policyTimeout`: a time-out that is the policy's
+ * doing (see `timeoutIsPolicys`), scored as reward 0 and not filtered.
+ */
+type Outcome = Pick<RolloutResult, 'state' | 'reward' | 'rewardComponents' | 'verifyExtras' | 'criticalError' | 'error' | 'response' | 'messages' | 'turns'> & {
+  policyTimeout?: boolean;
+};
+
+/**
+ * Whether a rollout's time-out (in RUN, or in EVAL, or before EVAL for want of time) is the
+ * policy's doing: its own time in RUN (the stage's charged time less the time spent waiting for
+ * model calls, i.e. its tool calls and the starts it caused after it acted) reached half of
+ * `time_limit_s`. Model calls are never its time: how long a backend takes (its load, retries,
+ * failover) is the infrastructure's, and a generation's length is bounded by `max_tokens` and
+ * `max_turns`. Half, not all, because a policy that sleeps in its tools until the limit passes
+ * still spends some of it waiting for its own generations; and a slow backend alone never gets
+ * the policy's share there.
+ */
+function timeoutIsPolicys(policyRunMs: number, timeLimitS: number): boolean {
+  return policyRunMs >= (timeLimitS * 1000) / 2;
+}
 
 /** The outcome of a rollout that did not get through its stages. */
 function failedOutcome(
@@ -247,6 +268,7 @@ export class RolloutRunner {
       active: false,
       abort: new AbortController(),
       usedMs: 0,
+      outOfTime: false,
       timing: { init: { queuedMs: 0, activeMs: 0 }, run: { queuedMs: 0, activeMs: 0 }, eval: { queuedMs: 0, activeMs: 0 } },
       startedAt: performance.now(),
       done,
@@ -368,7 +390,10 @@ export class RolloutRunner {
       async () => {
         job.timing[name].queuedMs = performance.now() - enqueued;
         const budget = name === 'init' ? initLimitS * 1000 : limits.time_limit_s * 1000 - job.usedMs;
-        if (budget <= 0) throw new RolloutError({ code: 'TIMEOUT', message: `${what} reached before ${name}` });
+        if (budget <= 0) {
+          job.outOfTime = true;
+          throw new RolloutError({ code: 'TIMEOUT', message: `${what} reached before ${name}` });
+        }
         job.active = true;
         // The stage's time limit aborts the job's own signal (a timed-out rollout ends there), so a
         // stage costs one timer, not a timeout signal and a composite one (AbortSignal.timeout's
@@ -382,7 +407,10 @@ export class RolloutRunner {
         const expire = (): void => {
           const left = budget - charged();
           if (left >= 1) deadline = setTimeout(expire, Math.ceil(left));
-          else job.abort.abort(timeout());
+          else {
+            if (name !== 'init') job.outOfTime = true;
+            job.abort.abort(timeout());
+          }
         };
         deadline = setTimeout(expire, Math.ceil(budget));
         try {
@@ -431,6 +459,12 @@ export class RolloutRunner {
     let messages: Array<Record<string, unknown>> = [];
     let response: Record<string, unknown> | null = null;
     let outcome: Outcome;
+    // Wall time of model calls in RUN (a call in flight included): not the policy's (see timeoutIsPolicys).
+    let modelDoneMs = 0;
+    let modelSince: number | undefined;
+    const modelMs = () => modelDoneMs + (modelSince === undefined ? 0 : performance.now() - modelSince);
+    let policyRunMs = 0;
+    const progress: NonNullable<Parameters<typeof runAgentLoop>[0]['progress']> = {};
     try {
       await this.#stage('init', job, async (signal) => {
         resources = await this.#setupOf(env);
@@ -464,16 +498,20 @@ export class RolloutRunner {
           env,
           row: row as never,
           ctx: { session, config, logger, tools, resources },
-          callModel: metrics
-            ? async (request, s) => {
-                const stop = metrics.llmLatency.startTimer();
-                try {
-                  return await callModel(request, s);
-                } finally {
-                  stop();
-                }
+          callModel: async (request, s) => {
+            const stop = metrics?.llmLatency.startTimer();
+            const since = (modelSince = performance.now());
+            try {
+              return await callModel(request, s);
+            } finally {
+              // a call that outlived its stage (aborted) was counted when the stage ended
+              if (modelSince === since) {
+                modelDoneMs += performance.now() - since;
+                modelSince = undefined;
               }
-            : callModel,
+              stop?.();
+            }
+          },
           maxTurns: task.limits.max_turns,
           toolTimeoutMs: task.limits.tool_timeout_s * 1000,
           signal,
@@ -484,10 +522,18 @@ export class RolloutRunner {
           },
           checkLimits: () => tools.limitExceeded(),
           checkStartup: () => tools.startFailure(),
+          progress,
         }),
         // starts after the policy acted are its time (SessionTools.startupBeforeActMs)
         () => tools.startupBeforeActMs(),
-      );
+      ).finally(() => {
+        // RUN is the first stage charged to the time limit: what it used is job.usedMs now
+        policyRunMs = job.usedMs - modelMs();
+        if (modelSince !== undefined) {
+          modelDoneMs = modelMs();
+          modelSince = undefined;
+        }
+      });
       turns = loop.turns;
       messages = loop.messages as Array<Record<string, unknown>>;
       response = buildResponse({ id: job.id, model: task.policy.model, turns, tools: loop.offeredTools, usage: loop.usage });
@@ -522,7 +568,28 @@ export class RolloutRunner {
         outcome = { state: 'done', reward: score, rewardComponents: reward_components ?? null, verifyExtras: extras, criticalError: null, error: null, response, messages, turns };
       }
     } catch (error) {
+      if (stage === 'run' && job.outOfTime && progress.snapshot) {
+        // cut short by the time limit: what the policy produced until then is the sample's
+        try {
+          const partial = progress.snapshot();
+          response = buildResponse({ id: job.id, model: task.policy.model, turns: partial.turns, tools: partial.offeredTools, usage: partial.usage });
+          turns = partial.turns;
+          messages = partial.messages as Array<Record<string, unknown>>;
+        } catch (snapshotError) {
+          logger.error({ err: snapshotError }, 'the trajectory of a timed-out rollout could not be kept');
+        }
+      }
       outcome = failedOutcome(error, stage, turns, messages, response);
+      if (outcome.criticalError === 'timeout' && job.outOfTime && timeoutIsPolicys(policyRunMs, task.limits.time_limit_s)) {
+        // The policy spent the time itself (sleeping in its tools, say): filtering that would let
+        // it turn a sample it fails into one never trained on. Reward 0 like an unfinished answer;
+        // EVAL is not run, as the time limit that also covers it is spent.
+        outcome.policyTimeout = true;
+        outcome.error = {
+          code: 'TIMEOUT',
+          message: `${outcome.error!.message}; the policy's own time in RUN (its tool calls) was ${(policyRunMs / 1000).toFixed(1)} s, at least half the limit: scored as reward 0`,
+        };
+      }
       if (outcome.criticalError !== 'cancelled') logger.warn({ err: error, stage }, 'rollout failed');
       assignTurnRewards(turns, 0, task.turn_rewards, task.gamma);
     }
@@ -532,15 +599,16 @@ export class RolloutRunner {
     this.#finish(job, outcome);
   }
 
-  #finish(job: Job, outcome: Outcome): void {
+  #finish(job: Job, { policyTimeout, ...outcome }: Outcome): void {
     const result: RolloutResult = {
       id: job.id,
       taskId: job.taskId,
       sampleIndex: job.sampleIndex,
       env: job.task.env,
       ...outcome,
-      // a sandbox limit the policy ran into is the policy's doing: a real 0, to train on
-      filter: outcome.criticalError !== null && outcome.error?.code !== 'RESOURCE_LIMIT',
+      // a sandbox limit the policy ran into, or a time limit it spent itself, is the policy's
+      // doing: a real 0, to train on
+      filter: outcome.criticalError !== null && outcome.error?.code !== 'RESOURCE_LIMIT' && policyTimeout !== true,
       advantage: null,
       credit: null,
       timing: { ...job.timing, totalMs: performance.now() - job.startedAt },

@@ -38,8 +38,11 @@ export const RolloutLimits = z.strictObject({
   /**
    * Stage time a sample may take in RUN and EVAL (queue time, INIT and starts of the sandbox or
    * backends at first use before the policy acted excluded: those are `init_timeout_s`'s; a start
-   * after it is the policy's time). Passing it ends the sample with
-   * `criticalError: 'timeout'`, filtered.
+   * after it is the policy's time). Passing it ends the sample with `criticalError: 'timeout'`,
+   * filtered when the time went to the infrastructure (waiting for model calls, a slow verify);
+   * when the policy's own time in RUN (its tool calls, starts after it acted: RUN's time less its
+   * model calls') reached half of it, the time-out is the policy's: reward 0, not filtered, its
+   * trajectory so far kept (README: "A time-out is attributed").
    */
   time_limit_s: z.number().positive().max(86_400).default(600),
   /**
@@ -287,7 +290,11 @@ export const RolloutResult = z.object({
   /** The environment's verify extras, with NeMo Gym's key names. */
   verifyExtras: z.record(z.string(), z.unknown()),
   criticalError: CriticalError,
-  /** True for infrastructure failures: do not train on this sample as reward 0. */
+  /**
+   * True for infrastructure failures: do not train on this sample as reward 0. False for a failure
+   * that is the policy's doing: a sandbox limit it ran into (`error.code: RESOURCE_LIMIT`), a
+   * time-out whose time it spent itself (`criticalError: 'timeout'`, see `time_limit_s`).
+   */
   filter: z.boolean(),
   error: z.object({ code: z.string(), message: z.string() }).nullable(),
   /** Group-normalised outcome advantage (n > 1), else null. */

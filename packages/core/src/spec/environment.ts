@@ -1,9 +1,11 @@
-import type { Logger } from 'pino';
 import type { z } from 'zod';
 import type { NeMoGymResponse } from '../protocol/responses.ts';
 import type { SandboxProvider, SandboxResources, SandboxSpec } from '../sandbox/types.ts';
-import type { SessionTools } from '../tools/session-tools.ts';
+import type { EnvironmentContext } from './context.ts';
 import type { ToolDefinition } from './tool.ts';
+
+// In context.ts because tool.ts needs them too; re-exported for the files that import them from here.
+export type { EnvironmentContext, Session } from './context.ts';
 
 /** NeMo Gym's closed set of resources-server domains (CONTRACT.md §4.1). */
 export type NemoGymDomain =
@@ -21,55 +23,6 @@ export type NemoGymDomain =
   | 'other';
 
 export type ReverifyMode = 'stateless' | 'unsupported' | 'unknown';
-
-/**
- * Per-rollout state. One session per rollout, keyed by the session cookie on the NeMo Gym face and
- * by the job on the rollout service. `state` is the environment's own bag; it is dropped after
- * `verify` (or by the idle reaper).
- */
-export interface Session {
-  /** Opaque id: a uuid. */
-  readonly id: string;
-  /** The environment's per-rollout state, for example `{ counter: 3 }`. */
-  state: Record<string, unknown>;
-  /**
-   * Resources the session owns (sandboxes, kernels). Each is closed, in reverse order, when the
-   * session ends, whatever happens to the rollout.
-   */
-  onClose(close: () => Promise<void> | void): void;
-}
-
-/**
- * What every hook of an environment receives besides its own arguments. Both faces build it the
- * same way, so a hook never needs to know which face runs it.
- */
-export interface EnvironmentContext<Config = Record<string, unknown>, Resources = any> {
-  /** The rollout's session. */
-  session: Session;
-  /**
-   * The environment's configuration: the NeMo Gym YAML block of the server instance (after
-   * interpolation), parsed by the environment's `config` schema when it has one.
-   * @example { should_use_judge: false, library_verifier_timeout_seconds: 10 }
-   */
-  config: Config;
-  /** A pino logger bound to the environment and the rollout. */
-  logger: Logger;
-  /** Aborted when the caller gives up (client gone, rollout cancelled or timed out). */
-  signal: AbortSignal;
-  /**
-   * The session's sandbox and tool backends, closed with the session. The sandbox is the one
-   * `sandbox` describes, for this session's row: the rollout service creates it in INIT (with
-   * whatever the offered tools `prepare`), the NeMo Gym face on first use. Starting them is never
-   * counted against a tool call's time limit (see `SessionTools.startupMs`).
-   * @example const bash = await ctx.tools.bash(); await bash.run('ls')
-   */
-  tools: SessionTools;
-  /**
-   * What the environment's `setup` returned for this server (undefined without `setup`).
-   * @example ctx.resources.grader.grade(expected, text)
-   */
-  resources: Resources;
-}
 
 /** What `verify` returns: a reward and the environment's extras, with NeMo Gym's key names. */
 export type VerifyResult = { reward: number } & Record<string, unknown>;

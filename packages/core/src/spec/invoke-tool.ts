@@ -1,5 +1,5 @@
 import { RolloutError } from '../errors.ts';
-import type { EnvironmentContext } from './environment.ts';
+import type { EnvironmentContext } from './context.ts';
 import type { ToolDefinition } from './tool.ts';
 
 export type ToolOutcome = { ok: true; value: unknown } | { ok: false; timedOut: boolean; error: unknown };

@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import type { EnvironmentContext } from './environment.ts';
+import type { EnvironmentContext } from './context.ts';
 
 /**
  * A tool the agent may call. The same definition is a `POST /<name>` route on the NeMo Gym face

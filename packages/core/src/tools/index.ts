@@ -6,5 +6,3 @@ export { EDITOR_COMMANDS, Editor } from './editor.ts';
 export type { EditorArgs, EditorCommand, EditorResult } from './editor.ts';
 export { createSessionTools, SessionTools } from './session-tools.ts';
 export type { SessionPythonOptions, SessionToolsOptions } from './session-tools.ts';
-export { bashTool, createBashTool, createEditorTool, createPythonTool, editorTool, pythonTool } from './definitions.ts';
-export type { BashToolResult, ToolFactoryOptions } from './definitions.ts';

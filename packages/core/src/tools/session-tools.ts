@@ -1,5 +1,4 @@
 import { RolloutError } from '../errors.ts';
-import type { Session } from '../spec/environment.ts';
 import { createSandboxProvider } from '../sandbox/registry.ts';
 import type { Sandbox, SandboxProvider, SandboxSpec } from '../sandbox/types.ts';
 import { BashSession, type BashSessionOptions } from './bash.ts';
@@ -289,10 +288,18 @@ export class SessionTools {
 }
 
 /**
+ * What the tools need of a session (the spec's `Session`): a hook run when it ends. Declared here,
+ * not imported, because the spec's `ctx.tools` is typed by this folder: tools/ sits below spec/.
+ */
+export interface SessionCloser {
+  onClose(close: () => Promise<void> | void): void;
+}
+
+/**
  * The session's tools, closed when the session closes (`session.onClose`). The one way both faces
  * make `ctx.tools`: nothing is created until it is used.
  */
-export function createSessionTools(session: Session, options: SessionToolsOptions = {}): SessionTools {
+export function createSessionTools(session: SessionCloser, options: SessionToolsOptions = {}): SessionTools {
   const tools = new SessionTools(options);
   session.onClose(() => tools.close());
   return tools;

@@ -113,7 +113,7 @@ export function createApptainerProvider(options: ApptainerProviderOptions = {}):
         });
       });
       closeSync(fd);
-      const sandbox = new ApptainerSandbox(id, spec.workdir ?? DEFAULT_WORKDIR, socketHost, spec, base, binary, name, options);
+      const sandbox = new ApptainerSandbox(id, spec.workdir ?? DEFAULT_WORKDIR, socketHost, spec, base, binary, name, options.extraExecArgs);
       const fail = async (message: string): Promise<never> => {
         await sandbox.close();
         throw new RolloutError({ code: 'SANDBOX', message, retryable: true });

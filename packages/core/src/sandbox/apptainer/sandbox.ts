@@ -5,7 +5,6 @@ import { limitWrapper } from '../limits.ts';
 import { runProcess, shQuote } from '../process.ts';
 import { BASE_ENV, SOCKET_MOUNT, type ResolvedSandboxSpec, type SandboxStatus } from '../types.ts';
 import { buildExecArgv, buildInstanceStopArgv } from './args.ts';
-import type { ApptainerProviderOptions } from './provider.ts';
 
 export class ApptainerSandbox extends CommandSandbox {
   readonly provider = 'apptainer';
@@ -19,7 +18,8 @@ export class ApptainerSandbox extends CommandSandbox {
     private readonly base: string,
     private readonly binary: string,
     private readonly name: string,
-    private readonly options: ApptainerProviderOptions,
+    /** Appended to every `exec` (the provider's `extraExecArgs`). */
+    private readonly extraExecArgs: string[] | undefined,
   ) {
     super(workdir, { host: socketHost, sandbox: SOCKET_MOUNT }, resolved, [base], id);
   }
@@ -33,7 +33,7 @@ export class ApptainerSandbox extends CommandSandbox {
       binary: this.binary,
       name: this.name,
       envFile,
-      ...(this.options.extraExecArgs === undefined ? {} : { extraExecArgs: this.options.extraExecArgs }),
+      ...(this.extraExecArgs === undefined ? {} : { extraExecArgs: this.extraExecArgs }),
       command: [...limitWrapper(this.resolved.resources), ...inner],
     });
     return { argv, env: { ...BASE_ENV, ...pickHostEnv(), [TAG_VAR]: env[TAG_VAR] ?? '' }, cwd: this.base };

@@ -1,6 +1,6 @@
 import { z } from 'zod';
-import { defineTool, type ToolDefinition } from '../spec/tool.ts';
-import { EDITOR_COMMANDS } from './editor.ts';
+import { EDITOR_COMMANDS } from '../tools/editor.ts';
+import { defineTool, type ToolDefinition } from './tool.ts';
 
 /** The tools run on the session's `ctx.tools` (its sandbox, as the environment's `sandbox` describes it). */
 export interface ToolFactoryOptions {

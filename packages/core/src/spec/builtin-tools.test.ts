@@ -5,11 +5,11 @@ import pino from 'pino';
 import { afterEach, describe, expect, it } from 'vitest';
 import { bwrapAvailable, createBwrapProvider } from '../sandbox/bwrap/index.ts';
 import type { SandboxProvider } from '../sandbox/types.ts';
-import type { EnvironmentContext, Session } from '../spec/environment.ts';
-import { toolOutputText } from '../spec/invoke-tool.ts';
-import { toolDeclaration } from '../spec/tool.ts';
-import { bashTool, createBashTool, createEditorTool, createPythonTool, editorTool, pythonTool } from './definitions.ts';
-import { createSessionTools, type SessionTools } from './session-tools.ts';
+import { createSessionTools, type SessionTools } from '../tools/session-tools.ts';
+import { bashTool, createBashTool, createEditorTool, createPythonTool, editorTool, pythonTool } from './builtin-tools.ts';
+import type { EnvironmentContext, Session } from './context.ts';
+import { toolOutputText } from './invoke-tool.ts';
+import { toolDeclaration } from './tool.ts';
 
 type TestSession = Session & { tools: SessionTools; close(): Promise<void> };
 
