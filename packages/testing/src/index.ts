@@ -10,3 +10,4 @@ export * from './sandbox-suite.ts';
 export * from './postgres.ts';
 export * from './slurm.ts';
 export * from './shell-environment.ts';
+export * from './store-suite.ts';

@@ -9,7 +9,7 @@ import { exitOnSignals, launchFromNemoGym, startResourcesServer, type LaunchedSe
 import { RolloutError } from '../errors.ts';
 import { LlmBackendPool } from '../rollout/llm/index.ts';
 import { PoolModelProvider } from '../rollout/model-provider.ts';
-import { removeStaleSandboxDirs } from '../sandbox/staging.ts';
+import { removeStaleSandboxDirs, sweepOrphanedSandboxDirs } from '../sandbox/staging.ts';
 import { startRolloutServer, type RolloutServer } from '../rollout/server.ts';
 import { startRolloutNode, type RolloutNode } from '../node/agent.ts';
 import { RolloutService } from '../rollout/service.ts';
@@ -23,11 +23,16 @@ import { listInstalledEnvironments, loadEnvironment, resolveEnvironments, type I
 
 const { version } = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version: string };
 
-/** Sandbox directories left by a service that was killed (its processes died with it). */
+/**
+ * Sandbox directories left by a service or node that was killed (its processes died with it): at
+ * start, then those whose maker is gone every 30 s (another node of this host killed meanwhile).
+ */
 async function sweepStaleSandboxes(): Promise<void> {
   const removed = await removeStaleSandboxDirs();
   if (removed.length > 0) console.error(`removed ${removed.length} sandbox directories left by a stopped service`);
+  orphanSweep ??= sweepOrphanedSandboxDirs();
 }
+let orphanSweep: (() => void) | undefined;
 
 interface ServeAccess {
   host: string;

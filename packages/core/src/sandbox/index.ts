@@ -3,7 +3,7 @@ export { createSandboxProvider, defaultSandboxProviderName, registerSandboxProvi
 export type { SandboxProviderFactory, SandboxProviderOptionsMap } from './registry.ts';
 export * from './bwrap/index.ts';
 export { buildPrlimitArgs, inodeShares, limitWrapper, resolveSandboxSpec, SANDBOX_LIMITS, ulimitScript } from './limits.ts';
-export { removeStaleSandboxDirs } from './staging.ts';
+export { removeStaleSandboxDirs, sweepOrphanedSandboxDirs } from './staging.ts';
 export { CommandSandbox, type HostCommand } from './command-sandbox.ts';
 export * from './apptainer/index.ts';
 export * from './image/index.ts';

@@ -51,21 +51,34 @@ function ownerGone(dir: string): boolean {
  * command line names it, none works in it (bwrap runs in its sandbox's directory: its command line
  * names no host path) and it is older than `minAgeMs` or the process that made it is gone (see
  * markSandboxDir); a cgroup when it is that old and empty.
- * Call once at service start. Returns what it removed. `ids` limits it to those sandboxes.
+ * Call once at service start. Returns what it removed. `ids` limits it to those sandboxes;
+ * `orphansOnly`: only directories whose maker is gone (see sweepOrphanedSandboxDirs).
  */
-export async function removeStaleSandboxDirs(options: { tmpDir?: string; minAgeMs?: number; ids?: string[] } = {}): Promise<string[]> {
+export async function removeStaleSandboxDirs(options: { tmpDir?: string; minAgeMs?: number; ids?: string[]; orphansOnly?: boolean } = {}): Promise<string[]> {
   const dir = options.tmpDir ?? tmpdir();
   const minAgeMs = options.minAgeMs ?? 60_000;
   const only = options.ids === undefined ? undefined : new Set(options.ids.map((id) => `rollserve-${id}`));
-  const cgroups = removeStaleCgroups({ minAgeMs, ...(only === undefined ? {} : { only: (name: string) => only.has(name) }) });
+  const cgroups = options.orphansOnly ? [] : removeStaleCgroups({ minAgeMs, ...(only === undefined ? {} : { only: (name: string) => only.has(name) }) });
   let names: string[];
   try {
     names = readdirSync(dir).filter((name) => /^rollserve-rs-[0-9a-f]{12}$/.test(name) && (only === undefined || only.has(name)));
   } catch {
     return cgroups;
   }
-  if (names.length === 0) return cgroups;
-  if (names.length === 0) return [];
+  const candidates = names
+    .map((name) => join(dir, name))
+    .filter((path) => {
+      try {
+        const stat = lstatSync(path);
+        // another user's (whose processes' working directories we cannot see), unless we are root
+        if (process.getuid !== undefined && process.getuid() !== 0 && stat.uid !== process.getuid()) return false;
+        // young: maybe a sandbox being made right now (its bwrap not started yet), unless its maker is gone
+        return options.orphansOnly ? ownerGone(path) : Date.now() - stat.mtimeMs >= minAgeMs || ownerGone(path);
+      } catch {
+        return false;
+      }
+    });
+  if (candidates.length === 0) return cgroups;
   const cmdlines: string[] = [];
   const cwds: string[] = [];
   for (const pid of readdirSync('/proc')) {
@@ -78,21 +91,28 @@ export async function removeStaleSandboxDirs(options: { tmpDir?: string; minAgeM
     }
   }
   const removed: string[] = [];
-  for (const name of names) {
-    const path = join(dir, name);
-    try {
-      const stat = lstatSync(path);
-      // young: maybe a sandbox being made right now (its bwrap not started yet), unless its maker is gone
-      if (Date.now() - stat.mtimeMs < minAgeMs && !ownerGone(path)) continue;
-      // another user's (whose processes' working directories we cannot see), unless we are root
-      if (process.getuid !== undefined && process.getuid() !== 0 && stat.uid !== process.getuid()) continue;
-    } catch {
-      continue;
-    }
+  for (const path of candidates) {
     if (cmdlines.some((cmdline) => cmdline.includes(path)) || cwds.some((cwd) => cwd === path || cwd.startsWith(`${path}/`))) continue;
     await rm(path, { recursive: true, force: true });
     removed.push(path);
   }
   return [...cgroups, ...removed];
+}
+
+/**
+ * Sweeps, every `everyMs`, the directories of sandboxes whose maker is gone (a node or service on
+ * this host killed: its sandboxes died with it), so that they do not wait for the next start on
+ * this host. Cheap while there are none: the owner files are read, /proc only when one is gone.
+ */
+export function sweepOrphanedSandboxDirs(everyMs = 30_000, options: { tmpDir?: string } = {}): () => void {
+  let running = false;
+  const timer = setInterval(() => {
+    if (running) return;
+    running = true;
+    void removeStaleSandboxDirs({ ...options, orphansOnly: true })
+      .catch(() => [])
+      .finally(() => (running = false));
+  }, everyMs).unref();
+  return () => clearInterval(timer);
 }
 

@@ -1,6 +1,7 @@
 import { RolloutError } from '../errors.ts';
-import { PostgresStore } from './postgres.ts';
-import { parseSqliteUrl, SqliteStore } from './sqlite.ts';
+import { PostgresDialect } from './dialects/postgres.ts';
+import { parseSqliteUrl, SqliteDialect } from './dialects/sqlite.ts';
+import { SqlStore } from './store.ts';
 import type { OpenStoreOptions, RolloutStore } from './types.ts';
 
 /**
@@ -12,8 +13,8 @@ import type { OpenStoreOptions, RolloutStore } from './types.ts';
 export async function openStore(url: string, options: OpenStoreOptions = {}): Promise<RolloutStore> {
   if (url.startsWith('sqlite:')) {
     const { path, synchronous } = parseSqliteUrl(url);
-    return SqliteStore.open(path, { ...options, synchronous });
+    return SqlStore.open(SqliteDialect.open(path, { synchronous }), options);
   }
-  if (url.startsWith('postgres://') || url.startsWith('postgresql://')) return PostgresStore.open(url, options);
+  if (url.startsWith('postgres://') || url.startsWith('postgresql://')) return SqlStore.open(PostgresDialect.open(url, options), options);
   throw new RolloutError({ code: 'BAD_REQUEST', message: `unknown store URL "${url}" (sqlite:///path/to/file.db, sqlite::memory: or postgres://…)` });
 }

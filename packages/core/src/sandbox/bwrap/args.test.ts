@@ -162,6 +162,26 @@ describe('bwrap image root (real sandbox)', () => {
 });
 
 describe('removeStaleSandboxDirs', () => {
+  it('with orphansOnly removes only directories whose maker is gone, whatever their age', async () => {
+    const { mkdtempSync, mkdirSync, rmSync, existsSync, utimesSync, writeFileSync } = await import('node:fs');
+    const { tmpdir } = await import('node:os');
+    const { join } = await import('node:path');
+    const { removeStaleSandboxDirs } = await import('../staging.ts');
+    const dir = mkdtempSync(join(tmpdir(), 'rs-orphans-'));
+    try {
+      const old = join(dir, 'rollserve-rs-0123456789ab'); // old, maker unknown: left to the start-up sweep
+      const orphan = join(dir, 'rollserve-rs-00000000000c');
+      for (const d of [old, orphan]) mkdirSync(d);
+      writeFileSync(join(orphan, 'owner'), `${process.pid} 1`);
+      const then = new Date(Date.now() - 3_600_000);
+      utimesSync(old, then, then);
+      expect(await removeStaleSandboxDirs({ tmpDir: dir, orphansOnly: true })).toEqual([orphan]);
+      expect(existsSync(old)).toBe(true);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
   it('removes only old sandbox dirs that no process names', async () => {
     const { chmodSync, mkdtempSync, mkdirSync, rmSync, existsSync, utimesSync } = await import('node:fs');
     const { tmpdir } = await import('node:os');

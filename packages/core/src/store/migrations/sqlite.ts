@@ -1,0 +1,59 @@
+import type { Migration } from '../dialects/dialect.ts';
+
+/** Schema versions, applied in order, each in its own transaction; never edit one once released. */
+export const MIGRATIONS: readonly Migration[] = [
+  {
+    version: 1,
+    sql: `
+      CREATE TABLE tasks (
+        id TEXT PRIMARY KEY,
+        fingerprint TEXT NOT NULL,
+        body TEXT NOT NULL,
+        rollout_ids TEXT NOT NULL,
+        created_at TEXT NOT NULL
+      );
+      CREATE TABLE rollouts (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        id TEXT NOT NULL UNIQUE,
+        task_id TEXT NOT NULL,
+        sample_index INTEGER NOT NULL,
+        state TEXT NOT NULL,
+        attempt INTEGER NOT NULL DEFAULT 0,
+        worker_id TEXT,
+        lease_expires_at INTEGER,
+        committed_attempt INTEGER
+      );
+      CREATE INDEX rollouts_task ON rollouts (task_id);
+      CREATE INDEX rollouts_state ON rollouts (state, seq);
+      CREATE INDEX rollouts_lease ON rollouts (state, lease_expires_at);
+      CREATE INDEX rollouts_worker ON rollouts (worker_id, state);
+      CREATE TABLE results (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        rollout_id TEXT NOT NULL UNIQUE,
+        task_id TEXT NOT NULL,
+        state TEXT NOT NULL,
+        stored_at INTEGER NOT NULL,
+        body TEXT NOT NULL
+      );
+      CREATE INDEX results_task ON results (task_id, seq);
+      CREATE INDEX results_stored ON results (stored_at);
+      CREATE TABLE imports (
+        source TEXT PRIMARY KEY,
+        imported_at TEXT NOT NULL,
+        tasks INTEGER NOT NULL,
+        results INTEGER NOT NULL
+      );
+    `,
+  },
+  {
+    // rollout nodes' credentials (hashes): a node registering again after a restart proves it is the same node
+    version: 2,
+    sql: `
+      CREATE TABLE nodes (
+        id TEXT PRIMARY KEY,
+        credential_hash TEXT NOT NULL,
+        issued_at INTEGER NOT NULL
+      );
+    `,
+  },
+];
