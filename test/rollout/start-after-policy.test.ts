@@ -10,9 +10,9 @@ import {
 } from '@rollserve/core';
 import math from '@rollserve/env-math';
 import { startFakePolicy, startTestRolloutService, type FakePolicy, type FakeReply } from '@rollserve/testing';
-import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
+import { liveSandboxes, submitAndWait, type HttpService } from './http-rollout.ts';
 
 // A start that fails is infrastructure (filtered, critical_error "init") only while nothing the
 // policy did can have caused it. Once the policy has acted in its sandbox it can break the next
@@ -102,7 +102,6 @@ const plant = (path: string, text: string) => python(`open(${JSON.stringify(path
 let fake: FakePolicy;
 let server: RolloutServer;
 const TOKEN = 'start-after-policy-token';
-const auth = { authorization: `Bearer ${TOKEN}`, 'content-type': 'application/json' };
 
 beforeAll(async () => {
   fake = await startFakePolicy({ script: script as never });
@@ -123,33 +122,10 @@ interface WireResult {
 }
 
 /** Submits one task whose policy runs `steps`, over HTTP, and waits for its result. */
-async function rollout(id: string, steps: unknown[], limits: Record<string, unknown>, hook = '', env = 'resettable_python'): Promise<WireResult> {
-  const submitted = await request(`${server.url}/v1/rollouts`, {
-    method: 'POST',
-    headers: auth,
-    body: JSON.stringify({
-      id,
-      env,
-      row: { responses_create_params: { input: `steps|${JSON.stringify(steps)}` }, hook },
-      policy: { model: 'fake-policy' },
-      limits,
-    }),
-  });
-  const accepted = (await submitted.body.json()) as { tasks?: Array<{ rollout_ids: string[] }> };
-  expect(submitted.statusCode, JSON.stringify(accepted)).toBe(202);
-  const rolloutId = accepted.tasks![0]!.rollout_ids[0]!;
-  for (;;) {
-    const got = await request(`${server.url}/v1/rollouts/${rolloutId}`, { headers: auth });
-    const view = (await got.body.json()) as { result: WireResult | null };
-    if (view.result !== null) return view.result;
-    await new Promise((resolve) => setTimeout(resolve, 100));
-  }
-}
+const rollout = (id: string, steps: unknown[], limits: Record<string, unknown>, hook = '', env = 'resettable_python') =>
+  submitAndWait<WireResult>(service(), { id, env, row: { responses_create_params: { input: `steps|${JSON.stringify(steps)}` }, hook }, policy: { model: 'fake-policy' }, limits });
 
-async function liveSandboxes(): Promise<number> {
-  const got = await request(`${server.url}/v1/status`, { headers: auth });
-  return ((await got.body.json()) as { live_sandboxes: number }).live_sandboxes;
-}
+const service = (): HttpService => ({ url: server.url, token: TOKEN });
 
 /** The rollout was scored as the policy's: not failed, not filtered, and the policy had its turn after the broken call. */
 function expectScored(result: WireResult, turns: number): void {
@@ -173,7 +149,7 @@ describe('a start the policy can have broken is its own', { timeout: 180_000 }, 
     expect(call.status).toBe('error');
     expect(call.output).toMatch(/did not start/);
     expect(result.reward).toBe(0);
-    expect(await liveSandboxes()).toBe(0);
+    expect(await liveSandboxes(service())).toBe(0);
   });
 
   it('fails a restart whose hook exits, and a start the policy cannot make a socket for: the call\'s error, scored', async () => {
@@ -190,7 +166,7 @@ describe('a start the policy can have broken is its own', { timeout: 180_000 }, 
     expectScored(full, 4);
     expect(full.turns[0]!.tool_calls[0]!.output).toContain('True');
     expect(full.turns[2]!.tool_calls[0]!.status).toBe('error');
-    expect(await liveSandboxes()).toBe(0);
+    expect(await liveSandboxes(service())).toBe(0);
   });
 
   it('keeps a kernel the policy killed, and could not restart, the call\'s error', async () => {
@@ -233,7 +209,7 @@ describe('a start the policy can have broken is its own', { timeout: 180_000 }, 
     const first = await rollout('bypass-first', [print42], { tool_timeout_s: 600 }, 'raise SystemExit(3)\n', 'bypassing_python');
     expect(first.critical_error).toBe('init');
     expect(first.filter).toBe(true);
-    expect(await liveSandboxes()).toBe(0);
+    expect(await liveSandboxes(service())).toBe(0);
   });
 
   it('counts the policy\'s own restarts against time_limit_s, so they cannot stretch a rollout past it', async () => {
@@ -243,7 +219,7 @@ describe('a start the policy can have broken is its own', { timeout: 180_000 }, 
     expect(result.critical_error).toBe('timeout');
     // its restarts are its own time: the time-out is the policy's, scored, not filtered
     expect(result.filter).toBe(false);
-    expect(await liveSandboxes()).toBe(0);
+    expect(await liveSandboxes(service())).toBe(0);
   });
 
   it('still filters a start that fails before the policy acted (the operator\'s hook breaks the kernel in INIT)', async () => {
@@ -254,7 +230,7 @@ describe('a start the policy can have broken is its own', { timeout: 180_000 }, 
     expect(result.filter).toBe(true);
     expect(result.turns).toEqual([]);
     expect(fake.requests.length).toBe(before);
-    expect(await liveSandboxes()).toBe(0);
+    expect(await liveSandboxes(service())).toBe(0);
   });
 });
 

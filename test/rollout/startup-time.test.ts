@@ -16,6 +16,7 @@ import { createServer } from 'node:net';
 import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
+import { liveSandboxes, submitAndWait, type HttpService } from './http-rollout.ts';
 
 // Machine load must not change rewards: starting the sandbox, the shell and the Python kernel is
 // infrastructure work. It belongs to INIT under the task's `init_timeout_s`, never to the policy's
@@ -120,33 +121,10 @@ interface WireResult {
 }
 
 /** Submits one task over HTTP and waits for its result. */
-async function rollout(id: string, env: string, delay: number, code: string, limits: Record<string, unknown>): Promise<WireResult> {
-  const submitted = await request(`${server.url}/v1/rollouts`, {
-    method: 'POST',
-    headers: auth,
-    body: JSON.stringify({
-      id,
-      env,
-      row: { responses_create_params: { input: `run|${code}` }, delay },
-      policy: { model: 'fake-policy' },
-      limits,
-    }),
-  });
-  const accepted = (await submitted.body.json()) as { tasks?: Array<{ rollout_ids: string[] }> };
-  expect(submitted.statusCode, JSON.stringify(accepted)).toBe(202);
-  const rolloutId = accepted.tasks![0]!.rollout_ids[0]!;
-  for (;;) {
-    const got = await request(`${server.url}/v1/rollouts/${rolloutId}`, { headers: auth });
-    const view = (await got.body.json()) as { result: WireResult | null };
-    if (view.result !== null) return view.result;
-    await new Promise((resolve) => setTimeout(resolve, 100));
-  }
-}
+const rollout = (id: string, env: string, delay: number, code: string, limits: Record<string, unknown>) =>
+  submitAndWait<WireResult>(service(), { id, env, row: { responses_create_params: { input: `run|${code}` }, delay }, policy: { model: 'fake-policy' }, limits });
 
-async function liveSandboxes(): Promise<number> {
-  const got = await request(`${server.url}/v1/status`, { headers: auth });
-  return ((await got.body.json()) as { live_sandboxes: number }).live_sandboxes;
-}
+const service = (): HttpService => ({ url: server.url, token: TOKEN });
 
 describe('start-up is not charged to the policy', { timeout: 120_000 }, () => {
   it('starts the kernel in INIT: a first call shorter than the start succeeds and the reward is the policy\'s', async () => {
@@ -197,7 +175,7 @@ describe('start-up is not charged to the policy', { timeout: 120_000 }, () => {
     expect(result.turns).toEqual([]);
     // the policy was never asked: nothing of this sample is the policy's
     expect(fake.requests.length).toBe(before);
-    expect(await liveSandboxes()).toBe(0);
+    expect(await liveSandboxes(service())).toBe(0);
   });
 
   it('ends a rollout whose kernel misses the start limit at first use as a filtered infrastructure failure', async () => {
@@ -208,7 +186,7 @@ describe('start-up is not charged to the policy', { timeout: 120_000 }, () => {
       expect(result.filter, env).toBe(true);
       expect(result.error?.message, env).toMatch(/did not start/);
     }
-    expect(await liveSandboxes()).toBe(0);
+    expect(await liveSandboxes(service())).toBe(0);
   });
 
   it('refuses a bad init_timeout_s with a 422 naming it', async () => {

@@ -1,9 +1,9 @@
 import { bashTool, defineEnvironment, startRolloutServer, type RolloutServer } from '@rollserve/core';
 import { startFakePolicy, type FakePolicy, type FakeReply } from '@rollserve/testing';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
+import { liveSandboxes, submitAndWait, type HttpService } from './http-rollout.ts';
 
 // A rollout that runs out of `time_limit_s` is filtered only when the time went to the
 // infrastructure (waiting for model calls, a slow verify). When the policy spent it itself, in its
@@ -52,7 +52,6 @@ function script(req: { messages: unknown[] }, ctx: { turn: number }): FakeReply 
 let fake: FakePolicy;
 let server: RolloutServer;
 const TOKEN = 'timeout-token';
-const auth = { authorization: `Bearer ${TOKEN}`, 'content-type': 'application/json' };
 
 beforeAll(async () => {
   fake = await startFakePolicy({ script: script as never });
@@ -74,27 +73,10 @@ interface WireResult {
 }
 
 /** Submits one task over HTTP and waits for its result. */
-async function rollout(id: string, plan: string, limits: Record<string, unknown>, verifyMs = 0): Promise<WireResult> {
-  const submitted = await request(`${server.url}/v1/rollouts`, {
-    method: 'POST',
-    headers: auth,
-    body: JSON.stringify({ id, env: 'timed_shell', row: { responses_create_params: { input: plan }, verify_ms: verifyMs }, policy: { model: 'fake-policy' }, limits }),
-  });
-  const accepted = (await submitted.body.json()) as { tasks?: Array<{ rollout_ids: string[] }> };
-  expect(submitted.statusCode, JSON.stringify(accepted)).toBe(202);
-  const rolloutId = accepted.tasks![0]!.rollout_ids[0]!;
-  for (;;) {
-    const got = await request(`${server.url}/v1/rollouts/${rolloutId}`, { headers: auth });
-    const view = (await got.body.json()) as { result: WireResult | null };
-    if (view.result !== null) return view.result;
-    await sleep(100);
-  }
-}
+const rollout = (id: string, plan: string, limits: Record<string, unknown>, verifyMs = 0) =>
+  submitAndWait<WireResult>(service(), { id, env: 'timed_shell', row: { responses_create_params: { input: plan }, verify_ms: verifyMs }, policy: { model: 'fake-policy' }, limits });
 
-async function liveSandboxes(): Promise<number> {
-  const got = await request(`${server.url}/v1/status`, { headers: auth });
-  return ((await got.body.json()) as { live_sandboxes: number }).live_sandboxes;
-}
+const service = (): HttpService => ({ url: server.url, token: TOKEN });
 
 describe('a time-out is attributed: the policy\'s is scored, the infrastructure\'s filtered', { timeout: 120_000 }, () => {
   it('scores a policy that sleeps in its tool calls until the time limit passes (reward 0, not filtered)', async () => {
@@ -114,7 +96,7 @@ describe('a time-out is attributed: the policy\'s is scored, the infrastructure\
       expect(turn.generation_token_ids?.length).toBeGreaterThan(0);
     }
     expect(result.response?.output.length).toBeGreaterThan(0);
-    expect(await liveSandboxes()).toBe(0);
+    expect(await liveSandboxes(service())).toBe(0);
   });
 
   it('scores a policy whose sleep leaves no time for EVAL (verify cut short by the policy\'s time)', async () => {
@@ -130,7 +112,7 @@ describe('a time-out is attributed: the policy\'s is scored, the infrastructure\
     expect(result.filter).toBe(true);
     expect(result.turns.length).toBeGreaterThan(0);
     expect(result.turns.flatMap((t) => t.tool_calls).every((c) => c.status === 'ok')).toBe(true);
-    expect(await liveSandboxes()).toBe(0);
+    expect(await liveSandboxes(service())).toBe(0);
   });
 
   it('filters a time-out in a backend that stopped answering after the policy slept less than half the limit', async () => {
