@@ -79,38 +79,20 @@ export async function removeStaleSandboxDirs(options: { tmpDir?: string; minAgeM
       }
     });
   if (candidates.length === 0) return cgroups;
-  const orphaned = new Set(candidates.filter(ownerGone));
   const cmdlines: string[] = [];
-  const cwds: Array<{ pid: number; cwd: string }> = [];
+  const cwds: string[] = [];
   for (const pid of readdirSync('/proc')) {
     if (!/^\d+$/.test(pid)) continue;
     try {
       cmdlines.push(readFileSync(`/proc/${pid}/cmdline`, 'latin1'));
-      cwds.push({ pid: Number(pid), cwd: readlinkSync(`/proc/${pid}/cwd`) });
+      cwds.push(readlinkSync(`/proc/${pid}/cwd`));
     } catch {
       // exited, or another user's
     }
   }
-  const within = (cwd: string, path: string) => cwd === path || cwd.startsWith(`${path}/`) || cwd === `${path} (deleted)`;
   const removed: string[] = [];
   for (const path of candidates) {
-    // A sandbox whose maker is gone but whose bwrap still runs (it missed its parent's death): its
-    // bwrap processes, the only ones working in its directory, are ended (pid 1 of its namespace
-    // takes the rest with it). Its directory names them: nothing is found by name.
-    if (orphaned.has(path)) {
-      for (const { pid, cwd } of cwds) {
-        if (!within(cwd, path)) continue;
-        try {
-          process.kill(pid, 'SIGKILL');
-        } catch {
-          // gone meanwhile
-        }
-      }
-      await rm(path, { recursive: true, force: true });
-      removed.push(path);
-      continue;
-    }
-    if (cmdlines.some((cmdline) => cmdline.includes(path)) || cwds.some(({ cwd }) => within(cwd, path))) continue;
+    if (cmdlines.some((cmdline) => cmdline.includes(path)) || cwds.some((cwd) => cwd === path || cwd.startsWith(`${path}/`))) continue;
     await rm(path, { recursive: true, force: true });
     removed.push(path);
   }

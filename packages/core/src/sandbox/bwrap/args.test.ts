@@ -175,16 +175,7 @@ describe('removeStaleSandboxDirs', () => {
       writeFileSync(join(orphan, 'owner'), `${process.pid} 1`);
       const then = new Date(Date.now() - 3_600_000);
       utimesSync(old, then, then);
-      // a process still working in the orphan's directory (a bwrap that missed its parent's death) is ended with it
-      const { spawn } = await import('node:child_process');
-      const straggler = spawn('sleep', ['600'], { cwd: orphan, stdio: 'ignore' });
-      const exited = new Promise<NodeJS.Signals | null>((resolve) => straggler.once('exit', (_code, signal) => resolve(signal)));
-      try {
-        expect(await removeStaleSandboxDirs({ tmpDir: dir, orphansOnly: true })).toEqual([orphan]);
-        expect(await exited).toBe('SIGKILL');
-      } finally {
-        straggler.kill('SIGKILL');
-      }
+      expect(await removeStaleSandboxDirs({ tmpDir: dir, orphansOnly: true })).toEqual([orphan]);
       expect(existsSync(old)).toBe(true);
     } finally {
       rmSync(dir, { recursive: true, force: true });
