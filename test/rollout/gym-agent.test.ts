@@ -13,7 +13,7 @@ import {
   type FakePolicy,
 } from '@rollserve/testing';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { GymRunResponse, gymAgentApi } from '../../packages/core/src/rollout/api/gym-agent.ts';
+import { GymRunResponse, gymAgentApi } from '../../packages/core/src/api/gym-agent.ts';
 
 // The rollout service as a NeMo Gym responses_api_agents server: rollout collection (and NeMo-RL)
 // POST each materialized row to /run and, at the end, the verify responses to /aggregate_metrics.

@@ -2,7 +2,7 @@ import { startRolloutServer, type RolloutServer } from '@rollserve/core';
 import math from '@rollserve/env-math';
 import { call, counterEnvironment, renderPrompt, startFakePolicy, toyLogprob, toyTokenizer, type ChatCompletionBody, type FakePolicy } from '@rollserve/testing';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { ProcessRequest, ProRLResult, prorlApi } from '../../packages/core/src/rollout/api/prorl.ts';
+import { ProcessRequest, ProRLResult, prorlApi } from '../../packages/core/src/api/prorl.ts';
 
 // ProRL Agent's API as its clients use it (NVIDIA-NeMo/ProRL-Agent-Server scripts/start_server.py and
 // its batch processor): /start, /process per instance, /stop; /add_llm_server, /clear_llm_server.

@@ -1,9 +1,17 @@
+export { createRolloutApi, toWireGroup, toWireResult, toWireStatus, toWireView } from './api/index.ts';
+export type { ApiContext, BackendRegistry, RolloutApiOptions, WireGroup, WireResult, WireStatus, WireView } from './api/index.ts';
+export * from './api/openapi.ts';
+export * from './api/server.ts';
 export * from './errors.ts';
 export * from './gym/index.ts';
+export * from './llm/index.ts';
 export * from './node/index.ts';
 export * from './protocol/index.ts';
-export * from './rollout/index.ts';
+export * from './runner/index.ts';
 export * from './sandbox/index.ts';
+export * from './server/index.ts';
+export * from './service/index.ts';
+export * from './slurm/index.ts';
 export * from './spec/index.ts';
 export * from './store/index.ts';
 export * from './tools/index.ts';

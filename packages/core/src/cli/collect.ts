@@ -4,8 +4,8 @@ import { open, readFile, rename, writeFile } from 'node:fs/promises';
 import cliProgress from 'cli-progress';
 import { RolloutError } from '../errors.ts';
 import { computeAggregateMetrics, type AggregateMetricsHooks } from '../gym/metrics.ts';
-import type { WireResult } from '../rollout/api/wire.ts';
-import type { RolloutTaskInput } from '../rollout/types.ts';
+import type { WireResult } from '../api/wire.ts';
+import type { RolloutTaskInput } from '../protocol/rollout.ts';
 import type { VerifyEntry } from '../spec/environment.ts';
 import type { RolloutRunner } from './rollout-runner.ts';
 

@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { RolloutError } from '../errors.ts';
-import type { RolloutResult, RolloutTaskInput } from '../rollout/types.ts';
+import type { RolloutResult, RolloutTaskInput } from '../protocol/rollout.ts';
 import type { Environment } from '../spec/environment.ts';
 import type { InstalledEnvironment } from './discover.ts';
 import { findWorkspaceRoot, loadEnvironment } from './discover.ts';

@@ -1,9 +1,9 @@
 import { createInterface } from 'node:readline';
 import { request } from 'undici';
 import { RolloutError } from '../errors.ts';
-import { toWireResult, type WireResult } from '../rollout/api/wire.ts';
-import type { RolloutService } from '../rollout/service.ts';
-import type { RolloutResult, RolloutTaskInput } from '../rollout/types.ts';
+import { toWireResult, type WireResult } from '../api/wire.ts';
+import type { RolloutService } from '../service/service.ts';
+import type { RolloutResult, RolloutTaskInput } from '../protocol/rollout.ts';
 
 /** Where `rollserve rollout` sends its tasks: a service in this process, or one running elsewhere. */
 export interface RolloutRunner {

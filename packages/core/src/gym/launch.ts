@@ -1,9 +1,9 @@
 import { pino } from 'pino';
 import type { Environment } from '../spec/environment.ts';
-import { assertBindAllowed, isLoopbackHost } from './bind-policy.ts';
+import { assertBindAllowed, isLoopbackHost } from '../server/bind-policy.ts';
 import { readNemoGymInstance } from './nemo-gym-config.ts';
 import { createResourcesServer } from './resources-server.ts';
-import { serveFetch, type RunningServer } from './serve.ts';
+import { serveFetch, type RunningServer } from '../server/serve.ts';
 
 export interface LaunchedServer {
   readonly name: string;

@@ -3,7 +3,7 @@ import { z } from 'zod';
 import { defineEnvironment } from '../spec/environment.ts';
 import { defineTool } from '../spec/tool.ts';
 import { createResourcesServer, stripRolloutPrefix, type ResourcesServer } from './resources-server.ts';
-import { serveFetch, type RunningServer } from './serve.ts';
+import { serveFetch, type RunningServer } from '../server/serve.ts';
 
 const closed: string[] = [];
 let hangStarted: () => void = () => undefined;

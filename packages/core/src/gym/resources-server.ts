@@ -23,11 +23,11 @@ import {
   valueError,
   zodIssuesToPydantic,
   type PydanticErrorItem,
-} from './fastapi-errors.ts';
-import { checkToken } from './bind-policy.ts';
+} from '../server/fastapi-errors.ts';
+import { checkToken } from '../server/bind-policy.ts';
 import { computeAggregateMetrics } from './metrics.ts';
-import { BodyTooLargeError, decodeRequestBodyInTurn, DEFAULT_MAX_BODY_BYTES, readNodeBody, readRequestBytes } from './read-body.ts';
-import { SessionStore } from './session-store.ts';
+import { BodyTooLargeError, decodeRequestBodyInTurn, DEFAULT_MAX_BODY_BYTES, readNodeBody, readRequestBytes } from '../server/read-body.ts';
+import { SessionStore } from '../server/session-store.ts';
 
 export interface ResourcesServerOptions {
   /**

@@ -1,7 +1,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Agent, request, type Dispatcher } from 'undici';
 import { ERROR_CODES, RolloutError, type RolloutErrorCode } from '../errors.ts';
-import type { ModelTurn } from '../rollout/agent-loop.ts';
+import type { ModelTurn } from '../runner/agent-loop.ts';
 import {
   fromWireClaim,
   fromWireModelTurn,
@@ -16,8 +16,8 @@ import {
   WireModelTurn,
   WireNodeRegistered,
   WireNodeView,
-} from '../rollout/api/nodes.ts';
-import { NODE_CREDENTIAL_HEADER, type HeartbeatAnswer, type NodeClaim, type NodeCommit, type NodeCommitStatus, type NodeLease, type NodeModelRequest, type NodeRegistered, type NodeRegistration } from '../rollout/nodes.ts';
+} from '../protocol/node-wire.ts';
+import { NODE_CREDENTIAL_HEADER, type HeartbeatAnswer, type NodeClaim, type NodeCommit, type NodeCommitStatus, type NodeLease, type NodeModelRequest, type NodeRegistered, type NodeRegistration } from '../protocol/nodes.ts';
 import { z } from 'zod';
 
 export interface NodeClientOptions {

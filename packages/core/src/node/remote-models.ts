@@ -1,7 +1,7 @@
 import { RolloutError } from '../errors.ts';
-import type { CallModel } from '../rollout/agent-loop.ts';
-import type { ModelProvider } from '../rollout/runner.ts';
-import type { RolloutTask } from '../rollout/types.ts';
+import type { CallModel } from '../runner/agent-loop.ts';
+import type { ModelProvider } from '../runner/runner.ts';
+import type { RolloutTask } from '../protocol/rollout.ts';
 import { isRetryable, withRetry, type NodeClient } from './client.ts';
 
 export interface RemoteModelsOptions {

@@ -1,5 +1,5 @@
 import { RolloutError } from '../errors.ts';
-import type { RolloutResult, RolloutTask } from '../rollout/types.ts';
+import type { RolloutResult, RolloutTask } from '../protocol/rollout.ts';
 import type { ClaimOptions, StoreRolloutState } from './types.ts';
 
 export const TERMINAL_STATES = ['done', 'failed', 'cancelled'] as const;

@@ -2,7 +2,7 @@ import { createReadStream, existsSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { createInterface } from 'node:readline';
 import { RolloutError } from '../errors.ts';
-import type { RolloutResult, RolloutTask } from '../rollout/types.ts';
+import type { RolloutResult, RolloutTask } from '../protocol/rollout.ts';
 import type { RolloutStore } from './types.ts';
 
 /** A line of the JSONL journal rollserve kept before the store. */

@@ -1,5 +1,5 @@
-import type { RolloutResult, RolloutTask } from '../rollout/types.ts';
-import { decodeResult, encodeResult } from '../rollout/result-codec.ts';
+import type { RolloutResult, RolloutTask } from '../protocol/rollout.ts';
+import { decodeResult, encodeResult } from '../protocol/result-codec.ts';
 import { asList, checkClaim, checkPositiveInt, checkResult, conflict, emptyCounts, pageLimit, parseCursor, prepareTasks, TERMINAL_STATES, type PreparedTask } from './common.ts';
 import type { Connection, Dialect } from './dialects/dialect.ts';
 import type {

@@ -1,4 +1,4 @@
-import type { RolloutResult, RolloutTask } from '../rollout/types.ts';
+import type { RolloutResult, RolloutTask } from '../protocol/rollout.ts';
 
 /**
  * Where a rollout is in the store's eyes. `queued`: waiting for a worker (new, or re-issued after a

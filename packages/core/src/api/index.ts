@@ -1,0 +1,198 @@
+import { createRoute, OpenAPIHono, z } from '@hono/zod-openapi';
+import type { HttpBindings } from '@hono/node-server';
+import type { Context, MiddlewareHandler } from 'hono';
+import { bearerAuth } from 'hono/bearer-auth';
+import { HTTPException } from 'hono/http-exception';
+import { RolloutError } from '../errors.ts';
+import { checkToken } from '../server/bind-policy.ts';
+import { bodyTooLargeBody } from '../server/fastapi-errors.ts';
+import { BodyTooLargeError, decodeInTurn, DEFAULT_MAX_BODY_BYTES, LARGE_BODY_BYTES, readNodeBody, readRequestBytes } from '../server/read-body.ts';
+import { stripRolloutPrefix } from '../gym/resources-server.ts';
+import { rolloutOpenApi } from './openapi.ts';
+import type { RolloutService } from '../service/service.ts';
+import { backendsApi } from './backends.ts';
+import type { ApiContext, RolloutApiOptions } from './context.ts';
+import { docsApi } from './docs.ts';
+import { errorResponses } from './wire.ts';
+import { gymAgentApi } from './gym-agent.ts';
+import { nodesApi } from './nodes.ts';
+import { prorlApi } from './prorl.ts';
+import { BackendWarnings, rolloutsApi } from './rollouts.ts';
+import { statusApi } from './status.ts';
+import { streamApi } from './stream.ts';
+
+export type { ApiContext, BackendRegistry, RolloutApiOptions } from './context.ts';
+export * from './wire.ts';
+
+/** Routes that answer without the token. */
+const PUBLIC = new Set(['/health', '/openapi.json', '/docs']);
+const isPublic = (path: string) => PUBLIC.has(path) || path.startsWith('/docs/');
+
+/** A validation failure is a 422 naming each offending field (in its message and `details`). */
+function validationHook(result: { success: boolean; error?: z.ZodError }): void {
+  if (!result.success && result.error) {
+    throw new RolloutError({ code: 'UNPROCESSABLE', message: z.prettifyError(result.error), details: result.error.issues });
+  }
+}
+
+/** What an HTTPException thrown by a validator (body not JSON, wrong content-type) is, as a RolloutError. */
+function fromHttpException(error: HTTPException): RolloutError {
+  if (error.status === 415) return new RolloutError({ code: 'BAD_REQUEST', message: 'the body must be JSON, sent with content-type: application/json' });
+  if (error.status === 413) return new RolloutError({ code: 'PAYLOAD_TOO_LARGE', message: error.message || 'the body is too large' });
+  if (error.status === 400) return new RolloutError({ code: 'BAD_REQUEST', message: `the body is not JSON: ${error.message}` });
+  return RolloutError.from(error);
+}
+
+/** The rollout-node routes: registering, and every call of a node (listing the nodes is the trainer's). */
+const isNodeRoute = (method: string, path: string) => path.startsWith('/v1/nodes/') || (path === '/v1/nodes' && method === 'POST');
+
+function auth(token: string | undefined, nodeToken: string | undefined): MiddlewareHandler {
+  // A 401 for a malformed header too (bearerAuth's own is a 400), in the one error shape.
+  const body = JSON.stringify(new RolloutError({ code: 'UNAUTHORIZED', message: 'a valid bearer token is required' }).toJSON());
+  const unauthorized = () => new Response(body, { status: 401, headers: { 'content-type': 'application/json' } });
+  const bearer = (value: string) =>
+    bearerAuth({
+      token: checkToken(value),
+      noAuthenticationHeader: { message: unauthorized },
+      invalidAuthenticationHeader: { message: unauthorized },
+      invalidToken: { message: unauthorized },
+    });
+  const check = token ? bearer(token) : undefined;
+  const checkNode = nodeToken ? bearer(nodeToken) : check;
+  return (c, next) => {
+    if (isPublic(c.req.path)) return next();
+    const guard = isNodeRoute(c.req.method, c.req.path) ? checkNode : check;
+    return guard ? guard(c, next) : next();
+  };
+}
+
+/** The faces that stand in for Python servers (ProRL's, a NeMo Gym agent's) answer as FastAPI does. */
+const FASTAPI_PATHS = new Set(['/start', '/stop', '/status', '/process', '/cancel', '/add_llm_server', '/clear_llm_server', '/run', '/aggregate_metrics']);
+const isFastApiPath = (path: string) => FASTAPI_PATHS.has(stripRolloutPrefix(path).path);
+/** A node's batch of results, token ids and all: room for several 20-turn rollouts. */
+const NODE_RESULTS = /^\/v1\/nodes\/[^/]+\/results$/;
+const RESULTS_FACTOR = 4;
+
+/**
+ * Every request body is read here, before any route sees it, and at most `maxBytes` of it (4 times
+ * that for a node's results): a Content-Length above the cap is a 413 before a byte is read, a
+ * chunked body is counted as it streams and cut at the cap (see readNodeBody). The bytes are then
+ * the request's body for the route (@hono/node-server's `rawBody`); a large JSON body is parsed in
+ * its turn (decodeInTurn), so that many of them at once hold other requests up for one parse,
+ * not all.
+ */
+function bodyLimit(maxBytes: number): MiddlewareHandler {
+  return async (c, next) => {
+    const path = c.req.path;
+    const cap = NODE_RESULTS.test(path) ? maxBytes * RESULTS_FACTOR : maxBytes;
+    const { incoming } = (c.env as Partial<HttpBindings> | undefined) ?? {};
+    // a GET without a body (no Content-Length or 0, not chunked): nothing to read, nothing to wait for
+    if (c.req.method === 'GET' || c.req.method === 'HEAD') {
+      const header = (name: string) => (incoming ? (incoming.headers[name] as string | undefined) : c.req.header(name));
+      const length = header('content-length');
+      if ((length === undefined || length === '0') && header('transfer-encoding') === undefined) return next();
+    }
+    let bytes: Uint8Array;
+    try {
+      bytes = incoming ? await readNodeBody(incoming, cap) : await readRequestBytes(c.req.raw, cap);
+    } catch (error) {
+      if (error instanceof BodyTooLargeError) return tooLarge(c, path, error.maxBytes);
+      throw error;
+    }
+    const buffer = Buffer.from(bytes.buffer, bytes.byteOffset, bytes.length);
+    if (incoming) {
+      // what reads the web Request gets these bytes (@hono/node-server's rawBody), and the
+      // validators (c.req.json(), c.req.text()) their text without building that Request, which
+      // cost more than the rest of a submit's HTTP handling
+      (incoming as { rawBody?: Buffer }).rawBody = buffer;
+      let text: Promise<string> | undefined;
+      Object.defineProperty(c.req.bodyCache, 'text', { enumerable: true, configurable: true, get: () => (text ??= Promise.resolve(buffer.toString('utf8'))) });
+    } else {
+      c.req.raw = new Request(c.req.raw, { body: bytes.length > 0 ? bytes : null });
+    }
+    if (bytes.length >= LARGE_BODY_BYTES && !isFastApiPath(path) && /json/i.test(c.req.header('content-type') ?? '')) {
+      // the routes' validators call c.req.json(): it answers what was parsed in turn
+      const text = buffer.toString('utf8');
+      const parsed = await decodeInTurn(bytes.length, () => {
+        try {
+          return { value: JSON.parse(text) as unknown };
+        } catch (error) {
+          return { error };
+        }
+      });
+      (c.req as { json: () => Promise<unknown> }).json = () => ('error' in parsed ? Promise.reject(parsed.error) : Promise.resolve(parsed.value));
+    }
+    return next();
+  };
+}
+
+const BodyTooLargeDetail = z.object({ detail: z.string() }).openapi('BodyTooLargeDetail');
+
+function tooLarge(c: Context, path: string, maxBytes: number): Response {
+  if (isFastApiPath(path)) return c.json(bodyTooLargeBody(maxBytes), 413);
+  const error = new RolloutError({ code: 'PAYLOAD_TOO_LARGE', message: `the request body is larger than the ${maxBytes} bytes this route accepts`, details: { max_bytes: maxBytes } });
+  return c.json(error.toJSON(), 413);
+}
+
+const OpenApiDocument = z.looseObject({ openapi: z.string(), info: z.looseObject({ title: z.string() }), paths: z.record(z.string(), z.unknown()) });
+
+const documentRoute = createRoute({
+  method: 'get',
+  path: '/openapi.json',
+  summary: 'This document (OpenAPI 3.1), generated from the routes and their schemas',
+  security: [],
+  responses: {
+    200: {
+      description: 'OpenAPI 3.1',
+      content: { 'application/json': { schema: OpenApiDocument } },
+    },
+  },
+});
+
+/**
+ * The rollout service's HTTP API (JSON; results also as NDJSON or SSE streams), one module per
+ * group of routes, each route declared with its schemas: /openapi.json is generated from them.
+ * Every error body is `{"error": {code, message, retryable, details?}}`, built from RolloutError.
+ */
+export function createRolloutApi(service: RolloutService, options: RolloutApiOptions = {}): OpenAPIHono {
+  const app = new OpenAPIHono({ defaultHook: validationHook });
+  const ctx: ApiContext = { service, options };
+
+  app.onError((error, c) => {
+    if (error instanceof HTTPException && error.status === 401) return error.getResponse(); // bearerAuth's
+    const wrapped = error instanceof HTTPException ? fromHttpException(error) : RolloutError.from(error);
+    if (wrapped.status >= 500) service.logger.error({ err: error, path: c.req.path }, 'request failed');
+    return c.json(wrapped.toJSON(), wrapped.status as 500);
+  });
+  app.notFound((c) => c.json(new RolloutError({ code: 'NOT_FOUND', message: `no route ${c.req.method} ${c.req.path}` }).toJSON(), 404));
+  if (options.token || options.nodeToken) app.use('*', auth(options.token, options.nodeToken));
+  app.use('*', bodyLimit(options.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES));
+
+  const warnings = new BackendWarnings(ctx);
+  app.route('/', statusApi(ctx, warnings));
+  app.route('/', streamApi(ctx)); // before /v1/rollouts/{id}, which would take /v1/rollouts/stream
+  app.route('/', rolloutsApi(ctx, warnings));
+  app.route('/', backendsApi(ctx));
+  app.route('/', docsApi());
+  app.route('/', prorlApi(ctx));
+  app.route('/', gymAgentApi(ctx));
+  app.route('/', nodesApi(ctx));
+
+  // bearerAuth guards every route but the public ones, so each of them answers 401 too; and every
+  // route that takes a body answers 413 for one above the cap, in its face's shape.
+  const unauthorized = errorResponses(401)[401];
+  const tooLargeRollout = errorResponses(413)[413];
+  const tooLargeFastApi = { description: tooLargeRollout.description, content: { 'application/json': { schema: BodyTooLargeDetail } } };
+  for (const def of app.openAPIRegistry.definitions) {
+    if (def.type !== 'route') continue;
+    if (!isPublic(def.route.path) && !def.route.responses[401]) def.route = { ...def.route, responses: { ...def.route.responses, 401: unauthorized } };
+    if (def.route.request?.body && !def.route.responses[413]) {
+      const tooLarge = isFastApiPath(def.route.path.replace(/\{(\w+)\}/g, 'x')) ? tooLargeFastApi : tooLargeRollout;
+      def.route = { ...def.route, responses: { ...def.route.responses, 413: tooLarge } };
+    }
+  }
+
+  let document: z.infer<typeof OpenApiDocument> | undefined; // generated once, on first request: every module is mounted by then
+  app.openapi(documentRoute, (c) => c.json((document ??= rolloutOpenApi(app) as z.infer<typeof OpenApiDocument>), 200));
+  return app;
+}

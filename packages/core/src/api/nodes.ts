@@ -1,0 +1,174 @@
+import { createRoute, OpenAPIHono, z } from '@hono/zod-openapi';
+import { NODE_CREDENTIAL_HEADER, type HeartbeatAnswer, type NodeAuth, type NodeCommitStatus, type NodeCoordinator, type NodeModelRequest } from '../protocol/nodes.ts';
+import {
+  fromWireRegistration,
+  NodeId,
+  toWireClaim,
+  toWireModelTurn,
+  toWireNodeView,
+  toWireRegistered,
+  WireClaimRequest,
+  WireClaims,
+  WireCommitAnswer,
+  WireCommits,
+  WireHeartbeat,
+  WireHeartbeatAnswer,
+  WireModelRequest,
+  WireModelTurn,
+  WireNodeRegistered,
+  WireNodeRegistration,
+  WireNodeView,
+} from '../protocol/node-wire.ts';
+import type { ChatMessage, ChatTool } from '../protocol/chat.ts';
+import type { ApiContext } from './context.ts';
+import { errorResponses } from './wire.ts';
+
+// The rollout-node routes; their wire formats are ../protocol/node-wire.ts.
+
+const NodeParam = z.object({ node_id: NodeId.openapi({ param: { name: 'node_id', in: 'path' } }) });
+/** The node's credential: optional in the schema, so a missing one is the 401 that says what is wrong, not a 422. */
+const CredentialHeader = z.object({
+  [NODE_CREDENTIAL_HEADER]: z
+    .string()
+    .optional()
+    .openapi({ param: { name: NODE_CREDENTIAL_HEADER, in: 'header' }, description: 'The credential the registration answered (`credential`); required on every call of a registered node (401 without it, or with another node\'s)' }),
+});
+const json = <T extends z.ZodType>(schema: T) => ({ 'application/json': { schema } });
+const NODE_401 = {
+  description: 'Missing or wrong bearer token (the service\'s --node-token when it has one), or a missing or wrong node credential (the x-rollserve-node-credential header)',
+  content: errorResponses(401)[401].content,
+};
+
+const registerRoute = createRoute({
+  method: 'post',
+  path: '/v1/nodes',
+  summary:
+    "Register a rollout node (`rollserve node`), or register it again under the same id; answers its credential and the timings it must keep. Registering again under an id in use (a node up, or holding leases) needs that node's credential in the x-rollserve-node-credential header: a 409 without it. The id `service` is reserved (422)",
+  request: { headers: CredentialHeader, body: { required: true, content: json(WireNodeRegistration) } },
+  responses: {
+    201: { description: 'Registered', content: json(WireNodeRegistered) },
+    ...errorResponses(400, 401, 409, 422, 503),
+  },
+});
+
+const listRoute = createRoute({
+  method: 'get',
+  path: '/v1/nodes',
+  summary: 'The rollout nodes: registration, last heartbeat, leases held, state (up, lost, left)',
+  responses: {
+    200: { description: 'Nodes', content: json(z.strictObject({ nodes: z.array(WireNodeView) }).openapi('NodeList')) },
+    ...errorResponses(401),
+  },
+});
+
+const heartbeatRoute = createRoute({
+  method: 'post',
+  path: '/v1/nodes/{node_id}/heartbeat',
+  summary:
+    "A node's heartbeat with every lease it holds (at most its max_rollouts: a 422 naming it otherwise): renews those it holds, names those it lost (a lease held past 3× its task's time_limit_s is not renewed) and those to cancel. 404: unknown node (register again)",
+  request: { params: NodeParam, headers: CredentialHeader, body: { required: true, content: json(WireHeartbeat) } },
+  responses: {
+    200: { description: 'What the node keeps, loses and cancels', content: json(WireHeartbeatAnswer) },
+    ...errorResponses(400, 404, 422, 503),
+    401: NODE_401,
+  },
+});
+
+const claimRoute = createRoute({
+  method: 'post',
+  path: '/v1/nodes/{node_id}/claim',
+  summary:
+    "Lease up to `limit` queued rollouts of the node's environments (`limit` at most its max_rollouts; no more than its free capacity is handed out); with none, a long poll of up to `wait_ms`",
+  request: { params: NodeParam, headers: CredentialHeader, body: { required: true, content: json(WireClaimRequest) } },
+  responses: {
+    200: { description: 'Leased rollouts (maybe none)', content: json(WireClaims) },
+    ...errorResponses(400, 404, 422, 503),
+    401: NODE_401,
+  },
+});
+
+const resultsRoute = createRoute({
+  method: 'post',
+  path: '/v1/nodes/{node_id}/results',
+  summary:
+    "Commit finished rollouts, each with its lease's attempt; each answers committed, duplicate, stale (the lease was re-issued, or is not this node's: nothing changed) or not_found. Only the node holding a rollout's lease at that attempt commits it. The results are RolloutResult in the runner's internal camelCase form (NodeRolloutResult), not the API's snake_case, their token ids sent once (`$tokens`)",
+  request: { params: NodeParam, headers: CredentialHeader, body: { required: true, content: json(WireCommits) } },
+  responses: {
+    200: { description: 'One status per result, in order', content: json(WireCommitAnswer) },
+    ...errorResponses(400, 404, 422, 503),
+    401: NODE_401,
+  },
+});
+
+const modelRoute = createRoute({
+  method: 'post',
+  path: '/v1/nodes/{node_id}/model',
+  summary: "One policy turn of a rollout the node holds, through the service's LLM backends (least in flight, sticky per rollout); closing the request aborts it",
+  request: { params: NodeParam, headers: CredentialHeader, body: { required: true, content: json(WireModelRequest) } },
+  responses: {
+    200: { description: 'The turn', content: json(WireModelTurn) },
+    ...errorResponses(400, 404, 409, 422, 503),
+    401: NODE_401,
+    502: { description: 'Every LLM backend failed the turn', content: errorResponses(400)[400].content },
+    504: { description: 'The turn timed out', content: errorResponses(400)[400].content },
+  },
+});
+
+const deregisterRoute = createRoute({
+  method: 'delete',
+  path: '/v1/nodes/{node_id}',
+  summary: 'A node leaving: what it still holds is re-queued at once',
+  request: { params: NodeParam, headers: CredentialHeader },
+  responses: {
+    200: { description: 'Left', content: json(z.strictObject({ released: z.number().int() }).openapi('NodeLeft')) },
+    ...errorResponses(404, 422),
+    401: NODE_401,
+  },
+});
+
+/** /v1/nodes: the rollout-node protocol (register, heartbeat, claim, commit, model turns, leave). */
+export function nodesApi({ service }: ApiContext): OpenAPIHono {
+  const nodes: NodeCoordinator = service;
+  const app = new OpenAPIHono();
+
+  const auth = (c: { req: { valid(target: 'param'): { node_id: string }; header(name: string): string | undefined } }): NodeAuth => ({
+    nodeId: c.req.valid('param').node_id,
+    credential: c.req.header(NODE_CREDENTIAL_HEADER),
+  });
+
+  app.openapi(registerRoute, async (c) => c.json(toWireRegistered(await nodes.registerNode(fromWireRegistration(c.req.valid('json')), c.req.header(NODE_CREDENTIAL_HEADER))), 201));
+
+  app.openapi(listRoute, (c) => c.json({ nodes: nodes.nodes().map(toWireNodeView) }, 200));
+
+  app.openapi(heartbeatRoute, async (c) => {
+    const leases = c.req.valid('json').leases.map((l) => ({ rolloutId: l.rollout_id, attempt: l.attempt, stage: l.stage }));
+    const answer: HeartbeatAnswer = await nodes.heartbeat(auth(c), leases);
+    return c.json({ renewed: answer.renewed, lost: answer.lost, cancel: answer.cancel }, 200);
+  });
+
+  app.openapi(claimRoute, async (c) => {
+    const { limit, wait_ms } = c.req.valid('json');
+    const claims = await nodes.claimForNode(auth(c), limit, wait_ms, c.req.raw.signal);
+    return c.json({ claims: claims.map(toWireClaim) }, 200);
+  });
+
+  app.openapi(resultsRoute, async (c) => {
+    const commits = c.req.valid('json').results.map((r) => ({ rolloutId: r.rollout_id, attempt: r.attempt, result: r.result }));
+    const statuses: NodeCommitStatus[] = await nodes.commitFromNode(auth(c), commits);
+    return c.json({ results: commits.map((commit, i) => ({ rollout_id: commit.rolloutId, status: statuses[i]! })) }, 200);
+  });
+
+  app.openapi(modelRoute, async (c) => {
+    const body = c.req.valid('json');
+    const call: NodeModelRequest = {
+      rolloutId: body.rollout_id,
+      attempt: body.attempt,
+      request: { messages: body.messages as unknown as ChatMessage[], tools: body.tools as unknown as ChatTool[] },
+    };
+    return c.json(toWireModelTurn(await nodes.modelTurn(auth(c), call, c.req.raw.signal)), 200);
+  });
+
+  app.openapi(deregisterRoute, async (c) => c.json(await nodes.deregisterNode(auth(c)), 200));
+
+  return app;
+}

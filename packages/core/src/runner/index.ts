@@ -1,0 +1,6 @@
+export * from './agent-loop.ts';
+export * from './credit.ts';
+export * from './messages.ts';
+export * from './model-provider.ts';
+export * from './rewards/index.ts';
+export { RolloutRunner, type RolloutRunnerOptions, type RunnerJob, type RunningRollout } from './runner.ts';

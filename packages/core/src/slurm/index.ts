@@ -1,0 +1,1 @@
+export { goneSlurmJobs, slurmJobOf, SlurmUnanswered, type SlurmJobRef } from './watch.ts';
