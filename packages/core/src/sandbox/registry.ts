@@ -1,24 +1,24 @@
 import { RolloutError } from '../errors.ts';
-import { createApptainerProvider, findApptainerBinary, type ApptainerProviderOptions } from './apptainer/index.ts';
-import { bwrapAvailable, createBwrapProvider, type BwrapProviderOptions } from './bwrap/index.ts';
+import { createApptainerProvider, findApptainerBinary } from './apptainer/index.ts';
+import { bwrapAvailable, createBwrapProvider } from './bwrap/index.ts';
 import { resolveSandboxSpec } from './limits.ts';
-import { createLocalProvider, type LocalProviderOptions } from './local.ts';
+import { createLocalProvider } from './local.ts';
 import type { SandboxProvider, SandboxSpec } from './types.ts';
 
 export type SandboxProviderFactory = (options?: any) => SandboxProvider;
 
-export interface SandboxProviderOptionsMap {
-  bwrap: BwrapProviderOptions;
-  apptainer: ApptainerProviderOptions;
-  local: LocalProviderOptions;
-}
+/** The built-in providers by name; a new one is its folder and one line here. */
+const BUILT_IN = {
+  bwrap: createBwrapProvider,
+  apptainer: createApptainerProvider,
+  singularity: createApptainerProvider,
+  local: createLocalProvider,
+} satisfies Record<string, SandboxProviderFactory>;
 
-const registry = new Map<string, SandboxProviderFactory>([
-  ['bwrap', createBwrapProvider],
-  ['apptainer', createApptainerProvider],
-  ['singularity', createApptainerProvider],
-  ['local', createLocalProvider],
-]);
+/** Each built-in provider's options, by name (from its factory's parameter). */
+export type SandboxProviderOptionsMap = { [N in keyof typeof BUILT_IN]: NonNullable<Parameters<(typeof BUILT_IN)[N]>[0]> };
+
+const registry = new Map<string, SandboxProviderFactory>(Object.entries(BUILT_IN));
 
 /** Adds a provider (NeMo Gym's third-party providers register the same way). */
 export function registerSandboxProvider(name: string, factory: SandboxProviderFactory): void {

@@ -1,8 +1,12 @@
 import { RolloutError } from '../errors.ts';
-import { PostgresDialect } from './dialects/postgres.ts';
-import { parseSqliteUrl, SqliteDialect } from './dialects/sqlite.ts';
+import type { StoreEngine } from './dialect.ts';
+import { postgresEngine } from './engines/postgres/index.ts';
+import { sqliteEngine } from './engines/sqlite/index.ts';
 import { SqlStore } from './store.ts';
 import type { OpenStoreOptions, RolloutStore } from './types.ts';
+
+/** The engines openStore() knows, by URL. */
+const ENGINES: readonly StoreEngine[] = [sqliteEngine, postgresEngine];
 
 /**
  * Opens a store by URL, applying its migrations:
@@ -11,10 +15,10 @@ import type { OpenStoreOptions, RolloutStore } from './types.ts';
  * `?host=/run/postgresql` for a Unix socket).
  */
 export async function openStore(url: string, options: OpenStoreOptions = {}): Promise<RolloutStore> {
-  if (url.startsWith('sqlite:')) {
-    const { path, synchronous } = parseSqliteUrl(url);
-    return SqlStore.open(SqliteDialect.open(path, { synchronous }), options);
+  const engine = ENGINES.find((candidate) => candidate.accepts(url));
+  if (!engine) {
+    const forms = ENGINES.flatMap((candidate) => candidate.forms);
+    throw new RolloutError({ code: 'BAD_REQUEST', message: `unknown store URL "${url}" (${forms.join(', ')})` });
   }
-  if (url.startsWith('postgres://') || url.startsWith('postgresql://')) return SqlStore.open(PostgresDialect.open(url, options), options);
-  throw new RolloutError({ code: 'BAD_REQUEST', message: `unknown store URL "${url}" (sqlite:///path/to/file.db, sqlite::memory: or postgres://…)` });
+  return SqlStore.open(await engine.open(url, options), options);
 }

@@ -1,7 +1,7 @@
 import type { RolloutResult, RolloutTask } from '../protocol/rollout.ts';
 import { decodeResult, encodeResult } from '../protocol/result-codec.ts';
 import { asList, checkClaim, checkPositiveInt, checkResult, conflict, emptyCounts, pageLimit, parseCursor, prepareTasks, TERMINAL_STATES, type PreparedTask } from './common.ts';
-import type { Connection, Dialect } from './dialects/dialect.ts';
+import type { Connection, Dialect } from './dialect.ts';
 import type {
   ClaimedRollout,
   ClaimOptions,
@@ -88,7 +88,7 @@ function filter(query: ListRolloutsQuery | ListResultsQuery): { where: string; p
  * statement that finishes the rollout, so a stale or foreign commit stores nothing.
  */
 export class SqlStore implements RolloutStore {
-  readonly kind: 'sqlite' | 'postgres';
+  readonly kind: string;
   readonly #dialect: Dialect;
   readonly #now: () => number;
   readonly #retention: RetentionPolicy;

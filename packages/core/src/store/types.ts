@@ -182,8 +182,8 @@ export interface PruneOutcome {
  * await store.close();
  */
 export interface RolloutStore {
-  /** `sqlite` or `postgres`. */
-  readonly kind: 'sqlite' | 'postgres';
+  /** The engine's name: `sqlite`, `postgres`. */
+  readonly kind: string;
 
   /**
    * Adds tasks (ids required) and their rollouts, queued, in one transaction: a batch goes in

@@ -1,4 +1,4 @@
-import type { Migration } from '../dialects/dialect.ts';
+import type { Migration } from '../../dialect.ts';
 
 /** Schema versions, applied in order, each in its own transaction; never edit one once released. */
 export const MIGRATIONS: readonly Migration[] = [

@@ -1,9 +1,9 @@
 import { mkdirSync } from 'node:fs';
 import { dirname } from 'node:path';
 import Database from 'better-sqlite3';
-import { RolloutError } from '../../errors.ts';
-import { MIGRATIONS } from '../migrations/sqlite.ts';
-import type { Connection, Dialect } from './dialect.ts';
+import { RolloutError } from '../../../errors.ts';
+import { MIGRATIONS } from './migrations.ts';
+import type { Connection, Dialect } from '../../dialect.ts';
 
 /** `sqlite:///abs/path.db`, `sqlite://rel/path.db`, `sqlite::memory:`; `?synchronous=full` to sync every commit. */
 export function parseSqliteUrl(url: string): { path: string; synchronous: 'NORMAL' | 'FULL' } {

@@ -1,8 +1,8 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
-import { RolloutError } from '../../errors.ts';
-import { MIGRATIONS } from '../migrations/postgres.ts';
-import type { Connection, Dialect } from './dialect.ts';
+import { RolloutError } from '../../../errors.ts';
+import { MIGRATIONS } from './migrations.ts';
+import type { Connection, Dialect } from '../../dialect.ts';
 
 /** Errors after which the same operation may succeed on a new connection: the server went away or is starting. */
 const TRANSIENT_CODES = new Set(['ECONNREFUSED', 'ECONNRESET', 'ENOENT', 'EPIPE', 'ETIMEDOUT', '57P01', '57P02', '57P03', '40001', '40P01']);

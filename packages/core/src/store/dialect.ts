@@ -2,7 +2,8 @@
  * What the store (../store.ts) needs of a database engine, after kysely's Dialect/Driver split: the
  * store's methods and their SQL are written once, with `?` placeholders; a dialect runs them on its
  * driver (placeholders, JSON columns, transactions, which errors are worth a retry, its migrations).
- * A new engine is a file here and its migrations in ../migrations.
+ * An engine is a folder under engines/ (its dialect, its migrations, an index.ts naming it) and one
+ * line in open.ts's ENGINES.
  */
 
 /** A schema version: applied in order, each once; never edit one once released. */
@@ -20,7 +21,8 @@ export interface Connection {
 }
 
 export interface Dialect {
-  readonly kind: 'sqlite' | 'postgres';
+  /** The engine's name (`sqlite`, `postgres`), as `RolloutStore.kind` shows it. */
+  readonly kind: string;
   /**
    * 'one': every write goes through one connection, in turn (an embedded file): a batch of commits
    * is one transaction. 'many': a pool of connections writes concurrently (a server): a batch's
@@ -40,4 +42,18 @@ export interface Dialect {
   /** Runs `work` in one write transaction, rolled back if it throws. */
   transaction<T>(work: (connection: Connection) => Promise<T>): Promise<T>;
   close(): Promise<void>;
+}
+
+/**
+ * An engine as openStore() finds it: the URLs it takes and how to open one. Its driver is loaded on
+ * open, not on import, so what never opens a store (a rollout node, an environment server) never
+ * loads a database driver.
+ */
+export interface StoreEngine {
+  readonly name: string;
+  /** Whether `url` names a database of this engine. */
+  accepts(url: string): boolean;
+  /** The URL forms, for the error that names none of them. */
+  readonly forms: readonly string[];
+  open(url: string, options: { poolSize?: number; reconnectMs?: number }): Promise<Dialect>;
 }

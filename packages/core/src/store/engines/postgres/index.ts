@@ -1,0 +1,12 @@
+import type { StoreEngine } from '../../dialect.ts';
+
+/** PostgreSQL through pg's pool: the store a cluster of rollout nodes shares. */
+export const postgresEngine: StoreEngine = {
+  name: 'postgres',
+  accepts: (url) => url.startsWith('postgres://') || url.startsWith('postgresql://'),
+  forms: ['postgres://user:password@host:port/db'],
+  async open(url, options) {
+    const { PostgresDialect } = await import('./dialect.ts');
+    return PostgresDialect.open(url, options);
+  },
+};
