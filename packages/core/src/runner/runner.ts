@@ -7,9 +7,10 @@ import type { SandboxProvider, SandboxResources, SandboxSpec } from '../sandbox/
 import { sandboxSpecOf, type Environment, type EnvironmentContext } from '../spec/environment.ts';
 import { createSessionTools, DEFAULT_START_TIMEOUT_MS, type SessionTools } from '../tools/session-tools.ts';
 import { offeredDefinitions, runAgentLoop, type CallModel } from './agent-loop.ts';
-import { assignTaskSampleCredit, assignTurnRewards } from './credit.ts';
 import { buildResponse } from './messages.ts';
 import type { ServiceMetrics } from './metrics.ts';
+import { assignSampleCredit } from './rewards/assign.ts';
+import { resolveCredit } from './rewards/settings.ts';
 import { STAGES, type CriticalError, type RolloutResult, type RolloutTask, type StageName, type StageTiming, type TurnRecord } from '../protocol/rollout.ts';
 
 export { STAGES, type StageName } from '../protocol/rollout.ts';
@@ -559,11 +560,9 @@ export class RolloutRunner {
       if (unscored !== undefined) {
         // verify could not score it (NeMo Gym's `_ng_failure_class`: a judge outage, say): an
         // infrastructure failure of EVAL, filtered, never a reward 0 to train on
-        assignTurnRewards(turns, 0, task.turn_rewards, task.gamma);
         outcome = { state: 'failed', reward: 0, rewardComponents: null, verifyExtras: extras, criticalError: 'eval', error: unscored, response, messages, turns };
       } else {
         const score = typeof reward === 'number' && Number.isFinite(reward) ? reward : 0;
-        assignTurnRewards(turns, score, task.turn_rewards, task.gamma);
         outcome = { state: 'done', reward: score, rewardComponents: reward_components ?? null, verifyExtras: extras, criticalError: null, error: null, response, messages, turns };
       }
     } catch (error) {
@@ -590,7 +589,6 @@ export class RolloutRunner {
         };
       }
       if (outcome.criticalError !== 'cancelled') logger.warn({ err: error, stage }, 'rollout failed');
-      assignTurnRewards(turns, 0, task.turn_rewards, task.gamma);
     }
     // Everything the rollout held is freed before anyone hears of its result.
     models.release(job.id);
@@ -614,9 +612,10 @@ export class RolloutRunner {
       ...(job.task.metadata ? { metadata: job.task.metadata } : {}),
       finishedAt: new Date().toISOString(),
     };
-    // Turn credit (rewards/): the sample's own now; shaping and advantages need every sample of
-    // the task, so they are done by whoever sees the group whole.
-    assignTaskSampleCredit(result, job.task);
+    // Turn credit (rewards/), scored once here for every way a rollout ends: the sample's own now;
+    // shaping and advantages need every sample of the task, so they are done by whoever sees the
+    // group whole (the service's commit).
+    assignSampleCredit(result, resolveCredit(job.task), job.task.n);
     this.#jobs.delete(job.id);
     job.resolve(result);
   }

@@ -2,7 +2,8 @@ import type { Logger } from 'pino';
 import type { RolloutError } from '../errors.ts';
 import type { NodeCommitStatus } from '../protocol/nodes.ts';
 import type { RolloutResult, RolloutTask } from '../protocol/rollout.ts';
-import { assignTaskGroupCredit } from '../runner/credit.ts';
+import { assignGroupCredit } from '../runner/rewards/group.ts';
+import { resolveCredit } from '../runner/rewards/settings.ts';
 import type { CommitInput, RolloutStore } from '../store/types.ts';
 
 /** What commits stand on: the store, and who hears of a result once it is stored. */
@@ -98,7 +99,7 @@ export class Commits {
         whole = others.every((other) => other !== undefined);
         if (whole) {
           const group = [...(others as RolloutResult[]), result].sort((a, b) => a.sampleIndex - b.sampleIndex);
-          await assignTaskGroupCredit(group, stored.task);
+          await assignGroupCredit(group, resolveCredit(stored.task));
           amend = others as RolloutResult[];
         }
       }
