@@ -233,13 +233,14 @@ export class RolloutRunner {
 
   /**
    * The sandbox spec a row would get here (`sandbox.spec` with this runner's config), or undefined
-   * when the environment makes none per row. Throws what the environment throws for the row (a
-   * path, bind or image it may not name): the service calls it when the row is submitted.
+   * when the environment makes none per row. `row`: as the environment's row schema gives it,
+   * over the raw row (the caller has checked it). Throws what the environment throws for the row
+   * (a path, bind or image it may not name): the service calls it when the row is submitted.
    */
   rowSandboxSpec(envName: string, row: Record<string, unknown>): SandboxSpec | undefined {
     const env = this.#envs.get(envName);
     if (!env?.sandbox?.spec) return undefined;
-    return env.sandbox.spec({ ...row, ...(env.row.parse(row) as object) }, this.#configs[env.name] ?? {});
+    return env.sandbox.spec(row, this.#configs[env.name] ?? {});
   }
 
   running(id: string): RunningRollout | undefined {
@@ -464,11 +465,15 @@ export class RolloutRunner {
     let modelSince: number | undefined;
     const modelMs = () => modelDoneMs + (modelSince === undefined ? 0 : performance.now() - modelSince);
     let policyRunMs = 0;
+    // The row as the environment's schema gives it, parsed once, at INIT (a node's rows come over
+    // the wire): the sandbox's spec and verify both take it.
+    let fitted: object = {};
     const progress: NonNullable<Parameters<typeof runAgentLoop>[0]['progress']> = {};
     try {
       await this.#stage('init', job, async (signal) => {
         resources = await this.#setupOf(env);
-        const sandboxRow = env.sandbox?.spec ? { ...row, ...(env.row.parse(row) as object) } : undefined;
+        fitted = env.row.parse(row) as object;
+        const sandboxRow = env.sandbox?.spec ? { ...row, ...fitted } : undefined;
         const spec = withTaskLimits(sandboxSpecOf(env.sandbox, sandboxRow, config), task.limits.sandbox);
         tools = createSessionTools(session, {
           provider: this.#sandboxes(env.sandbox?.provider?.(config, resources)),
@@ -552,8 +557,7 @@ export class RolloutRunner {
       // evaluates in them; the session's state stays for verify.
       if (!env.sandbox?.keepForVerify) await this.#sessions.releaseResources(job.id);
       const verified = await this.#stage('eval', job, async (signal) => {
-        const verifyRow = env.row.parse(row) as object;
-        return env.verify({ ...row, ...verifyRow }, response as never, ctx(signal));
+        return env.verify({ ...row, ...fitted }, response as never, ctx(signal));
       });
       const { reward, reward_components, ...extras } = verified as { reward: number; reward_components?: Record<string, number> };
       const unscored = verifyFailure(extras);

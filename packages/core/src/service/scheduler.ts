@@ -122,14 +122,17 @@ export class Scheduler {
     for (const task of tasks) {
       const env = this.#envs.get(task.env);
       if (!env) throw new RolloutError({ code: 'NOT_FOUND', message: `unknown environment "${task.env}" (served: ${[...this.#envs.keys()].join(', ') || 'none'})` });
-      for (const schema of env.seedRow ? [env.row, env.seedRow] : [env.row]) {
+      const fit = (schema: z.ZodType): object => {
         const parsed = schema.safeParse(task.row);
         if (!parsed.success) {
           throw new RolloutError({ code: 'UNPROCESSABLE', message: `row does not fit environment "${task.env}": ${z.prettifyError(parsed.error)}`, details: parsed.error.issues });
         }
-      }
+        return parsed.data as object;
+      };
+      const fitted = fit(env.row);
+      if (env.seedRow) fit(env.seedRow);
       // the row's sandbox (the host paths, images and binds it names) is checked now, not at INIT
-      rowSandboxCheck(() => this.#runner.rowSandboxSpec(task.env, task.row), task.env);
+      rowSandboxCheck(() => this.#runner.rowSandboxSpec(task.env, { ...task.row, ...fitted }), task.env);
     }
     const withIds = tasks.map((task) => (task.id ? task : { ...task, id: randomUUID() }));
     // One batch at a time, so a task id is known to the next batch once stored.
