@@ -1,5 +1,4 @@
 export * from './agent-loop.ts';
-export * from './credit.ts';
 export * from './messages.ts';
 export * from './model-provider.ts';
 export * from './rewards/index.ts';

@@ -7,9 +7,10 @@ import type { SandboxProvider, SandboxResources, SandboxSpec } from '../sandbox/
 import { sandboxSpecOf, type Environment, type EnvironmentContext } from '../spec/environment.ts';
 import { createSessionTools, DEFAULT_START_TIMEOUT_MS, type SessionTools } from '../tools/session-tools.ts';
 import { offeredDefinitions, runAgentLoop, type CallModel } from './agent-loop.ts';
-import { assignTaskSampleCredit, assignTurnRewards } from './credit.ts';
 import { buildResponse } from './messages.ts';
 import type { ServiceMetrics } from './metrics.ts';
+import { assignSampleCredit } from './rewards/assign.ts';
+import { resolveCredit } from './rewards/settings.ts';
 import { STAGES, type CriticalError, type RolloutResult, type RolloutTask, type StageName, type StageTiming, type TurnRecord } from '../protocol/rollout.ts';
 
 export { STAGES, type StageName } from '../protocol/rollout.ts';
@@ -232,13 +233,14 @@ export class RolloutRunner {
 
   /**
    * The sandbox spec a row would get here (`sandbox.spec` with this runner's config), or undefined
-   * when the environment makes none per row. Throws what the environment throws for the row (a
-   * path, bind or image it may not name): the service calls it when the row is submitted.
+   * when the environment makes none per row. `row`: as the environment's row schema gives it,
+   * over the raw row (the caller has checked it). Throws what the environment throws for the row
+   * (a path, bind or image it may not name): the service calls it when the row is submitted.
    */
   rowSandboxSpec(envName: string, row: Record<string, unknown>): SandboxSpec | undefined {
     const env = this.#envs.get(envName);
     if (!env?.sandbox?.spec) return undefined;
-    return env.sandbox.spec({ ...row, ...(env.row.parse(row) as object) }, this.#configs[env.name] ?? {});
+    return env.sandbox.spec(row, this.#configs[env.name] ?? {});
   }
 
   running(id: string): RunningRollout | undefined {
@@ -463,11 +465,15 @@ export class RolloutRunner {
     let modelSince: number | undefined;
     const modelMs = () => modelDoneMs + (modelSince === undefined ? 0 : performance.now() - modelSince);
     let policyRunMs = 0;
+    // The row as the environment's schema gives it, parsed once, at INIT (a node's rows come over
+    // the wire): the sandbox's spec and verify both take it.
+    let fitted: object = {};
     const progress: NonNullable<Parameters<typeof runAgentLoop>[0]['progress']> = {};
     try {
       await this.#stage('init', job, async (signal) => {
         resources = await this.#setupOf(env);
-        const sandboxRow = env.sandbox?.spec ? { ...row, ...(env.row.parse(row) as object) } : undefined;
+        fitted = env.row.parse(row) as object;
+        const sandboxRow = env.sandbox?.spec ? { ...row, ...fitted } : undefined;
         const spec = withTaskLimits(sandboxSpecOf(env.sandbox, sandboxRow, config), task.limits.sandbox);
         tools = createSessionTools(session, {
           provider: this.#sandboxes(env.sandbox?.provider?.(config, resources)),
@@ -551,19 +557,16 @@ export class RolloutRunner {
       // evaluates in them; the session's state stays for verify.
       if (!env.sandbox?.keepForVerify) await this.#sessions.releaseResources(job.id);
       const verified = await this.#stage('eval', job, async (signal) => {
-        const verifyRow = env.row.parse(row) as object;
-        return env.verify({ ...row, ...verifyRow }, response as never, ctx(signal));
+        return env.verify({ ...row, ...fitted }, response as never, ctx(signal));
       });
       const { reward, reward_components, ...extras } = verified as { reward: number; reward_components?: Record<string, number> };
       const unscored = verifyFailure(extras);
       if (unscored !== undefined) {
         // verify could not score it (NeMo Gym's `_ng_failure_class`: a judge outage, say): an
         // infrastructure failure of EVAL, filtered, never a reward 0 to train on
-        assignTurnRewards(turns, 0, task.turn_rewards, task.gamma);
         outcome = { state: 'failed', reward: 0, rewardComponents: null, verifyExtras: extras, criticalError: 'eval', error: unscored, response, messages, turns };
       } else {
         const score = typeof reward === 'number' && Number.isFinite(reward) ? reward : 0;
-        assignTurnRewards(turns, score, task.turn_rewards, task.gamma);
         outcome = { state: 'done', reward: score, rewardComponents: reward_components ?? null, verifyExtras: extras, criticalError: null, error: null, response, messages, turns };
       }
     } catch (error) {
@@ -590,7 +593,6 @@ export class RolloutRunner {
         };
       }
       if (outcome.criticalError !== 'cancelled') logger.warn({ err: error, stage }, 'rollout failed');
-      assignTurnRewards(turns, 0, task.turn_rewards, task.gamma);
     }
     // Everything the rollout held is freed before anyone hears of its result.
     models.release(job.id);
@@ -614,9 +616,10 @@ export class RolloutRunner {
       ...(job.task.metadata ? { metadata: job.task.metadata } : {}),
       finishedAt: new Date().toISOString(),
     };
-    // Turn credit (rewards/): the sample's own now; shaping and advantages need every sample of
-    // the task, so they are done by whoever sees the group whole.
-    assignTaskSampleCredit(result, job.task);
+    // Turn credit (rewards/), scored once here for every way a rollout ends: the sample's own now;
+    // shaping and advantages need every sample of the task, so they are done by whoever sees the
+    // group whole (the service's commit).
+    assignSampleCredit(result, resolveCredit(job.task), job.task.n);
     this.#jobs.delete(job.id);
     job.resolve(result);
   }

@@ -1,6 +1,8 @@
 import { describe, expect, it } from 'vitest';
-import { assignTurnRewards, normalizeGroup } from './credit.ts';
-import type { RolloutResult, ToolCallRecord, TurnRecord } from '../protocol/rollout.ts';
+import type { RolloutResult, ToolCallRecord, TurnRecord } from '../../protocol/rollout.ts';
+import { scoreTurns } from './assign.ts';
+import { normalizeAdvantages } from './normalize.ts';
+import { resolveCredit } from './settings.ts';
 
 function turn(index: number, statuses: ToolCallRecord['status'][]): TurnRecord {
   return {
@@ -24,11 +26,11 @@ function turn(index: number, statuses: ToolCallRecord['status'][]): TurnRecord {
   };
 }
 
-// The functions credit.ts kept from before rewards/, with the legacy weights (see resolveCredit).
+// Tasks with the legacy turn_rewards and gamma (see resolveCredit), scored as before rewards/.
 describe('turn rewards (legacy turn_rewards and gamma)', () => {
   it('scores format, tool success and outcome per turn and discounts returns', () => {
     const turns = [turn(0, ['ok', 'error']), turn(1, ['invalid_arguments']), turn(2, [])];
-    assignTurnRewards(turns, 1, { format: 0.1, tool: 0.2, outcome: 1 }, 0.5);
+    scoreTurns(turns, 1, resolveCredit({ turn_rewards: { format: 0.1, tool: 0.2, outcome: 1 }, gamma: 0.5 }), 0);
     // the legacy format weight is the component's value on a well-formed turn
     expect(turns.map((t) => t.rewards)).toEqual([
       { format: 0.1, tool: 0.5, outcome: 0, shaping: 0 },
@@ -44,7 +46,7 @@ describe('turn rewards (legacy turn_rewards and gamma)', () => {
 
   it('gives only the outcome with the default weights', () => {
     const turns = [turn(0, ['ok']), turn(1, [])];
-    assignTurnRewards(turns, 0.75, { format: 0, tool: 0, outcome: 1 }, 1);
+    scoreTurns(turns, 0.75, resolveCredit({ turn_rewards: { format: 0, tool: 0, outcome: 1 }, gamma: 1 }), 0);
     expect(turns.map((t) => t.status)).toEqual(['ok', 'none']);
     expect(turns.map((t) => t.return)).toEqual([0.75, 0.75]);
     expect(turns.map((t) => t.reward)).toEqual([0, 0.75]);
@@ -57,7 +59,7 @@ describe('group normalisation', () => {
 
   it('normalises rewards and returns over the group, leaving filtered samples out', () => {
     const group = [result(1), result(0), result(1), result(0), result(0, true)];
-    normalizeGroup(group);
+    normalizeAdvantages(group, 'group');
     expect(group[0]!.advantage).toBeCloseTo(1, 4);
     expect(group[1]!.advantage).toBeCloseTo(-1, 4);
     expect(group[4]!.advantage).toBeNull();
@@ -66,7 +68,7 @@ describe('group normalisation', () => {
 
   it('leaves a single sample alone', () => {
     const group = [result(1)];
-    normalizeGroup(group);
+    normalizeAdvantages(group, 'group');
     expect(group[0]!.advantage).toBeNull();
   });
 });

@@ -1,0 +1,303 @@
+import { randomBytes } from 'node:crypto';
+import type { Logger } from 'pino';
+import { RolloutError } from '../errors.ts';
+import {
+  isReservedNodeId,
+  type HeartbeatAnswer,
+  type NodeAuth,
+  type NodeClaim,
+  type NodeCommit,
+  type NodeCommitStatus,
+  type NodeCoordinator,
+  type NodeLease,
+  type NodeModelRequest,
+  type NodeRegistered,
+  type NodeRegistration,
+  type NodeView,
+} from '../protocol/nodes.ts';
+import type { ModelTurn } from '../runner/agent-loop.ts';
+import type { ModelProvider } from '../runner/runner.ts';
+import { slurmJobOf, slurmRunOf } from '../slurm/watch.ts';
+import type { RolloutStore } from '../store/types.ts';
+import type { Commits } from './commits.ts';
+import { unavailable } from './lifecycle.ts';
+import { credentialFits, hashCredential, leaseLifeMs, notFoundNode, type NodeRegistry, type NodeState, type RemoteLease } from './node-registry.ts';
+
+export interface CoordinatorOptions {
+  store: RolloutStore;
+  logger: Logger;
+  nodes: NodeRegistry;
+  commits: Pick<Commits, 'commit' | 'withinAttempts'>;
+  models: Pick<ModelProvider, 'forRollout'>;
+  closed: () => boolean;
+  /** Names of the environments the service serves (a node must serve them all). */
+  environments: readonly string[];
+  /** Work went back to the queue: the service's pools and waiting claims take it. */
+  workArrived: () => void;
+  /** Whether the service runs rollouts itself now (see RolloutServiceOptions.runLocally). */
+  runsLocally: () => boolean;
+  /** Whether Slurm reported a run of a job gone (see NodeWatch). */
+  isGoneRun: (run: string) => boolean;
+  leaseMs: number;
+  heartbeatMs: number;
+  nodeTimeoutMs: number;
+}
+
+/** A promise that settles when `wake` is called or `ms` pass. */
+function sleepUntilWoken(ms: number, wakers: Set<() => void>, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    const done = () => {
+      clearTimeout(timer);
+      wakers.delete(done);
+      signal?.removeEventListener('abort', done);
+      resolve();
+    };
+    const timer = setTimeout(done, ms);
+    wakers.add(done);
+    signal?.addEventListener('abort', done, { once: true });
+  });
+}
+
+/**
+ * The service's side of the node protocol (what the node routes call): registration with a
+ * credential, heartbeats renewing leases, claims as long polls, commits, and policy turns
+ * through the service's backend pool.
+ */
+export class Coordinator implements NodeCoordinator {
+  readonly #store: RolloutStore;
+  readonly #logger: Logger;
+  readonly #nodes: NodeRegistry;
+  readonly #commits: CoordinatorOptions['commits'];
+  readonly #models: CoordinatorOptions['models'];
+  readonly #closed: () => boolean;
+  readonly #environments: readonly string[];
+  readonly #workArrived: () => void;
+  readonly #runsLocally: () => boolean;
+  readonly #isGoneRun: (run: string) => boolean;
+  readonly #leaseMs: number;
+  readonly #heartbeatMs: number;
+  readonly #nodeTimeoutMs: number;
+  /** Node claims waiting for work. */
+  readonly #claimWakers = new Set<() => void>();
+  /** Registrations one at a time: two for one id never both take it. */
+  #registrations: Promise<unknown> = Promise.resolve();
+
+  constructor(options: CoordinatorOptions) {
+    this.#store = options.store;
+    this.#logger = options.logger;
+    this.#nodes = options.nodes;
+    this.#commits = options.commits;
+    this.#models = options.models;
+    this.#closed = options.closed;
+    this.#environments = options.environments;
+    this.#workArrived = options.workArrived;
+    this.#runsLocally = options.runsLocally;
+    this.#isGoneRun = options.isGoneRun;
+    this.#leaseMs = options.leaseMs;
+    this.#heartbeatMs = options.heartbeatMs;
+    this.#nodeTimeoutMs = options.nodeTimeoutMs;
+  }
+
+  /** Wakes the node claims waiting for work (work arrived, or the service is closing). */
+  wake(): void {
+    for (const wake of [...this.#claimWakers]) wake();
+  }
+
+  registerNode(registration: NodeRegistration, credential?: string): Promise<NodeRegistered> {
+    const registered = this.#registrations.then(() => this.#register(registration, credential));
+    this.#registrations = registered.catch(() => undefined);
+    return registered;
+  }
+
+  async #register(registration: NodeRegistration, credential: string | undefined): Promise<NodeRegistered> {
+    if (this.#closed()) throw unavailable();
+    const { nodeId } = registration;
+    if (isReservedNodeId(nodeId)) {
+      throw new RolloutError({ code: 'UNPROCESSABLE', message: `node_id: "${nodeId}" is reserved (the service's own worker id); choose another` });
+    }
+    const missing = this.#environments.filter((name) => !registration.environments.includes(name));
+    if (missing.length > 0) {
+      throw new RolloutError({ code: 'UNPROCESSABLE', message: `node "${nodeId}" does not serve environment${missing.length === 1 ? '' : 's'} ${missing.join(', ')} that the service does` });
+    }
+    const run = slurmRunOf(registration);
+    if (run && this.#isGoneRun(run)) {
+      throw new RolloutError({ code: 'CONFLICT', message: `node "${nodeId}" belongs to a run of Slurm job ${slurmJobOf(registration)} that Slurm reported gone: this process should exit (a requeued job starts a new node)` });
+    }
+    const known = this.#nodes.get(nodeId);
+    const stored = known?.credentialHash ?? (await this.#store.getNodeCredential(nodeId))?.credentialHash;
+    let hash = stored;
+    if (!credentialFits(credential, stored)) {
+      // Without its credential, an id in use (a node up, or holding leases from before a restart) is not taken over.
+      if (known?.state === 'up') {
+        throw new RolloutError({
+          code: 'CONFLICT',
+          message: `node id "${nodeId}" is in use by a live node: registering again under it needs that node's credential (or wait until the node is lost, ${this.#nodeTimeoutMs} ms without a heartbeat)`,
+        });
+      }
+      credential = randomBytes(32).toString('base64url');
+      hash = hashCredential(credential);
+      await this.#store.putNodeCredential({ nodeId, credentialHash: hash, issuedAt: Date.now() });
+    }
+    const now = Date.now();
+    // the same object when known: a claim of it still open counts itself out of that one
+    const state: NodeState = known ?? { registration, registeredAt: now, lastSeen: now, state: 'up', committed: 0, claims: 0, lastClaimAt: 0 };
+    Object.assign(state, { registration, lastSeen: now, state: 'up', credentialHash: hash! });
+    delete state.lostReason;
+    this.#nodes.set(nodeId, state);
+    this.#logger.info({ node: nodeId, host: registration.host, capacity: registration.capacity, slurm: registration.slurm }, known ? 'node registered again' : 'node registered');
+    return { nodeId, credential: credential!, leaseMs: this.#leaseMs, heartbeatMs: this.#heartbeatMs, nodeTimeoutMs: this.#nodeTimeoutMs };
+  }
+
+  async heartbeat(auth: NodeAuth, given: readonly NodeLease[]): Promise<HeartbeatAnswer> {
+    if (this.#closed()) throw unavailable();
+    const node = this.#nodes.auth(auth);
+    const { nodeId } = auth;
+    const max = node.registration.maxRollouts;
+    if (given.length > max) {
+      throw new RolloutError({ code: 'UNPROCESSABLE', message: `leases: a heartbeat carries at most the node's max_rollouts (${max}) leases, not ${given.length}` });
+    }
+    // one entry per rollout (the last one given)
+    const leases = [...new Map(given.map((lease) => [lease.rolloutId, lease])).values()];
+    if (node.state === 'lost') {
+      // declared lost: its work was re-issued. It hears so, and must register again.
+      return { renewed: [], lost: leases.map((lease) => lease.rolloutId), cancel: [] };
+    }
+    node.lastSeen = Date.now();
+    // a lease past its life is not renewed: it runs out, and its rollout is re-issued
+    const now = Date.now();
+    const overdue = leases.filter((lease) => {
+      const known = this.#nodes.lease(lease.rolloutId);
+      return known?.nodeId === nodeId && known.attempt === lease.attempt && known.renewUntil !== undefined && now > known.renewUntil;
+    });
+    const late = new Set(overdue);
+    const renewable = overdue.length === 0 ? leases : leases.filter((lease) => !late.has(lease));
+    if (overdue.length > 0) {
+      const released = await this.#store.releaseLeases(nodeId, overdue);
+      for (const id of released) this.#nodes.forgetLease(id, nodeId);
+      this.#logger.warn({ node: nodeId, rollouts: released }, "leases held past their life (3× their task's time limit) without a commit: re-queued");
+      if (released.length > 0) this.#workArrived();
+    }
+    const { renewed, lost } = await this.#store.renewLeases(nodeId, renewable.map(({ rolloutId, attempt }) => ({ rolloutId, attempt })), this.#leaseMs);
+    const reported = new Map(leases.map((lease) => [lease.rolloutId, lease]));
+    for (const id of renewed) {
+      const { attempt, stage } = reported.get(id)!;
+      const lease = this.#nodes.lease(id);
+      if (lease?.nodeId === nodeId && lease.attempt === attempt) lease.stage = stage;
+      else this.#nodes.setLease(id, { nodeId, attempt, stage }); // held from before a restart of the service
+    }
+    for (const id of lost) this.#nodes.forgetLease(id, nodeId);
+    const cancel = renewed.filter((id) => this.#nodes.cancelRequested(id));
+    return { renewed, lost: [...lost, ...overdue.map((lease) => lease.rolloutId)], cancel };
+  }
+
+  async claimForNode(auth: NodeAuth, limit: number, waitMs: number, signal?: AbortSignal): Promise<NodeClaim[]> {
+    const { nodeId } = auth;
+    const first = this.#nodes.auth(auth);
+    if (limit > first.registration.maxRollouts) {
+      throw new RolloutError({ code: 'UNPROCESSABLE', message: `limit: a claim asks for at most the node's max_rollouts (${first.registration.maxRollouts}), not ${limit}` });
+    }
+    const until = Date.now() + Math.max(0, waitMs);
+    first.claims++;
+    try {
+      for (;;) {
+        if (this.#closed()) throw unavailable();
+        const node = this.#nodes.auth(auth);
+        if (node.state === 'lost') throw notFoundNode(nodeId);
+        node.lastSeen = Date.now();
+        // at most its free capacity, as the service counts its leases
+        const room = Math.min(limit, node.registration.maxRollouts - this.#nodes.heldBy(nodeId));
+        const claimed = room > 0 ? await this.#commits.withinAttempts(nodeId, await this.#store.claim({ workerId: nodeId, limit: room, leaseMs: this.#leaseMs })) : [];
+        if (claimed.length > 0) {
+          const now = Date.now();
+          for (const work of claimed) {
+            const { taskId, sampleIndex } = work;
+            this.#nodes.setLease(work.id, { nodeId, attempt: work.attempt, stage: 'queued', policy: work.task.policy, n: work.task.n, renewUntil: now + leaseLifeMs(work.task), taskId, sampleIndex });
+          }
+          return claimed.map((work) => ({ rolloutId: work.id, taskId: work.taskId, sampleIndex: work.sampleIndex, attempt: work.attempt, leaseExpiresAt: work.leaseExpiresAt, task: work.task }));
+        }
+        const left = until - Date.now();
+        if (left <= 0 || signal?.aborted) return [];
+        await sleepUntilWoken(Math.min(left, this.#heartbeatMs), this.#claimWakers, signal);
+      }
+    } finally {
+      first.claims = Math.max(0, first.claims - 1);
+      first.lastClaimAt = Date.now();
+    }
+  }
+
+  async commitFromNode(auth: NodeAuth, commits: readonly NodeCommit[]): Promise<NodeCommitStatus[]> {
+    const node = this.#nodes.auth(auth);
+    const { nodeId } = auth;
+    if (commits.length > node.registration.maxRollouts) {
+      throw new RolloutError({ code: 'UNPROCESSABLE', message: `results: a node commits at most its max_rollouts (${node.registration.maxRollouts}) results at once, not ${commits.length}` });
+    }
+    if (node.state === 'up') node.lastSeen = Date.now();
+    for (const { rolloutId, result } of commits) {
+      if (result.id !== rolloutId) throw new RolloutError({ code: 'UNPROCESSABLE', message: `result id "${result.id}" is not rollout "${rolloutId}"` });
+      // (a rollout's task and sample are the store's: a result naming others would be stored under them)
+      const lease = this.#nodes.lease(rolloutId);
+      if (lease?.nodeId === nodeId && lease.taskId !== undefined && (result.taskId !== lease.taskId || result.sampleIndex !== lease.sampleIndex)) {
+        throw new RolloutError({ code: 'UNPROCESSABLE', message: `result "${rolloutId}" names task "${result.taskId}" sample ${result.sampleIndex}; the rollout is task "${lease.taskId}" sample ${lease.sampleIndex}` });
+      }
+    }
+    const outcomes: NodeCommitStatus[] = [];
+    for (const { rolloutId, attempt, result } of commits) {
+      const lease = this.#nodes.lease(rolloutId);
+      // the store takes it only from this node's lease at this attempt (one statement)
+      const status = await this.#commits.commit(nodeId, attempt, result, lease?.nodeId === nodeId && lease.attempt === attempt ? lease.n : undefined);
+      if (status === 'committed') node.committed++;
+      outcomes.push(status);
+    }
+    return outcomes;
+  }
+
+  async modelTurn(auth: NodeAuth, call: NodeModelRequest, signal: AbortSignal): Promise<ModelTurn> {
+    this.#nodes.auth(auth);
+    const { nodeId } = auth;
+    const lease = await this.#remoteLease(nodeId, call.rolloutId, call.attempt);
+    if (!lease?.policy) {
+      throw new RolloutError({ code: 'CONFLICT', message: `node "${nodeId}" does not hold rollout "${call.rolloutId}" at attempt ${call.attempt}: its lease was lost` });
+    }
+    lease.caller ??= this.#models.forRollout(call.rolloutId, lease.policy);
+    return lease.caller(call.request, signal);
+  }
+
+  /**
+   * The lease a node holds on a rollout at `attempt`, with its policy. A lease from before a
+   * restart of the service is known by the store: its policy is read from there, once.
+   */
+  async #remoteLease(nodeId: string, rolloutId: string, attempt: number): Promise<RemoteLease | undefined> {
+    const known = this.#nodes.lease(rolloutId);
+    if (known && (known.nodeId !== nodeId || known.attempt !== attempt)) return undefined;
+    if (known?.policy) return known;
+    if (this.#nodes.get(nodeId)?.state !== 'up') return undefined;
+    const rollout = await this.#store.getRollout(rolloutId);
+    if (rollout?.state !== 'leased' || rollout.workerId !== nodeId || rollout.attempt !== attempt) return undefined;
+    const task = await this.#store.getTask(rollout.taskId);
+    if (!task) return undefined;
+    const lease: RemoteLease = { ...(this.#nodes.lease(rolloutId) ?? { nodeId, attempt, stage: 'run' }), policy: task.task.policy, n: task.task.n };
+    lease.renewUntil ??= Date.now() + leaseLifeMs(task.task);
+    this.#nodes.setLease(rolloutId, lease);
+    return lease;
+  }
+
+  async deregisterNode(auth: NodeAuth): Promise<{ released: number }> {
+    const node = this.#nodes.auth(auth);
+    const { nodeId } = auth;
+    if (node.state === 'lost') {
+      // its work was re-issued when it was lost; it stays listed as lost, with why
+      this.#logger.info({ node: nodeId, reason: node.lostReason }, 'a lost node left');
+      return { released: 0 };
+    }
+    node.state = 'left';
+    const ids = await this.#store.releaseWorker(nodeId);
+    this.#nodes.dropNode(nodeId);
+    this.#logger.info({ node: nodeId, released: ids.length }, 'node left');
+    if (ids.length > 0 || this.#runsLocally()) this.#workArrived();
+    return { released: ids.length };
+  }
+
+  nodes(): NodeView[] {
+    return this.#nodes.views();
+  }
+}
