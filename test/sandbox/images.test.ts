@@ -7,6 +7,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import {
   bwrapAvailable,
   createBwrapProvider,
+  createImageResolver,
   overlayPrefix,
   overlayRoot,
   parseImageReference,
@@ -140,6 +141,21 @@ describe.skipIf(skip !== undefined)('images on bwrap', () => {
       const sandbox = await create(image);
       expect((await sandbox.exec('cat /data/marker; echo $IMAGE_VAR; pwd')).stdout).toBe('from the image\nfrom-config\n/testbed\n');
     }
+  });
+
+  it('has a resolver of its own close: its unpacks in flight end first, later resolves are refused', async () => {
+    const cache = join(dir, 'cache-resolver');
+    const resolver = createImageResolver();
+    const image = `squashfs:${dir}/root.sqfs`;
+    const pending = resolver.resolve(image, { cacheDir: cache });
+    await resolver.close();
+    // the unpack ended before close did: the entry in place, nothing half-done left behind
+    expect(readdirSync(cache).filter((name) => !name.startsWith('.'))).toHaveLength(1);
+    expect(readdirSync(cache).filter((name) => name.startsWith('.tmp-') || name.endsWith('.lock'))).toEqual([]);
+    expect((await pending).unpacked).toBe(true);
+    await expect(resolver.resolve(image, { cacheDir: cache })).rejects.toThrow(/resolver is closed/);
+    // the cache it filled serves another resolver
+    expect((await resolveImage(image, { cacheDir: cache })).unpacked).toBe(false);
   });
 
   it('unpacks once for concurrent first uses and not again on a second resolve', async () => {

@@ -1,66 +1,16 @@
 import { randomUUID } from 'node:crypto';
 import { createRoute, OpenAPIHono, z } from '@hono/zod-openapi';
 import type { Context } from 'hono';
-import type { ContentfulStatusCode } from 'hono/utils/http-status';
 import { RolloutError } from '../errors.ts';
-import {
-  BODY_PARSE_ERROR_BODY,
-  missingBodyError,
-  NOT_FOUND_BODY,
-  pydanticInt,
-  reprError,
-  valueError,
-  zodIssuesToPydantic,
-} from '../server/fastapi-errors.ts';
+import { NOT_FOUND_BODY, pydanticInt, valueError } from '../server/fastapi-errors.ts';
+import { FastApiReply, stripRolloutPrefix } from '../server/fastapi.ts';
+import { fastApiErrorHandler, parseFastApiBody } from '../server/fastapi-hono.ts';
 import { computeAggregateMetrics } from '../gym/metrics.ts';
-import { readRequestBody } from '../server/read-body.ts';
-import { stripRolloutPrefix } from '../gym/resources-server.ts';
 import { ResponseCreateParams } from '../protocol/responses.ts';
 import type { VerifyEntry } from '../spec/environment.ts';
 import type { RolloutService } from '../service/service.ts';
 import { PolicySpec } from '../protocol/rollout.ts';
 import type { ApiContext } from './context.ts';
-
-// ---------------------------------------------------------------------------------------------
-// FastAPI's error bodies, shared by the faces that stand in for Python servers (this one, ProRL's).
-
-/** An answer as FastAPI would give it, thrown from a handler of a FastAPI-shaped face. */
-export class FastApiReply extends Error {
-  constructor(
-    readonly status: ContentfulStatusCode,
-    readonly body: unknown,
-  ) {
-    super(typeof body === 'object' && body !== null && 'detail' in body ? JSON.stringify((body as { detail: unknown }).detail) : String(body));
-  }
-}
-
-/** The JSON body validated as FastAPI validates a pydantic body: 422 `{detail: [...]}` naming each field. */
-export async function readFastApiBody<T extends z.ZodType>(c: Context, schema: T): Promise<{ body: Record<string, unknown>; value: z.output<T> }> {
-  const read = await readRequestBody(c.req.raw);
-  if (read.kind === 'invalid') throw new FastApiReply(422, { detail: [read.error] });
-  if (read.kind === 'unparseable') throw new FastApiReply(400, BODY_PARSE_ERROR_BODY);
-  const body = read.kind === 'absent' ? null : read.value;
-  if (body === null) throw new FastApiReply(422, { detail: [missingBodyError()] });
-  const parsed = schema.safeParse(body);
-  if (!parsed.success) throw new FastApiReply(422, { detail: zodIssuesToPydantic(parsed.error.issues, body, schema) });
-  return { body: body as Record<string, unknown>, value: parsed.data };
-}
-
-/** Errors of a FastAPI-shaped face: `{detail}` bodies, 422 lists, and a 500 as Python's `repr(e)` string. */
-export function fastApiErrors(app: OpenAPIHono, service: RolloutService): void {
-  app.onError((error, c) => {
-    if (error instanceof FastApiReply) return c.json(error.body, error.status);
-    if (RolloutError.isInstance(error)) {
-      if (error.code === 'UNPROCESSABLE') {
-        const given = Array.isArray(error.details) && error.details.every((d) => typeof d === 'object' && d !== null && 'loc' in d);
-        return c.json({ detail: given ? error.details : [valueError(['body'], error.message, null)] }, 422);
-      }
-      if (error.status < 500) return c.json({ detail: error.message }, error.status as ContentfulStatusCode);
-    }
-    service.logger.error({ err: error, path: c.req.path }, 'request failed');
-    return c.json(reprError(error), 500);
-  });
-}
 
 // ---------------------------------------------------------------------------------------------
 // Schemas (NeMo Gym's names: SimpleAgentRunRequest, SimpleAgentVerifyResponse, AggregateMetrics)
@@ -191,7 +141,7 @@ function samplingOf(params: Record<string, unknown>): Record<string, unknown> {
  */
 export function gymAgentApi({ service, options }: ApiContext): OpenAPIHono {
   const app = new OpenAPIHono();
-  fastApiErrors(app, service);
+  app.onError(fastApiErrorHandler({ logger: service.logger, httpExceptions: true }));
 
   const modelFor = (params: Record<string, unknown>): string => {
     const fromBackends = (options.backends?.list() ?? []).map((b) => (b as { model?: unknown }).model).find((m): m is string => typeof m === 'string' && m !== '');
@@ -204,7 +154,7 @@ export function gymAgentApi({ service, options }: ApiContext): OpenAPIHono {
   };
 
   const run = async (c: Context, ngRolloutId: string | undefined) => {
-    const { body, value } = await readFastApiBody(c, GymRunRequest);
+    const { body, value } = await parseFastApiBody(c, GymRunRequest);
     const env = environmentFor(service, value.agent_ref, ['body']);
     const params = body.responses_create_params as Record<string, unknown>;
     const policy = PolicySpec.parse({ model: modelFor(params), sampling: samplingOf(params) });
@@ -239,7 +189,7 @@ export function gymAgentApi({ service, options }: ApiContext): OpenAPIHono {
   };
 
   const aggregate = async (c: Context) => {
-    const { value } = await readFastApiBody(c, GymAggregateMetricsRequest);
+    const { value } = await parseFastApiBody(c, GymAggregateMetricsRequest);
     const entries = value.verify_responses;
     if (entries.length === 0) return c.json({ group_level_metrics: [], agent_metrics: {}, key_metrics: {} });
     const index = Math.max(

@@ -1,18 +1,19 @@
 import { createRoute, OpenAPIHono, z } from '@hono/zod-openapi';
-import type { HttpBindings } from '@hono/node-server';
 import type { Context, MiddlewareHandler } from 'hono';
 import { bearerAuth } from 'hono/bearer-auth';
 import { HTTPException } from 'hono/http-exception';
 import { RolloutError } from '../errors.ts';
 import { checkToken } from '../server/bind-policy.ts';
 import { bodyTooLargeBody } from '../server/fastapi-errors.ts';
-import { BodyTooLargeError, decodeInTurn, DEFAULT_MAX_BODY_BYTES, LARGE_BODY_BYTES, readNodeBody, readRequestBytes } from '../server/read-body.ts';
-import { stripRolloutPrefix } from '../gym/resources-server.ts';
+import { stripRolloutPrefix } from '../server/fastapi.ts';
+import { nodeBindings, readBodyBytes, requestHeader } from '../server/fastapi-hono.ts';
+import { BodyTooLargeError, decodeInTurn, DEFAULT_MAX_BODY_BYTES, LARGE_BODY_BYTES } from '../server/read-body.ts';
 import { rolloutOpenApi } from './openapi.ts';
 import type { RolloutService } from '../service/service.ts';
 import { backendsApi } from './backends.ts';
 import type { ApiContext, RolloutApiOptions } from './context.ts';
 import { docsApi } from './docs.ts';
+import { notJson, unprocessable } from './parse.ts';
 import { errorResponses } from './wire.ts';
 import { gymAgentApi } from './gym-agent.ts';
 import { nodesApi } from './nodes.ts';
@@ -30,16 +31,14 @@ const isPublic = (path: string) => PUBLIC.has(path) || path.startsWith('/docs/')
 
 /** A validation failure is a 422 naming each offending field (in its message and `details`). */
 function validationHook(result: { success: boolean; error?: z.ZodError }): void {
-  if (!result.success && result.error) {
-    throw new RolloutError({ code: 'UNPROCESSABLE', message: z.prettifyError(result.error), details: result.error.issues });
-  }
+  if (!result.success && result.error) throw unprocessable(result.error);
 }
 
 /** What an HTTPException thrown by a validator (body not JSON, wrong content-type) is, as a RolloutError. */
 function fromHttpException(error: HTTPException): RolloutError {
   if (error.status === 415) return new RolloutError({ code: 'BAD_REQUEST', message: 'the body must be JSON, sent with content-type: application/json' });
   if (error.status === 413) return new RolloutError({ code: 'PAYLOAD_TOO_LARGE', message: error.message || 'the body is too large' });
-  if (error.status === 400) return new RolloutError({ code: 'BAD_REQUEST', message: `the body is not JSON: ${error.message}` });
+  if (error.status === 400) return notJson(error);
   return RolloutError.from(error);
 }
 
@@ -85,16 +84,16 @@ function bodyLimit(maxBytes: number): MiddlewareHandler {
   return async (c, next) => {
     const path = c.req.path;
     const cap = NODE_RESULTS.test(path) ? maxBytes * RESULTS_FACTOR : maxBytes;
-    const { incoming } = (c.env as Partial<HttpBindings> | undefined) ?? {};
+    const { incoming } = nodeBindings(c);
     // a GET without a body (no Content-Length or 0, not chunked): nothing to read, nothing to wait for
     if (c.req.method === 'GET' || c.req.method === 'HEAD') {
-      const header = (name: string) => (incoming ? (incoming.headers[name] as string | undefined) : c.req.header(name));
-      const length = header('content-length');
-      if ((length === undefined || length === '0') && header('transfer-encoding') === undefined) return next();
+      const length = requestHeader(c, 'content-length');
+      if ((length === undefined || length === '0') && requestHeader(c, 'transfer-encoding') === undefined) return next();
     }
     let bytes: Uint8Array;
     try {
-      bytes = incoming ? await readNodeBody(incoming, cap) : await readRequestBytes(c.req.raw, cap);
+      // the FastAPI faces' routes read these same bytes (readBodyBytes keeps them)
+      bytes = await readBodyBytes(c, cap);
     } catch (error) {
       if (error instanceof BodyTooLargeError) return tooLarge(c, path, error.maxBytes);
       throw error;
@@ -110,7 +109,7 @@ function bodyLimit(maxBytes: number): MiddlewareHandler {
     } else {
       c.req.raw = new Request(c.req.raw, { body: bytes.length > 0 ? bytes : null });
     }
-    if (bytes.length >= LARGE_BODY_BYTES && !isFastApiPath(path) && /json/i.test(c.req.header('content-type') ?? '')) {
+    if (bytes.length >= LARGE_BODY_BYTES && !isFastApiPath(path) && /json/i.test(requestHeader(c, 'content-type') ?? '')) {
       // the routes' validators call c.req.json(): it answers what was parsed in turn
       const text = buffer.toString('utf8');
       const parsed = await decodeInTurn(bytes.length, () => {

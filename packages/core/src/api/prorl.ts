@@ -2,11 +2,12 @@ import { createRoute, OpenAPIHono, z } from '@hono/zod-openapi';
 import type { Context } from 'hono';
 import { RolloutError } from '../errors.ts';
 import { valueError } from '../server/fastapi-errors.ts';
+import { FastApiReply } from '../server/fastapi.ts';
+import { fastApiErrorHandler, parseFastApiBody } from '../server/fastapi-hono.ts';
 import { ResponseCreateParams } from '../protocol/responses.ts';
 import { responsesToolsToChat } from '../runner/messages.ts';
 import { RolloutLimits, RolloutTask, SamplingParams, type RolloutResult } from '../protocol/rollout.ts';
 import type { ApiContext, BackendRegistry } from './context.ts';
-import { FastApiReply, fastApiErrors, readFastApiBody } from './gym-agent.ts';
 
 // ProRL Agent Server's HTTP API (NVIDIA-NeMo/ProRL-Agent-Server: scripts/start_server.py for the
 // routes, status codes and bodies; openhands/nvidia/utils.py `final_result` and
@@ -290,7 +291,7 @@ export function prorlResult(result: RolloutResult, instance: Record<string, unkn
  */
 export function prorlApi({ service, options }: ApiContext): OpenAPIHono {
   const app = new OpenAPIHono();
-  fastApiErrors(app, service);
+  app.onError(fastApiErrorHandler({ logger: service.logger, httpExceptions: true }));
   for (const route of ROUTES) app.openAPIRegistry.registerPath(route);
 
   let accepting = true;
@@ -327,7 +328,7 @@ export function prorlApi({ service, options }: ApiContext): OpenAPIHono {
   });
 
   app.post('/cancel', async (c) => {
-    const { value } = await readFastApiBody(c, CancelRequest);
+    const { value } = await parseFastApiBody(c, CancelRequest);
     requireRunning();
     const rolloutId = jobs.get(value.job_id) ?? ((await service.get(value.job_id)) ? value.job_id : undefined);
     if (rolloutId === undefined) throw new FastApiReply(404, { detail: `Job ${value.job_id} not found` });
@@ -341,7 +342,7 @@ export function prorlApi({ service, options }: ApiContext): OpenAPIHono {
   };
 
   app.post('/add_llm_server', async (c) => {
-    const { value } = await readFastApiBody(c, LLMServerRequest);
+    const { value } = await parseFastApiBody(c, LLMServerRequest);
     const registry = backends();
     const address = value.address;
     // ProRL keeps one entry per address: adding it again is a no-op.
@@ -365,7 +366,7 @@ export function prorlApi({ service, options }: ApiContext): OpenAPIHono {
   });
 
   app.post('/process', async (c: Context) => {
-    const { value: request } = await readFastApiBody(c, ProcessRequest);
+    const { value: request } = await parseFastApiBody(c, ProcessRequest);
     requireRunning();
     const { env: envName, data_source: dataSource, ...row } = request.instance;
     const served = service.environments;

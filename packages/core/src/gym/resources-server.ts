@@ -1,7 +1,5 @@
-import type { HttpBindings } from '@hono/node-server';
 import { Hono, type Context } from 'hono';
 import { bearerAuth } from 'hono/bearer-auth';
-import { HTTPException } from 'hono/http-exception';
 import { getPath } from 'hono/utils/url';
 import { pino, type Logger } from 'pino';
 import { z } from 'zod';
@@ -11,23 +9,15 @@ import { invokeTool, LazyAbort } from '../spec/invoke-tool.ts';
 import type { ToolDefinition } from '../spec/tool.ts';
 import type { SandboxProvider } from '../sandbox/types.ts';
 import { createSessionTools, type SessionTools } from '../tools/session-tools.ts';
-import { RolloutError } from '../errors.ts';
-import {
-  BODY_PARSE_ERROR_BODY,
-  bodyTooLargeBody,
-  METHOD_NOT_ALLOWED_BODY,
-  missingBodyError,
-  NOT_FOUND_BODY,
-  pydanticInt,
-  reprError,
-  valueError,
-  zodIssuesToPydantic,
-  type PydanticErrorItem,
-} from '../server/fastapi-errors.ts';
+import { METHOD_NOT_ALLOWED_BODY, NOT_FOUND_BODY, pydanticInt } from '../server/fastapi-errors.ts';
+import { stripRolloutPrefix, validateBody as validate } from '../server/fastapi.ts';
+import { fastApiErrorHandler, nodeBindings, readBodyBytes, readFastApiBody, requestDeclaredLength, requestHeader } from '../server/fastapi-hono.ts';
 import { checkToken } from '../server/bind-policy.ts';
 import { computeAggregateMetrics } from './metrics.ts';
-import { BodyTooLargeError, decodeRequestBodyInTurn, DEFAULT_MAX_BODY_BYTES, readNodeBody, readRequestBytes } from '../server/read-body.ts';
+import { DEFAULT_MAX_BODY_BYTES } from '../server/read-body.ts';
 import { SessionStore } from '../server/session-store.ts';
+
+export { stripRolloutPrefix } from '../server/fastapi.ts';
 
 export interface ResourcesServerOptions {
   /**
@@ -69,11 +59,6 @@ export type ResourcesServer = Hono<Vars> & {
 
 type Vars = { Variables: { sessionId: string; sessionBusy: boolean; signal: AbortSignal | undefined } };
 
-/** Node's own request and response when @hono/node-server serves the app (absent under `app.request`). */
-function nodeBindings(c: Context): Partial<HttpBindings> {
-  return (c.env as Partial<HttpBindings> | undefined) ?? {};
-}
-
 /**
  * Aborted when the client goes away before the answer is sent. Served by Node, from the response's
  * own 'close': the web Request that `c.req.raw.signal` would build (with a ReadableStream of the
@@ -111,14 +96,6 @@ function requestAbort(c: Context<Vars>): { abort: LazyAbort } | { signal: AbortS
   return { abort };
 }
 
-const ROLLOUT_PREFIX = /^\/ng-rollout\/([A-Za-z0-9][A-Za-z0-9._-]*)(\/.*)$/;
-
-/** NeMo Gym's `/ng-rollout/<id>` prefix stripped, as its RolloutContextMiddleware does. */
-export function stripRolloutPrefix(path: string): { path: string; rolloutId?: string } {
-  const match = ROLLOUT_PREFIX.exec(path);
-  return match ? { path: match[2]!, rolloutId: match[1]! } : { path };
-}
-
 const VerifyBase = z.object({ responses_create_params: ResponseCreateParams, response: NeMoGymResponse });
 const AggregateRequest = z.object({
   // NeMo Gym types the entries as plain dicts; the indices are checked here as pydantic ints, so
@@ -138,15 +115,6 @@ const AggregateRequest = z.object({
     }),
 });
 
-class ValidationFailure extends Error {
-  constructor(readonly detail: PydanticErrorItem[]) {
-    super('request validation failed');
-  }
-}
-
-/** FastAPI's 400 for a body json.loads gave up on without a JSONDecodeError. */
-class BodyParseFailure extends Error {}
-
 function pascalCase(name: string): string {
   return name.replace(/(^|[-_])([a-z0-9])/g, (_, __, ch: string) => ch.toUpperCase());
 }
@@ -158,48 +126,6 @@ function cookieFrom(header: string | undefined, name: string): string | undefine
     if (eq > 0 && part.slice(0, eq).trim() === name) return part.slice(eq + 1).trim();
   }
   return undefined;
-}
-
-/** A request header, from Node's request when there is one (see readJson). */
-function headerOf(c: Context, name: 'cookie' | 'content-type'): string | undefined {
-  const { incoming } = nodeBindings(c);
-  return incoming ? incoming.headers[name] : c.req.header(name);
-}
-
-/**
- * Reads a body the way FastAPI does: absent → `undefined`; not JSON → a 422 json_invalid; too
- * deep for json.loads, or not UTF-8 → a 400; declared as something else → the text. Larger than
- * `maxBytes` → BodyTooLargeError (a 413), before it is read whole.
- */
-async function readBody(c: Context, maxBytes: number): Promise<unknown> {
-  const { incoming } = nodeBindings(c);
-  // Straight from Node's request when there is one, for the reason given at requestSignal; its
-  // chunks joined by hand (stream/consumers' buffer() goes through a Blob, which showed in
-  // tool-call profiles), and its headers read from Node's (c.req.header builds web Headers).
-  const bytes = incoming ? await readNodeBody(incoming, maxBytes) : await readRequestBytes(c.req.raw, maxBytes);
-  const contentType = headerOf(c, 'content-type');
-  const body = await decodeRequestBodyInTurn(bytes, contentType ?? null);
-  switch (body.kind) {
-    case 'absent':
-      return undefined;
-    case 'invalid':
-      throw new ValidationFailure([body.error]);
-    case 'unparseable':
-      throw new BodyParseFailure();
-    default:
-      return body.value;
-  }
-}
-
-function validate<T extends z.ZodType>(schemas: readonly [T], body: unknown): [z.output<T>];
-function validate<T extends z.ZodType>(schemas: readonly T[], body: unknown): Array<z.output<T>>;
-function validate<T extends z.ZodType>(schemas: readonly T[], body: unknown): Array<z.output<T>> {
-  // FastAPI takes a JSON null for a required body as no body.
-  if (body === undefined || body === null) throw new ValidationFailure([missingBodyError()]);
-  const results = schemas.map((schema) => schema.safeParse(body));
-  const detail = results.flatMap((r, i) => (r.success ? [] : zodIssuesToPydantic(r.error.issues, body, schemas[i])));
-  if (detail.length > 0) throw new ValidationFailure(detail);
-  return results.map((r) => r.data as z.output<T>);
 }
 
 /**
@@ -226,7 +152,7 @@ export function createResourcesServer(env: Environment<any, any, any>, options: 
   const sessions = new SessionStore({ idleTtlMs: options.sessionIdleTtlMs ?? 3_600_000, logger });
   const defaultToolTimeoutMs = options.toolTimeoutMs ?? 60_000;
   const maxBodyBytes = options.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES;
-  const readJson = (c: Context) => readBody(c, maxBodyBytes);
+  const readJson = (c: Context) => readFastApiBody(c, maxBodyBytes);
 
   const app = new Hono<Vars>({
     getPath: (request) => stripRolloutPrefix(getPath(request)).path,
@@ -287,7 +213,7 @@ export function createResourcesServer(env: Environment<any, any, any>, options: 
   // Session cookie on every response, 404 and 422 as CONTRACT.md §1.3 asks, and 500 too (Python
   // sends none there; re-sending it keeps simple_agent's session alive, which can only help).
   app.use(async (c, next) => {
-    const given = cookieFrom(headerOf(c, 'cookie'), cookieName);
+    const given = cookieFrom(requestHeader(c, 'cookie'), cookieName);
     const id = sessions.idFromCookie(given);
     const value = id === undefined ? sessions.newCookieValue() : given!.replace(/^"(.*)"$/, '$1');
     const sessionId = value.slice(0, value.lastIndexOf('.'));
@@ -303,12 +229,8 @@ export function createResourcesServer(env: Environment<any, any, any>, options: 
   // A declared body above the cap is refused on every route, before the token and whether the
   // route reads bodies at all (Node would otherwise read and drop all of it after the answer).
   app.use(async (c, next) => {
-    const { incoming } = nodeBindings(c);
-    const headers = incoming ? incoming.headers : { 'content-length': c.req.header('content-length'), 'transfer-encoding': c.req.header('transfer-encoding') };
-    if (headers['transfer-encoding'] === undefined && Number(headers['content-length']) > maxBodyBytes) {
-      if (incoming) await readNodeBody(incoming, maxBodyBytes); // refuses it, draining what comes for a moment
-      throw new BodyTooLargeError(maxBodyBytes);
-    }
+    // refused by the read, which drains what comes for a moment
+    if ((requestDeclaredLength(c) ?? 0) > maxBodyBytes) await readBodyBytes(c, maxBodyBytes);
     return next();
   });
 
@@ -411,19 +333,9 @@ export function createResourcesServer(env: Environment<any, any, any>, options: 
     app.all(path, (c) => c.json(METHOD_NOT_ALLOWED_BODY, 405, { allow: method }));
   }
   app.notFound((c) => c.json(NOT_FOUND_BODY, 404));
-  app.onError((error, c) => {
-    if (error instanceof ValidationFailure) return c.json({ detail: error.detail }, 422);
-    if (error instanceof BodyParseFailure) return c.json(BODY_PARSE_ERROR_BODY, 400);
-    if (error instanceof BodyTooLargeError) return c.json(bodyTooLargeBody(error.maxBytes), 413);
-    if (error instanceof HTTPException) return error.getResponse();
-    // Bad input the environment found only while computing: the 422 a pydantic validator gives.
-    if (RolloutError.isInstance(error) && error.code === 'UNPROCESSABLE') {
-      const detail = Array.isArray(error.details) ? error.details : [valueError(['body'], error.message, null)];
-      return c.json({ detail }, 422);
-    }
-    logger.error({ err: error, path: c.req.path }, 'unhandled error');
-    return c.json(reprError(error), 500);
-  });
+  // The environment's errors are its own code's exceptions: a 500 with repr(e), but bad input it
+  // found only while computing (the 422 a pydantic validator gives).
+  app.onError(fastApiErrorHandler({ logger }));
 
   return Object.assign(app, {
     cookieName,

@@ -1,11 +1,11 @@
 import { spawn as spawnChild, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { closeSync, constants, fstatSync, openSync, statSync, writeFileSync, writeSync } from 'node:fs';
+import { closeSync, constants, fstatSync, openSync, statSync, writeFileSync } from 'node:fs';
 import { connect as connectSocket, type Socket } from 'node:net';
 import { rm } from 'node:fs/promises';
 import { join } from 'node:path';
-import * as pty from 'node-pty';
 import { RolloutError } from '../errors.ts';
+import { spawnTerminal } from './node-pty.ts';
 import { childrenOf, exitCode, killDescendants, killTree, runProcess, shQuote, type KillTreeOptions } from './process.ts';
 import {
   BASE_ENV,
@@ -184,24 +184,19 @@ export abstract class CommandSandbox implements Sandbox {
     const cwd = options.cwd ?? this.workdir;
     const tag = this.nextTag();
     const host = this.wrap(['/bin/sh', '-c', `${this.limitScript()}; cd "$0" || exit 1; exec "$@"`, cwd, ...argv], this.env(options.env, tag));
-    const term = pty.spawn(host.argv[0]!, host.argv.slice(1), {
-      name: host.env.TERM ?? 'dumb',
-      cols: options.cols ?? 200,
-      rows: options.rows ?? 50,
-      cwd: host.cwd ?? '/',
-      env: host.env,
-    });
+    const term = spawnTerminal(host, { cols: options.cols ?? 200, rows: options.rows ?? 50 });
     const leader = term.pid;
     let running = true;
     const untrack = this.track(leader, () => this.killEntered(leader, tag, () => running));
-    const direct = directPtyWriter(term);
     term.onExit(() => {
       running = false;
-      direct?.close();
       untrack();
     });
-    return Object.assign(term, {
-      ...(direct ? { write: direct.write } : {}),
+    return {
+      pid: leader,
+      write: term.write,
+      onData: term.onData,
+      onExit: term.onExit,
       killChildren: () => {
         // the leader may be an entering process outside the sandbox (nsenter): its child is the
         // program, whose children are the jobs
@@ -214,14 +209,10 @@ export abstract class CommandSandbox implements Sandbox {
         killDescendants(leader);
         setTimeout(() => {
           if (!running) return; // gone, and its pid may have been reused
-          try {
-            term.kill('SIGKILL');
-          } catch {
-            // raced with its exit
-          }
+          term.kill();
         }, 1000).unref();
       },
-    });
+    };
   }
 
   /** Whether `wrap` puts an entering process (nsenter, apptainer exec) between the host and the program. */
@@ -366,60 +357,4 @@ export abstract class CommandSandbox implements Sandbox {
       throw error;
     }
   }
-}
-
-/**
- * Writes to a terminal's master side with write(2) on the spot instead of node-pty's queue, which
- * sends every write through libuv's thread pool (fs.write): on the bash tool's hot path that
- * hand-off (a thread wake-up there and back per command) was the largest single cost of a call,
- * 17 % of a resources server's CPU under 16 sessions. The master is non-blocking, so a full
- * terminal (a program that stops reading) gives EAGAIN: the rest waits, in order, and is retried
- * every millisecond. The descriptor is read from node-pty's reading socket at every write, never
- * kept: once that socket is destroyed (the terminal closed) the number may belong to another file,
- * and what is left is dropped. Undefined when this node-pty does not have that socket (then its
- * own write is kept; node-pty is pinned).
- */
-function directPtyWriter(term: pty.IPty): { write: (data: string | Buffer) => void; close: () => void } | undefined {
-  const socket = (term as unknown as { _socket?: { _handle?: { fd?: unknown } | null; destroyed?: boolean } })._socket;
-  const fdOf = (): number => {
-    const fd = socket?.destroyed ? -1 : socket?._handle?.fd;
-    return typeof fd === 'number' ? fd : -1;
-  };
-  if (fdOf() < 0) return undefined;
-  const pending: Buffer[] = [];
-  let retry: NodeJS.Timeout | undefined;
-  const close = (): void => {
-    pending.length = 0;
-    clearTimeout(retry);
-    retry = undefined;
-  };
-  const flush = (): void => {
-    retry = undefined;
-    while (pending.length > 0) {
-      const fd = fdOf();
-      if (fd < 0) return close();
-      const head = pending[0]!;
-      let written: number;
-      try {
-        written = writeSync(fd, head);
-      } catch (error) {
-        if ((error as NodeJS.ErrnoException).code === 'EAGAIN') {
-          retry = setTimeout(flush, 1);
-          return;
-        }
-        return close(); // EIO and the like: the other side is gone, nothing will read it
-      }
-      if (written < head.length) pending[0] = head.subarray(written);
-      else pending.shift();
-    }
-  };
-  return {
-    write: (data) => {
-      const bytes = typeof data === 'string' ? Buffer.from(data, 'utf8') : Buffer.from(data);
-      if (bytes.length === 0) return;
-      pending.push(bytes);
-      if (pending.length === 1 && retry === undefined) flush();
-    },
-    close,
-  };
 }

@@ -1,5 +1,4 @@
 import type { Socket } from 'node:net';
-import type { IPty } from 'node-pty';
 
 /**
  * What a sandbox should look like. Modelled on NeMo Gym's `SandboxSpec` (CONTRACT.md §7.2); the
@@ -145,11 +144,26 @@ export interface SandboxSpawnOptions {
   env?: Record<string, string>;
 }
 
+/** What a listener registration returns: `dispose()` stops the calls. */
+export interface SandboxListener {
+  dispose(): void;
+}
+
 /**
- * A pseudo-terminal process inside a sandbox (node-pty's `IPty`) with the process control a tool
- * needs, so that no tool walks host `/proc` itself.
+ * A pseudo-terminal process inside a sandbox: what a terminal tool needs of it (the bash tool
+ * writes keystrokes, reads what is printed, learns of the exit) and the process control to go with
+ * it, so that no tool walks host `/proc` itself. Each provider adapts its own terminal to it (the
+ * command sandboxes node-pty's, in sandbox/node-pty.ts); no tool sees that terminal.
  */
-export interface SandboxPty extends IPty {
+export interface SandboxPty {
+  /** Host pid of the outermost process the provider started. */
+  readonly pid: number;
+  /** Types `data` into the terminal; writes wait their turn past a full terminal, and one after the exit is dropped. */
+  write(data: string): void;
+  /** Calls `listener` with what the terminal prints, as it comes (UTF-8 text). */
+  onData(listener: (data: string) => void): SandboxListener;
+  /** Calls `listener` once the process has exited: its exit code, and the signal that ended it if one did. */
+  onExit(listener: (exit: { exitCode: number; signal?: number }) => void): SandboxListener;
   /**
    * SIGKILLs what the process started (a shell's foreground and background jobs) but not the
    * process itself: the escalation after Ctrl-C was ignored.

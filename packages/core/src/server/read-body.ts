@@ -246,7 +246,8 @@ function discardRest(incoming: IncomingMessage): void {
   incoming.resume();
 }
 
-function declaredLength(headers: { get(name: string): string | null }): number | undefined {
+/** A request's declared Content-Length, unless it is chunked (Transfer-Encoding). */
+export function declaredLength(headers: { get(name: string): string | null }): number | undefined {
   // with both, Transfer-Encoding wins (RFC 9112 6.3): the length is then counted as the body comes
   if (headers.get('transfer-encoding') !== null) return undefined;
   const value = headers.get('content-length');

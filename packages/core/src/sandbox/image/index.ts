@@ -1,4 +1,4 @@
-export { defaultImageCacheDir, resolveImage, type SealReport } from './resolve.ts';
+export { createImageResolver, defaultImageCacheDir, resolveImage, type ImageResolver, type SealReport } from './resolve.ts';
 export { isImageReference, parseImageReference } from './reference.ts';
 export { defaultOverlayMounter, overlayPrefix, overlayRoot, rootOverlayPrefix, type OverlayMounter } from './overlay.ts';
 export { sifRootPartition } from './sif.ts';

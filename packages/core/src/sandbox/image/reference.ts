@@ -1,9 +1,10 @@
 import { existsSync, statSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { RolloutError } from '../../errors.ts';
+import { IMAGE_KINDS } from './kinds/index.ts';
 import type { ImageKind, ParsedImageReference } from './types.ts';
 
-const KINDS: ImageKind[] = ['oci', 'docker-archive', 'oci-archive', 'sif', 'squashfs'];
+const KINDS = Object.keys(IMAGE_KINDS) as ImageKind[];
 
 /**
  * Whether `image` is to be resolved as an image: anything but an existing plain root directory
