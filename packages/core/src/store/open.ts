@@ -13,8 +13,8 @@ import type { OpenStoreOptions, RolloutStore } from './types.ts';
 export async function openStore(url: string, options: OpenStoreOptions = {}): Promise<RolloutStore> {
   if (url.startsWith('sqlite:')) {
     const { path, synchronous } = parseSqliteUrl(url);
-    return SqlStore.open(SqliteDialect.open(path, { synchronous }), options);
+    return SqlStore.open(await SqliteDialect.open(path, { synchronous }), options);
   }
-  if (url.startsWith('postgres://') || url.startsWith('postgresql://')) return SqlStore.open(PostgresDialect.open(url, options), options);
+  if (url.startsWith('postgres://') || url.startsWith('postgresql://')) return SqlStore.open(await PostgresDialect.open(url, options), options);
   throw new RolloutError({ code: 'BAD_REQUEST', message: `unknown store URL "${url}" (sqlite:///path/to/file.db, sqlite::memory: or postgres://…)` });
 }
