@@ -369,9 +369,9 @@ export function describeContract(options: ContractSuiteOptions): void {
 
     describe.skipIf(!options.packageDir)('10. launch contract (the built package, as NeMo Gym starts it)', () => {
       // what the package's nemo-gym/app.py execs: core's launcher, found from the package itself
-      const bin = join(options.packageDir!, 'node_modules', '@rollserve', 'core', 'bin', 'rollserve-gym.js');
+      const bin = () => join(options.packageDir!, 'node_modules', '@rollserve', 'core', 'bin', 'rollserve-gym.js');
       const start = (config: Record<string, unknown>, instance: string, extraEnv: Record<string, string> = {}) =>
-        spawn(process.execPath, [bin, options.packageDir!], {
+        spawn(process.execPath, [bin(), options.packageDir!], {
           env: { ...process.env, ...extraEnv, NEMO_GYM_CONFIG_DICT: stringify(config), NEMO_GYM_CONFIG_PATH: instance },
           stdio: ['ignore', 'pipe', 'pipe'],
         });
