@@ -4,8 +4,8 @@
 
 /**
  * The folders of packages/core/src, each with the layers it stands on directly. A layer may import
- * what it stands on and, through it, what that stands on; nothing else of core (index.ts, the
- * package's door, is imported by no one inside core). Two layers neither of which stands on the
+ * what it stands on and, through it, what that stands on; nothing else of core (index.ts and
+ * exports/, the package's doors, are imported by no one inside core). Two layers neither of which stands on the
  * other (gym/ and store/, say) never import each other.
  */
 const coreLayers = {
@@ -23,8 +23,10 @@ const coreLayers = {
   service: ['runner', 'store', 'slurm'],
   api: ['service', 'gym'],
   node: ['runner', 'slurm'],
-  cli: ['api', 'node'],
 };
+
+/** The package's doors (package.json "exports"), the only files of core other packages import; `./internal` is for tests. */
+const publicDoors = '^packages/core/src/(index\\.ts|exports/(sandbox|gym|node|service)\\.ts)$';
 
 /**
  * Imports that break the layers today, each kept until the change named beside it ends it; any
@@ -63,17 +65,31 @@ export default {
     },
     {
       name: 'environment-through-core-entry',
-      comment: "an environment imports its own files and @rollserve/core's entry point, never core's internals or another package",
+      comment: "an environment imports its own files and @rollserve/core's public doors, never core's internals or another package",
       severity: 'error',
       from: { path: '^environments/([^/]+)/' },
-      to: { path: '^(environments|packages|test)/', pathNot: ['^environments/$1/', '^packages/core/src/index\\.ts$'] },
+      to: { path: '^(environments|packages|test)/', pathNot: ['^environments/$1/', publicDoors] },
     },
     {
       name: 'testing-through-core-entry',
-      comment: "@rollserve/testing imports its own files and @rollserve/core's entry point only",
+      comment: "@rollserve/testing imports its own files and @rollserve/core's public doors only",
       severity: 'error',
       from: { path: '^packages/testing/' },
-      to: { path: '^(environments|packages|test)/', pathNot: ['^packages/testing/', '^packages/core/src/index\\.ts$'] },
+      to: { path: '^(environments|packages|test)/', pathNot: ['^packages/testing/', publicDoors] },
+    },
+    {
+      name: 'cli-through-core-entry',
+      comment: "@rollserve/cli imports its own files and @rollserve/core's public doors only",
+      severity: 'error',
+      from: { path: '^packages/cli/' },
+      to: { path: '^(environments|packages|test)/', pathNot: ['^packages/cli/', publicDoors] },
+    },
+    {
+      name: 'slim-doors',
+      comment: "core's \".\", ./sandbox, ./gym and ./node load neither the service nor its store and API (nor so their drivers and swagger): an environment server and a rollout node import only these",
+      severity: 'error',
+      from: { path: '^packages/core/src/(index\\.ts|exports/(sandbox|gym|node)\\.ts)$' },
+      to: { path: '^packages/core/src/(service|store|api)/', reachable: true },
     },
   ],
   options: {

@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
-exec node packages/core/bin/rollserve.js start "$@"
+exec node packages/cli/bin/rollserve.js start "$@"

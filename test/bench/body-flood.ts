@@ -14,7 +14,7 @@ import { heading, percentile } from './stats.ts';
 // (refused before they are read). ROLLSERVE_BENCH_BASELINE=<path to another rollserve.js> runs the
 // same floods against that build too (e.g. one from before the cap), for a before/after figure.
 
-const ROLLSERVE = join(workspaceRoot(), 'packages', 'core', 'bin', 'rollserve.js');
+const ROLLSERVE = join(workspaceRoot(), 'packages', 'cli', 'bin', 'rollserve.js');
 const FLOOD_MS = 8_000;
 const SENDERS = 4;
 const BODY_BYTES = 50_000_000;

@@ -10,7 +10,7 @@ import { Agent, request } from 'undici';
 // each process's CPU and memory from /proc. Every child started here is tracked: `stopAll()` ends
 // them, and they are SIGKILLed if the bench process exits first.
 
-const CLI = fileURLToPath(new URL('../../packages/core/bin/rollserve.js', import.meta.url));
+const CLI = fileURLToPath(new URL('../../packages/cli/bin/rollserve.js', import.meta.url));
 const TICKS_PER_S = 100; // USER_HZ on Linux
 
 const children = new Set<ChildProcess>();

@@ -14,7 +14,7 @@ import { heading, percentile } from './stats.ts';
 // 500 to a transaction). ROLLSERVE_BENCH_BASELINE=<path to another rollserve.js> runs the same
 // floods against that build too (e.g. one from before the cap), for a before/after figure.
 
-const ROLLSERVE = join(workspaceRoot(), 'packages', 'core', 'bin', 'rollserve.js');
+const ROLLSERVE = join(workspaceRoot(), 'packages', 'cli', 'bin', 'rollserve.js');
 const SENDERS = 24;
 const ROUNDS = 3;
 

@@ -2,7 +2,7 @@ import { execFileSync } from 'node:child_process';
 import { chmodSync, cpSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { createBwrapProvider, resolveImage, type Sandbox } from '../../packages/core/src/index.ts';
+import { createBwrapProvider, resolveImage, type Sandbox } from '@rollserve/core/sandbox';
 import { makeOciLayout, makeRootfs, makeSquashfs } from '../sandbox/image-fixtures.ts';
 import { heading, latencyLine, percentile } from './stats.ts';
 

@@ -17,6 +17,7 @@ const BENCHES: Record<string, () => Promise<{ default: () => Promise<void> }>> =
   'node-loss': () => import('./node-loss.ts'),
   'body-flood': () => import('./body-flood.ts'),
   'heartbeat-flood': () => import('./heartbeat-flood.ts'),
+  startup: () => import('./startup.ts'),
 };
 
 const chosen = process.argv.slice(2);

@@ -1,7 +1,8 @@
 import { spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { fileURLToPath } from 'node:url';
-import { defineEnvironment, startRolloutServer, type RolloutTaskInput } from '@rollserve/core';
+import { defineEnvironment } from '@rollserve/core';
+import { startRolloutServer, type RolloutTaskInput } from '@rollserve/core/service';
 import { z } from 'zod';
 import { heading, percentile } from './stats.ts';
 import { startPolicyProcess } from './policy-process.ts';

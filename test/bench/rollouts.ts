@@ -1,16 +1,7 @@
 import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
-import {
-  bashTool,
-  defineTool,
-  defineEnvironment,
-  trainingView,
-  type RolloutService,
-  type Environment,
-  type RolloutResult,
-  type RolloutServiceOptions,
-  type RolloutTaskInput,
-} from '@rollserve/core';
+import { bashTool, defineTool, defineEnvironment, type Environment } from '@rollserve/core';
+import { trainingView, type RolloutService, type RolloutResult, type RolloutServiceOptions, type RolloutTaskInput } from '@rollserve/core/service';
 import math from '@rollserve/env-math';
 import { counterEnvironment, startTestRolloutService } from '@rollserve/testing';
 import { z } from 'zod';

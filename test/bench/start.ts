@@ -3,7 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { request } from 'undici';
 import { createGrader } from '../../environments/math/src/grader.ts';
-import { openStore, RolloutTask, type RolloutResult } from '../../packages/core/src/index.ts';
+import { openStore, RolloutTask, type RolloutResult } from '@rollserve/core/service';
 import { adopt, checkResults, cpuSeconds, dispatcher, mathTask, openStream, startService, stopAll, submit, type ServiceProcess, type WireResult } from './cluster.ts';
 import { heading, percentile } from './stats.ts';
 import { startPolicyProcess } from './policy-process.ts';

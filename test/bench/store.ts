@@ -4,7 +4,7 @@ import { cpus, loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
-import { openStore, RolloutTask, type RolloutResult, type RolloutStore } from '@rollserve/core';
+import { openStore, RolloutTask, type RolloutResult, type RolloutStore } from '@rollserve/core/service';
 import { startTestPostgres } from '@rollserve/testing';
 import { heading, latencyLine } from './stats.ts';
 

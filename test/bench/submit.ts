@@ -1,7 +1,9 @@
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { bashTool, createRolloutApi, defineEnvironment, serveFetch, type Environment, type RolloutTaskInput } from '@rollserve/core';
+import { bashTool, defineEnvironment, type Environment } from '@rollserve/core';
+import { serveFetch } from '@rollserve/core/gym';
+import { createRolloutApi, type RolloutTaskInput } from '@rollserve/core/service';
 import { startTestRolloutService } from '@rollserve/testing';
 import { z } from 'zod';
 import { heading, percentile } from './stats.ts';

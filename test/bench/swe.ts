@@ -1,6 +1,6 @@
 import { performance } from 'node:perf_hooks';
 import swe from '@rollserve/env-swe';
-import { createResourcesServer, serveFetch } from '@rollserve/core';
+import { createResourcesServer, serveFetch } from '@rollserve/core/gym';
 import { call, cookieHeader, makeResponse } from '@rollserve/testing';
 import { buildSweFixtures, type SweFixture } from '../swe/fixtures.ts';
 import { heading, latencyLine } from './stats.ts';

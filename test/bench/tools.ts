@@ -5,8 +5,8 @@ import { performance } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { Pool } from 'undici';
-import { cgroupSupport, createBwrapProvider, type Sandbox } from '../../packages/core/src/sandbox/index.ts';
-import { BashSession, PythonKernel } from '../../packages/core/src/tools/index.ts';
+import { cgroupSupport, createBwrapProvider, type Sandbox } from '@rollserve/core/sandbox';
+import { BashSession, PythonKernel } from '@rollserve/core/sandbox';
 import { cpuSeconds, spawnReady, stop } from './cluster.ts';
 import { heading, latencyLine, percentile } from './stats.ts';
 

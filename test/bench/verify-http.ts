@@ -22,7 +22,7 @@ const TYPICAL: Array<[expected: string, answer: string]> = [
 ];
 
 async function startServer(): Promise<{ url: string; child: ChildProcess }> {
-  const bin = join(workspaceRoot(), 'packages', 'core', 'bin', 'rollserve.js');
+  const bin = join(workspaceRoot(), 'packages', 'cli', 'bin', 'rollserve.js');
   const child = spawn(process.execPath, [bin, 'serve', 'math', '--port', '0'], { stdio: ['ignore', 'pipe', 'inherit'] });
   let output = '';
   const url = await new Promise<string>((resolve, reject) => {

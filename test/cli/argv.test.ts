@@ -3,7 +3,7 @@ import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 
 // Mistakes on the command line, as a user makes them, against the built CLI.
-const bin = join(import.meta.dirname, '../../packages/core/bin/rollserve.js');
+const bin = join(import.meta.dirname, '../../packages/cli/bin/rollserve.js');
 const run = (...args: string[]) => spawnSync(process.execPath, [bin, ...args], { encoding: 'utf8', env: { ...process.env, ROLLSERVE_LOG_LEVEL: 'silent' } });
 
 describe('rollserve command line', () => {

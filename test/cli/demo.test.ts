@@ -23,7 +23,7 @@ afterEach(async () => {
   children.clear();
 });
 
-/** The README's demo command (`node packages/core/bin/rollserve.js demo ...`), as argv. */
+/** The README's demo command (`node packages/cli/bin/rollserve.js demo ...`), as argv. */
 function documented(pattern: RegExp): string[] {
   const line = shBlocks
     .flatMap((block) => block.split('\n'))

@@ -3,12 +3,13 @@ import { once } from 'node:events';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { NodeClient, RolloutTask } from '@rollserve/core';
+import { NodeClient } from '@rollserve/core/node';
+import { RolloutTask } from '@rollserve/core/service';
 import { call, startFakePolicy, workspaceRoot } from '@rollserve/testing';
 import { request } from 'undici';
 import { describe, expect, it } from 'vitest';
 
-const ROLLSERVE = join(workspaceRoot(), 'packages', 'core', 'bin', 'rollserve.js');
+const ROLLSERVE = join(workspaceRoot(), 'packages', 'cli', 'bin', 'rollserve.js');
 
 /** `rollserve start` on free ports with `args`, its output kept. */
 function startCli(args: string[]) {

@@ -8,7 +8,7 @@ import { call, makeResponse, startFakePolicy, workspaceRoot } from '@rollserve/t
 import { describe, expect, it } from 'vitest';
 import { stringify } from 'yaml';
 
-const bin = join(workspaceRoot(), 'packages', 'core', 'bin', 'rollserve.js');
+const bin = join(workspaceRoot(), 'packages', 'cli', 'bin', 'rollserve.js');
 
 /** The CLI as a child, with no token or allowance inherited from the shell running the tests. */
 function rollserve(args: string[], env: Record<string, string> = {}) {

@@ -4,7 +4,8 @@
 import { spawn } from 'node:child_process';
 import { createConnection, createServer, type Server, type Socket } from 'node:net';
 import { fileURLToPath } from 'node:url';
-import { defineEnvironment, startRolloutServer, type RolloutServer } from '@rollserve/core';
+import { defineEnvironment } from '@rollserve/core';
+import { startRolloutServer, type RolloutServer } from '@rollserve/core/service';
 import { counterEnvironment, startFakePolicy, type FakePolicy, type FakeReply } from '@rollserve/testing';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';

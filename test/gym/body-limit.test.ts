@@ -1,4 +1,5 @@
-import { defineEnvironment, defineTool, startResourcesServer, type LaunchedServer } from '@rollserve/core';
+import { defineEnvironment, defineTool } from '@rollserve/core';
+import { startResourcesServer, type LaunchedServer } from '@rollserve/core/gym';
 import math from '@rollserve/env-math';
 import { call, makeResponse } from '@rollserve/testing';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';

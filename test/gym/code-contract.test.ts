@@ -1,6 +1,7 @@
 import { join } from 'node:path';
 import { deflateSync } from 'node:zlib';
-import { createResourcesServer, outputText, serveFetch, type NeMoGymResponse } from '@rollserve/core';
+import { outputText, type NeMoGymResponse } from '@rollserve/core';
+import { createResourcesServer, serveFetch } from '@rollserve/core/gym';
 import code, { CodeConfig, extractCode, type CodeResources } from '@rollserve/env-code';
 import {
   call,

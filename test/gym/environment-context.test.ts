@@ -1,12 +1,6 @@
-import {
-  bashTool,
-  bwrapAvailable,
-  createBwrapProvider,
-  createResourcesServer,
-  defineEnvironment,
-  serveFetch,
-  type SandboxProvider,
-} from '@rollserve/core';
+import { bashTool, defineEnvironment } from '@rollserve/core';
+import { bwrapAvailable, createBwrapProvider, type SandboxProvider } from '@rollserve/core/sandbox';
+import { createResourcesServer, serveFetch } from '@rollserve/core/gym';
 import { call, cookieHeader, makeResponse, startFakePolicy, startTestRolloutService } from '@rollserve/testing';
 import { afterEach, describe, expect, it } from 'vitest';
 import { z } from 'zod';

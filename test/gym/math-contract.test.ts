@@ -1,6 +1,6 @@
 import { join } from 'node:path';
 import math from '@rollserve/env-math';
-import { createResourcesServer, serveFetch } from '@rollserve/core';
+import { createResourcesServer, serveFetch } from '@rollserve/core/gym';
 import { describe, expect, it } from 'vitest';
 import {
   call,

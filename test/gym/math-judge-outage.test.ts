@@ -1,4 +1,4 @@
-import { createResourcesServer, serveFetch } from '@rollserve/core';
+import { createResourcesServer, serveFetch } from '@rollserve/core/gym';
 import math from '@rollserve/env-math';
 import { call, makeResponse } from '@rollserve/testing';
 import { createServer } from 'node:net';

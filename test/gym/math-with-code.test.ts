@@ -1,5 +1,5 @@
 import math from '@rollserve/env-math';
-import { createResourcesServer, serveFetch, type ResourcesServer, type RunningServer } from '@rollserve/core';
+import { createResourcesServer, serveFetch, type ResourcesServer, type RunningServer } from '@rollserve/core/gym';
 import { call, cookieHeader, describeContract, nemoGymFixture, readJsonl, replayRollout, startFakePolicy, startTestRolloutService, type VerifyCase } from '@rollserve/testing';
 import { readdirSync, readFileSync } from 'node:fs';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';

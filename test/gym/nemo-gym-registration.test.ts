@@ -12,7 +12,7 @@ import { parse } from 'yaml';
 // config in NEMO_GYM_CONFIG_DICT (CONTRACT.md §4.4, §4.6).
 
 const root = workspaceRoot();
-const bin = join(root, 'packages', 'core', 'bin', 'rollserve.js');
+const bin = join(root, 'packages', 'cli', 'bin', 'rollserve.js');
 const gymRoot = join(root, 'nemo-gym');
 
 async function freePort(): Promise<number> {

@@ -1,4 +1,4 @@
-import { createResourcesServer, serveFetch, type ResourcesServer, type RunningServer } from '@rollserve/core';
+import { createResourcesServer, serveFetch, type ResourcesServer, type RunningServer } from '@rollserve/core/gym';
 import {
   call,
   cookieHeader,

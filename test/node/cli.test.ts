@@ -1,6 +1,8 @@
 import { spawn } from 'node:child_process';
 import { join } from 'node:path';
-import { createRolloutApi, LlmBackendPool, PoolModelProvider, RolloutService, serveFetch, type Environment } from '@rollserve/core';
+import type { Environment } from '@rollserve/core';
+import { serveFetch } from '@rollserve/core/gym';
+import { createRolloutApi, LlmBackendPool, PoolModelProvider, RolloutService } from '@rollserve/core/service';
 import math from '@rollserve/env-math';
 import { shellEnvironment, startFakePolicy, workspaceRoot } from '@rollserve/testing';
 import { afterEach, describe, expect, it } from 'vitest';
@@ -37,7 +39,7 @@ async function startStoppableService(environments: Array<Environment<any, any, a
 }
 
 function startCli(args: string[], env: Record<string, string>) {
-  const child = spawn(process.execPath, [join(workspaceRoot(), 'packages', 'core', 'bin', 'rollserve.js'), 'node', ...args], {
+  const child = spawn(process.execPath, [join(workspaceRoot(), 'packages', 'cli', 'bin', 'rollserve.js'), 'node', ...args], {
     stdio: ['ignore', 'pipe', 'pipe'],
     env: { ...process.env, ROLLSERVE_LOG_LEVEL: 'silent', ...env },
   });

@@ -1,6 +1,7 @@
 import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { isRetryable, NodeClient, RolloutError, withRetry } from '@rollserve/core';
+import { RolloutError } from '@rollserve/core';
+import { isRetryable, NodeClient, withRetry } from '@rollserve/core/node';
 import { afterEach, describe, expect, it } from 'vitest';
 import { Resources, startService, startShellPolicy } from './helpers.ts';
 

@@ -1,4 +1,6 @@
-import { defineEnvironment, startRolloutNode, startRolloutServer, type NodeEvent } from '@rollserve/core';
+import { defineEnvironment } from '@rollserve/core';
+import { startRolloutNode, type NodeEvent } from '@rollserve/core/node';
+import { startRolloutServer } from '@rollserve/core/service';
 import { startFakePolicy } from '@rollserve/testing';
 import { describe, expect, it } from 'vitest';
 import { z } from 'zod';

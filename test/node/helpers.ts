@@ -5,18 +5,10 @@ import { chmod, mkdir, mkdtemp, readdir, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import {
-  createRolloutApi,
-  LlmBackendPool,
-  PoolModelProvider,
-  removeStaleSandboxDirs,
-  RolloutService,
-  serveFetch,
-  type NodeEvent,
-  type RolloutNodeOptions,
-  type RolloutResult,
-  type RolloutServiceOptions,
-} from '@rollserve/core';
+import { removeStaleSandboxDirs } from '@rollserve/core/sandbox';
+import { serveFetch } from '@rollserve/core/gym';
+import type { NodeEvent, RolloutNodeOptions } from '@rollserve/core/node';
+import { createRolloutApi, LlmBackendPool, PoolModelProvider, RolloutService, type RolloutResult, type RolloutServiceOptions } from '@rollserve/core/service';
 import { call, shellEnvironment, startFakePolicy, workspaceRoot, type FakePolicy } from '@rollserve/testing';
 import { request } from 'undici';
 

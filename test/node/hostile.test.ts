@@ -14,7 +14,7 @@ import { getJson, Resources, sleep, until } from './helpers.ts';
 const resources = new Resources();
 afterEach(() => resources.cleanup());
 
-const ROLLSERVE = join(workspaceRoot(), 'packages', 'core', 'bin', 'rollserve.js');
+const ROLLSERVE = join(workspaceRoot(), 'packages', 'cli', 'bin', 'rollserve.js');
 const TOKEN = 'hostile-token';
 const bearer = { authorization: `Bearer ${TOKEN}` };
 const CREDENTIAL = 'x-rollserve-node-credential';

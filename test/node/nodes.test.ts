@@ -2,7 +2,7 @@ import { readFileSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import type { RolloutResult } from '@rollserve/core';
+import type { RolloutResult } from '@rollserve/core/service';
 import { renderPrompt, toyTokenizer } from '@rollserve/testing';
 import { afterEach, describe, expect, it, onTestFailed } from 'vitest';
 import { descendants, getJson, Resources, sandboxDir, startCommitFaults, startNode, startService, startShellPolicy, streamResults, submit, until } from './helpers.ts';

@@ -1,4 +1,4 @@
-import { startRolloutNode, type NodeEvent } from '@rollserve/core';
+import { startRolloutNode, type NodeEvent } from '@rollserve/core/node';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { shellEnvironment } from '@rollserve/testing';
 import { getJson, Resources, startService, startShellPolicy } from './helpers.ts';

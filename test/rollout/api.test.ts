@@ -1,4 +1,4 @@
-import { createRolloutApi, RolloutTask, startRolloutServer, type RolloutServer } from '@rollserve/core';
+import { createRolloutApi, RolloutTask, startRolloutServer, type RolloutServer } from '@rollserve/core/service';
 import math from '@rollserve/env-math';
 import { call, counterEnvironment, startFakePolicy, type FakePolicy } from '@rollserve/testing';
 import { request } from 'undici';

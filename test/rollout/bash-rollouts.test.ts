@@ -1,5 +1,6 @@
 import { readdirSync, readFileSync } from 'node:fs';
-import { bashTool, defineEnvironment, type RolloutService, type RolloutTaskInput } from '@rollserve/core';
+import { bashTool, defineEnvironment } from '@rollserve/core';
+import type { RolloutService, RolloutTaskInput } from '@rollserve/core/service';
 import { type FakePolicy, type FakeReply, startFakePolicy, startTestRolloutService } from '@rollserve/testing';
 import { afterEach, describe, expect, it } from 'vitest';
 import { z } from 'zod';

@@ -1,4 +1,5 @@
-import { defineEnvironment, startRolloutServer, type RolloutServer } from '@rollserve/core';
+import { defineEnvironment } from '@rollserve/core';
+import { startRolloutServer, type RolloutServer } from '@rollserve/core/service';
 import { call } from '@rollserve/testing';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';

@@ -3,7 +3,7 @@ import { once } from 'node:events';
 import { readFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { join } from 'node:path';
-import { bwrapAvailable } from '@rollserve/core';
+import { bwrapAvailable } from '@rollserve/core/sandbox';
 import { call, nemoGymFixture, readJsonl, startFakePolicy, workspaceRoot, type FakePolicy } from '@rollserve/testing';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { post } from '../gym/post-body.ts';
@@ -13,7 +13,7 @@ import { post } from '../gym/post-body.ts';
 // the service's peak memory grows by a bounded amount, not by the flood. `--max-body-mib` caps the
 // bodies of every server it runs; `rollserve serve` and `rollserve nemo-gym` take the same cap.
 
-const ROLLSERVE = join(workspaceRoot(), 'packages', 'core', 'bin', 'rollserve.js');
+const ROLLSERVE = join(workspaceRoot(), 'packages', 'cli', 'bin', 'rollserve.js');
 const skip = bwrapAvailable() ? undefined : 'bwrap is not installed';
 
 /** Cell code: the kernel's own connection to the service, 1.3 GB written to it without a newline. */

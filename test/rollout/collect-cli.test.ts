@@ -5,7 +5,7 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { startRolloutServer, type RolloutServer } from '@rollserve/core';
+import { startRolloutServer, type RolloutServer } from '@rollserve/core/service';
 import math from '@rollserve/env-math';
 import { startFakePolicy, workspaceRoot, type FakePolicy } from '@rollserve/testing';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
@@ -13,7 +13,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 // `rollserve rollout`, NeMo Gym's ng_collect_rollouts for rollserve: the built CLI against a
 // scripted policy, in its own service or against a running one over HTTP.
 
-const bin = join(workspaceRoot(), 'packages', 'core', 'bin', 'rollserve.js');
+const bin = join(workspaceRoot(), 'packages', 'cli', 'bin', 'rollserve.js');
 const TOKEN = 'collect-token-1';
 let fake: FakePolicy;
 let dir: string;

@@ -1,4 +1,5 @@
-import { createRolloutApi, defineEnvironment, defineTool, type RolloutResult, type RolloutService, type TrainingView } from '@rollserve/core';
+import { defineEnvironment, defineTool } from '@rollserve/core';
+import { createRolloutApi, type RolloutResult, type RolloutService, type TrainingView } from '@rollserve/core/service';
 import { type FakePolicy, type FakeReply, startFakePolicy, startTestRolloutService } from '@rollserve/testing';
 import { afterEach, describe, expect, it } from 'vitest';
 import { z } from 'zod';

@@ -1,4 +1,5 @@
-import { createResourcesServer, serveFetch, startRolloutServer, type ResourcesServer, type RolloutServer, type RunningServer } from '@rollserve/core';
+import { createResourcesServer, serveFetch, type ResourcesServer, type RunningServer } from '@rollserve/core/gym';
+import { startRolloutServer, type RolloutServer } from '@rollserve/core/service';
 import math from '@rollserve/env-math';
 import {
   call,

@@ -1,4 +1,4 @@
-import { createRolloutApi, startRolloutServer, type RolloutServer } from '@rollserve/core';
+import { createRolloutApi, startRolloutServer, type RolloutServer } from '@rollserve/core/service';
 import math from '@rollserve/env-math';
 import { counterEnvironment, startFakePolicy, type FakePolicy } from '@rollserve/testing';
 import { request } from 'undici';

@@ -1,4 +1,4 @@
-import { startRolloutServer, type RolloutServer } from '@rollserve/core';
+import { startRolloutServer, type RolloutServer } from '@rollserve/core/service';
 import math from '@rollserve/env-math';
 import { call, counterEnvironment, renderPrompt, startFakePolicy, toyLogprob, toyTokenizer, type ChatCompletionBody, type FakePolicy } from '@rollserve/testing';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';

@@ -1,7 +1,15 @@
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { openStore, RolloutRunner, RolloutTask, type NodeRegistration, type RolloutResult, type RolloutService, type RolloutTaskInput } from '@rollserve/core';
+import {
+  openStore,
+  RolloutRunner,
+  RolloutTask,
+  type NodeRegistration,
+  type RolloutResult,
+  type RolloutService,
+  type RolloutTaskInput,
+} from '@rollserve/core/service';
 import { counterEnvironment, type FakePolicy, startFakePolicy, startTestPostgres, startTestRolloutService } from '@rollserve/testing';
 import { afterEach, describe, expect, it } from 'vitest';
 

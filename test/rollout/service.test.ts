@@ -1,7 +1,8 @@
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { defineEnvironment, defineTool, openStore, type RolloutService, type RolloutResult, type RolloutTaskInput } from '@rollserve/core';
+import { defineEnvironment, defineTool } from '@rollserve/core';
+import { openStore, type RolloutService, type RolloutResult, type RolloutTaskInput } from '@rollserve/core/service';
 import math from '@rollserve/env-math';
 import { counterEnvironment, type FakePolicy, type FakeReply, renderPrompt, startFakePolicy, startTestRolloutService, toyTokenizer } from '@rollserve/testing';
 import { afterEach, describe, expect, it } from 'vitest';

@@ -1,13 +1,6 @@
-import {
-  createBwrapProvider,
-  createPythonTool,
-  defineEnvironment,
-  defineTool,
-  startRolloutServer,
-  type RolloutServer,
-  type Sandbox,
-  type SandboxProvider,
-} from '@rollserve/core';
+import { createPythonTool, defineEnvironment, defineTool } from '@rollserve/core';
+import { createBwrapProvider, type Sandbox, type SandboxProvider } from '@rollserve/core/sandbox';
+import { startRolloutServer, type RolloutServer } from '@rollserve/core/service';
 import math from '@rollserve/env-math';
 import { startFakePolicy, startTestRolloutService, type FakePolicy, type FakeReply } from '@rollserve/testing';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';

@@ -1,14 +1,7 @@
-import {
-  createBwrapProvider,
-  createPythonTool,
-  createResourcesServer,
-  defineEnvironment,
-  defineTool,
-  serveFetch,
-  startRolloutServer,
-  type RolloutServer,
-  type SandboxProvider,
-} from '@rollserve/core';
+import { createPythonTool, defineEnvironment, defineTool } from '@rollserve/core';
+import { createBwrapProvider, type SandboxProvider } from '@rollserve/core/sandbox';
+import { createResourcesServer, serveFetch } from '@rollserve/core/gym';
+import { startRolloutServer, type RolloutServer } from '@rollserve/core/service';
 import math from '@rollserve/env-math';
 import { call, cookieHeader, startFakePolicy, startTestRolloutService, type FakePolicy, type FakeReply } from '@rollserve/testing';
 import { once } from 'node:events';

@@ -1,4 +1,5 @@
-import { bashTool, defineEnvironment, startRolloutServer, type RolloutServer } from '@rollserve/core';
+import { bashTool, defineEnvironment } from '@rollserve/core';
+import { startRolloutServer, type RolloutServer } from '@rollserve/core/service';
 import { startFakePolicy, type FakePolicy, type FakeReply } from '@rollserve/testing';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';

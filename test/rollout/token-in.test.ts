@@ -1,4 +1,4 @@
-import { startRolloutServer, type RolloutResult, type RolloutServer, type TrainingView } from '@rollserve/core';
+import { startRolloutServer, type RolloutResult, type RolloutServer, type TrainingView } from '@rollserve/core/service';
 import { call, counterEnvironment, startFakePolicy, toyTokenizer, type FakePolicy, type FakeReply } from '@rollserve/testing';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 

@@ -3,8 +3,8 @@
 // then it prints one JSON line). Each sandbox is read from inside through exec (the agent), through
 // an entering process (spawn: nsenter) and, without an image, while a Python kernel runs (staged
 // source, socket): every /proc file and link that names a path, of every process it can see.
-import { createBwrapProvider, type Sandbox } from '../../packages/core/src/sandbox/index.ts';
-import { PythonKernel } from '../../packages/core/src/tools/index.ts';
+import { createBwrapProvider, type Sandbox } from '@rollserve/core/sandbox';
+import { PythonKernel } from '@rollserve/core/sandbox';
 
 /** POSIX sh with cat, ls and tr (an image's root has no more). */
 export const DUMP = [

@@ -3,7 +3,7 @@ import { chmodSync, chownSync, existsSync, mkdirSync, mkdtempSync, readdirSync, 
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { bwrapAvailable, createBwrapProvider, type Sandbox, type SandboxProvider } from '../../packages/core/src/sandbox/index.ts';
+import { bwrapAvailable, createBwrapProvider, type Sandbox, type SandboxProvider } from '@rollserve/core/sandbox';
 import { makeOciLayout, makeRootfs } from './image-fixtures.ts';
 import { look, type Seen } from './host-paths-probe.ts';
 

@@ -5,18 +5,9 @@ import { createServer, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
-import {
-  bashTool,
-  bwrapAvailable,
-  cgroupSupport,
-  createBwrapProvider,
-  defineEnvironment,
-  editorTool,
-  inodeShares,
-  pythonTool,
-  startRolloutServer,
-  type RolloutServer,
-} from '@rollserve/core';
+import { bashTool, defineEnvironment, editorTool, pythonTool } from '@rollserve/core';
+import { bwrapAvailable, cgroupSupport, createBwrapProvider, inodeShares } from '@rollserve/core/sandbox';
+import { startRolloutServer, type RolloutServer } from '@rollserve/core/service';
 import { startFakePolicy, type FakePolicy, type FakeReply } from '@rollserve/testing';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';

@@ -3,7 +3,7 @@
 // prints, as one JSON line, what the sandbox sees and what the cache holds.
 import { lstatSync, readdirSync, statSync } from 'node:fs';
 import { join } from 'node:path';
-import { createBwrapProvider, resolveImage } from '../../packages/core/src/index.ts';
+import { createBwrapProvider, resolveImage } from '@rollserve/core/sandbox';
 
 const [cacheDir, tmpDir, image] = process.argv.slice(2) as [string, string, string];
 const provider = createBwrapProvider({ imageCacheDir: cacheDir, tmpDir });

@@ -4,6 +4,7 @@ import { chmodSync, lstatSync, type Stats, mkdirSync, mkdtempSync, readdirSync, 
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { RolloutError } from '@rollserve/core';
 import {
   bwrapAvailable,
   createBwrapProvider,
@@ -12,11 +13,10 @@ import {
   overlayRoot,
   parseImageReference,
   resolveImage,
-  RolloutError,
   type Sandbox,
   type SandboxProvider,
   type SandboxSpec,
-} from '../../packages/core/src/index.ts';
+} from '@rollserve/core/sandbox';
 import { describeSandboxBehaviour } from '@rollserve/testing';
 import { HOSTILE_ENTRIES, makeOciLayout, makeRootfs, makeSif, makeSquashfs, makeTar } from './image-fixtures.ts';
 

@@ -5,7 +5,7 @@ import {
   createLocalProvider,
   findApptainerBinary,
   type SandboxSpec,
-} from '../../packages/core/src/sandbox/index.ts';
+} from '@rollserve/core/sandbox';
 import { chmodSync, mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';

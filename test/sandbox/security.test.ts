@@ -13,9 +13,9 @@ import {
   removeStaleSandboxDirs,
   type Sandbox,
   type SandboxSpec,
-} from '../../packages/core/src/sandbox/index.ts';
+} from '@rollserve/core/sandbox';
 import { serviceHardLimit } from '../../packages/core/src/sandbox/limits.ts';
-import { BashSession, PythonKernel } from '../../packages/core/src/tools/index.ts';
+import { BashSession, PythonKernel } from '@rollserve/core/sandbox';
 import { SandboxPool } from '@rollserve/testing';
 
 const skip = bwrapAvailable() ? undefined : 'bwrap is not installed';

@@ -11,7 +11,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 // (the NeMo Gym contract suite among them) and serves.
 
 const root = workspaceRoot();
-const bin = join(root, 'packages', 'core', 'bin', 'rollserve.js');
+const bin = join(root, 'packages', 'cli', 'bin', 'rollserve.js');
 const temps: string[] = [];
 afterAll(async () => {
   await Promise.all(temps.map((dir) => rm(dir, { recursive: true, force: true })));

@@ -5,7 +5,7 @@ import { chmod, mkdir, mkdtemp, rm } from 'node:fs/promises';
 import { createServer, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { openStore, type RolloutStore } from '@rollserve/core';
+import { openStore, type RolloutStore } from '@rollserve/core/service';
 import {
   call,
   nemoGymFixture,
@@ -30,7 +30,7 @@ const missing = slurmMissing() ?? (existsSync('/usr/lib/postgresql') ? undefined
 if (missing !== undefined && process.env.CI) throw new Error(`the Slurm chaos suite must run in CI: ${missing}`);
 
 const ROOT = workspaceRoot();
-const ROLLSERVE = join(ROOT, 'packages', 'core', 'bin', 'rollserve.js');
+const ROLLSERVE = join(ROOT, 'packages', 'cli', 'bin', 'rollserve.js');
 const TEMPLATE = join(ROOT, 'deploy', 'slurm', 'rollserve-nodes.sbatch');
 const BATCH = 24;
 const NODES = 4;

@@ -4,7 +4,17 @@ import { readFileSync } from 'node:fs';
 import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { createRolloutApi, goneSlurmJobs, LlmBackendPool, PoolModelProvider, RolloutService, serveFetch, slurmJobOf, SlurmUnanswered, type NodeRegistration } from '@rollserve/core';
+import { serveFetch } from '@rollserve/core/gym';
+import {
+  createRolloutApi,
+  goneSlurmJobs,
+  LlmBackendPool,
+  PoolModelProvider,
+  RolloutService,
+  slurmJobOf,
+  SlurmUnanswered,
+  type NodeRegistration,
+} from '@rollserve/core/service';
 import math from '@rollserve/env-math';
 import { counterEnvironment, slurmMissing, startFakePolicy, startTestRolloutService, startTestSlurm, workspaceRoot, type TestSlurm } from '@rollserve/testing';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -120,7 +130,7 @@ describe.skipIf(missing !== undefined)('asking Slurm whether node jobs are gone'
     const service = await RolloutService.create({ environments: [math], models, runLocally: 'never', slurmWatch: false });
     const running = await serveFetch(createRolloutApi(service, { backends }));
     // a node process outside its job's cgroup (as one that escaped it), told the job is its own
-    const child = spawn(process.execPath, [join(workspaceRoot(), 'packages', 'core', 'bin', 'rollserve.js'), 'node', '--service', running.url, '--run', '1', '--slurm-check-s', '0.3'], {
+    const child = spawn(process.execPath, [join(workspaceRoot(), 'packages', 'cli', 'bin', 'rollserve.js'), 'node', '--service', running.url, '--run', '1', '--slurm-check-s', '0.3'], {
       stdio: ['ignore', 'pipe', 'pipe'],
       env: { ...process.env, ...slurm.env, SLURM_JOB_ID: job, SLURMD_NODENAME: host, ROLLSERVE_LOG_LEVEL: 'silent' },
     });

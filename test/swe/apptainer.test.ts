@@ -3,7 +3,8 @@ import { chmodSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync 
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createSweEnvironment, freshRepoScript, SWE_EXTRA_KEYS } from '@rollserve/env-swe';
-import { createResourcesServer, limitWrapper, serveFetch } from '@rollserve/core';
+import { limitWrapper } from '@rollserve/core/sandbox';
+import { createResourcesServer, serveFetch } from '@rollserve/core/gym';
 import { call, cookieHeader, makeResponse } from '@rollserve/testing';
 import { afterAll, describe, expect, it } from 'vitest';
 import { buildSweFixtures } from './fixtures.ts';

@@ -1,5 +1,5 @@
 import { evaluatePatch, resolveInstance, SweConfig, SweRow } from '@rollserve/env-swe';
-import { createBwrapProvider, type Sandbox, type SandboxProvider } from '@rollserve/core';
+import { createBwrapProvider, type Sandbox, type SandboxProvider } from '@rollserve/core/sandbox';
 import { afterAll, describe, expect, it } from 'vitest';
 import { buildSweFixtures } from './fixtures.ts';
 

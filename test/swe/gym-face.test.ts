@@ -1,7 +1,8 @@
 import { chmodSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import swe, { SWE_EXTRA_KEYS } from '@rollserve/env-swe';
-import { createBwrapProvider, createResourcesServer, registerSandboxProvider, serveFetch, type ResourcesServer, type RunningServer } from '@rollserve/core';
+import { createBwrapProvider, registerSandboxProvider } from '@rollserve/core/sandbox';
+import { createResourcesServer, serveFetch, type ResourcesServer, type RunningServer } from '@rollserve/core/gym';
 import { call, cookieHeader, describeContract, makeResponse, workspaceRoot } from '@rollserve/testing';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { buildSweFixtures, type SweFixture } from './fixtures.ts';

@@ -3,17 +3,9 @@ import { chmodSync, existsSync, mkdirSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import swe from '@rollserve/env-swe';
-import {
-  bwrapAvailable,
-  createBwrapProvider,
-  createResourcesServer,
-  registerSandboxProvider,
-  resolveImage,
-  serveFetch,
-  type ResourcesServer,
-  type RunningServer,
-  type RolloutService,
-} from '@rollserve/core';
+import { bwrapAvailable, createBwrapProvider, registerSandboxProvider, resolveImage } from '@rollserve/core/sandbox';
+import { createResourcesServer, serveFetch, type ResourcesServer, type RunningServer } from '@rollserve/core/gym';
+import type { RolloutService } from '@rollserve/core/service';
 import { call, cookieHeader, makeResponse, startFakePolicy, startTestRolloutService, type ChatCompletionBody, type FakeReply } from '@rollserve/testing';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { buildSweFixtures, type SweFixture, type SweFixtureRow } from './fixtures.ts';

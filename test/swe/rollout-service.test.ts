@@ -1,5 +1,5 @@
 import swe from '@rollserve/env-swe';
-import { type RolloutService, type RolloutTaskInput } from '@rollserve/core';
+import type { RolloutService, RolloutTaskInput } from '@rollserve/core/service';
 import { type ChatCompletionBody, type FakePolicy, type FakeReply, startFakePolicy, startTestRolloutService } from '@rollserve/testing';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { buildSweFixtures, type SweFixture } from './fixtures.ts';

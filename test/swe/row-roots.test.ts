@@ -5,7 +5,8 @@ import { createServer, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import swe from '@rollserve/env-swe';
-import { createBwrapProvider, createResourcesServer, registerSandboxProvider, serveFetch, type ResourcesServer, type RunningServer } from '@rollserve/core';
+import { createBwrapProvider, registerSandboxProvider } from '@rollserve/core/sandbox';
+import { createResourcesServer, serveFetch, type ResourcesServer, type RunningServer } from '@rollserve/core/gym';
 import { call, cookieHeader, makeResponse, startFakePolicy, workspaceRoot, type FakePolicy } from '@rollserve/testing';
 import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -209,7 +210,7 @@ describe('SWE rows on the NeMo Gym face name host paths only under the configure
   });
 });
 
-const ROLLSERVE = join(workspaceRoot(), 'packages', 'core', 'bin', 'rollserve.js');
+const ROLLSERVE = join(workspaceRoot(), 'packages', 'cli', 'bin', 'rollserve.js');
 
 /** `rollserve start` in `dir` (its data dir: repos/, images/, binds/ under it), as `uid` when given. */
 function startCli(dir: string, fake: FakePolicy, asNobody: boolean) {

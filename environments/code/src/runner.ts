@@ -2,7 +2,7 @@
 
 import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
 import { readFileSync } from 'node:fs';
-import { createSandboxProvider, DEFAULT_RESOURCES, shQuote, type SandboxProvider, type SandboxSpec } from '@rollserve/core';
+import { createSandboxProvider, DEFAULT_RESOURCES, shQuote, type SandboxProvider, type SandboxSpec } from '@rollserve/core/sandbox';
 
 /** One submission and its tests, in LiveCodeBench's format. */
 export interface Submission {

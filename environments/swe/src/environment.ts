@@ -2,18 +2,8 @@
 // editor, judged by the repository's tests in a fresh sandbox (CONTRACT.md §6.4).
 
 import { performance } from 'node:perf_hooks';
-import {
-  createBashTool,
-  createEditorTool,
-  createSandboxProvider,
-  defineEnvironment,
-  defineTool,
-  RolloutError,
-  shQuote,
-  type EnvironmentContext,
-  type SandboxProvider,
-  type SandboxResources,
-} from '@rollserve/core';
+import { createBashTool, createEditorTool, defineEnvironment, defineTool, RolloutError, type EnvironmentContext } from '@rollserve/core';
+import { createSandboxProvider, shQuote, type SandboxProvider, type SandboxResources } from '@rollserve/core/sandbox';
 import { z } from 'zod';
 import { evaluatePatch, type EvalOutcome, type FailureReason } from './evaluate.ts';
 import { resolveInstance, sandboxSpec, type SweInstance } from './instance.ts';

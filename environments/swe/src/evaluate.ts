@@ -1,5 +1,6 @@
 import { performance } from 'node:perf_hooks';
-import { RolloutError, type Sandbox, type SandboxProvider } from '@rollserve/core';
+import { RolloutError } from '@rollserve/core';
+import type { Sandbox, SandboxProvider } from '@rollserve/core/sandbox';
 import { instanceTestCommand, sandboxSpec, type SweInstance } from './instance.ts';
 import { prepareRepository } from './repository.ts';
 import type { SweConfig } from './schema.ts';

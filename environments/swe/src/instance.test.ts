@@ -2,7 +2,8 @@ import { mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from 'node
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { buildExecArgv, buildInstanceStartArgv, limitWrapper, resolveSandboxSpec, RolloutError } from '@rollserve/core';
+import { RolloutError } from '@rollserve/core';
+import { buildExecArgv, buildInstanceStartArgv, limitWrapper, resolveSandboxSpec } from '@rollserve/core/sandbox';
 import { afterAll, describe, expect, it } from 'vitest';
 import { instanceTestCommand, resolveInstance, sandboxSpec } from './instance.ts';
 import { SweConfig, SweRow } from './schema.ts';

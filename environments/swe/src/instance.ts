@@ -1,6 +1,7 @@
 import { existsSync, realpathSync, statSync, type Stats } from 'node:fs';
 import { isAbsolute, join, normalize, relative, resolve, sep } from 'node:path';
-import { invalidInputError, type SandboxBind, type SandboxSpec } from '@rollserve/core';
+import { invalidInputError } from '@rollserve/core';
+import type { SandboxBind, SandboxSpec } from '@rollserve/core/sandbox';
 import type { SweConfig, SweRow } from './schema.ts';
 import { GIT_ENV } from './scripts.ts';
 import { lookupSweBenchSpec, testFilesOfPatch } from './specs/index.ts';

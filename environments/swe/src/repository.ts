@@ -1,5 +1,6 @@
 import { execFile } from 'node:child_process';
-import { invalidInputError, RolloutError, type Sandbox } from '@rollserve/core';
+import { invalidInputError, RolloutError } from '@rollserve/core';
+import type { Sandbox } from '@rollserve/core/sandbox';
 import type { SweInstance } from './instance.ts';
 import { extractScript, freshRepoScript } from './scripts.ts';
 

@@ -1,4 +1,4 @@
-import { shQuote } from '@rollserve/core';
+import { shQuote } from '@rollserve/core/sandbox';
 
 // The sh scripts run inside the sandboxes. Pure builders, so the exact text is unit-tested.
 

@@ -1,4 +1,4 @@
-import { shQuote } from '@rollserve/core';
+import { shQuote } from '@rollserve/core/sandbox';
 
 /** A test's outcome, with SWE-bench's names. */
 export type TestStatus = 'PASSED' | 'FAILED' | 'ERROR' | 'SKIPPED' | 'XFAIL' | 'XPASS';

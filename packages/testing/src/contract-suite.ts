@@ -2,12 +2,12 @@ import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { createServer } from 'node:net';
 import { join } from 'node:path';
-import { createResourcesServer, serveFetch, type Environment, type ResourcesServer, type RunningServer } from '@rollserve/core';
+import type { Environment } from '@rollserve/core';
+import { createResourcesServer, serveFetch, type ResourcesServer, type RunningServer } from '@rollserve/core/gym';
 import { Agent, request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { stringify } from 'yaml';
 import { call, cookieHeader } from './http-client.ts';
-import { workspaceRoot } from './fixtures.ts';
 
 /** One reference case: a full verify request and what NeMo Gym's Python server answers for it. */
 export interface VerifyCase {
@@ -368,9 +368,10 @@ export function describeContract(options: ContractSuiteOptions): void {
     });
 
     describe.skipIf(!options.packageDir)('10. launch contract (the built package, as NeMo Gym starts it)', () => {
-      const bin = join(workspaceRoot(), 'packages', 'core', 'bin', 'rollserve.js');
+      // what the package's nemo-gym/app.py execs: core's launcher, found from the package itself
+      const bin = () => join(options.packageDir!, 'node_modules', '@rollserve', 'core', 'bin', 'rollserve-gym.js');
       const start = (config: Record<string, unknown>, instance: string, extraEnv: Record<string, string> = {}) =>
-        spawn(process.execPath, [bin, 'nemo-gym', options.packageDir!], {
+        spawn(process.execPath, [bin(), options.packageDir!], {
           env: { ...process.env, ...extraEnv, NEMO_GYM_CONFIG_DICT: stringify(config), NEMO_GYM_CONFIG_PATH: instance },
           stdio: ['ignore', 'pipe', 'pipe'],
         });

@@ -1,4 +1,4 @@
-import { LlmBackendPool, PoolModelProvider, RolloutService, type RolloutServiceOptions } from '@rollserve/core';
+import { LlmBackendPool, PoolModelProvider, RolloutService, type RolloutServiceOptions } from '@rollserve/core/service';
 
 export interface TestRolloutService {
   service: RolloutService;

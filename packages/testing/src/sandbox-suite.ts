@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { afterEach, describe, expect, it } from 'vitest';
-import { SANDBOX_LIMITS, type Sandbox, type SandboxLimit, type SandboxProvider, type SandboxSpec } from '@rollserve/core';
+import { SANDBOX_LIMITS, type Sandbox, type SandboxLimit, type SandboxProvider, type SandboxSpec } from '@rollserve/core/sandbox';
 
 /** Sandboxes a test created; closed in afterEach whatever the test did. */
 export class SandboxPool {

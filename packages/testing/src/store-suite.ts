@@ -2,11 +2,11 @@ import { appendFile, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { RolloutError } from '@rollserve/core';
 import {
   buildResponse,
   importJournal,
   openStore,
-  RolloutError,
   RolloutTask,
   type JournalRecord,
   type OpenStoreOptions,
@@ -14,7 +14,7 @@ import {
   type RolloutStore,
   type RolloutTaskInput,
   type TurnRecord,
-} from '@rollserve/core';
+} from '@rollserve/core/service';
 
 // The suite's fixtures: a task and a stored result (exported for an engine's own tests as storeSuiteTask, storeSuiteResult).
 const task = (id: string, n = 1, extra: Partial<RolloutTaskInput> = {}): RolloutTask =>

@@ -6,7 +6,17 @@ import { RolloutError } from '../errors.ts';
 import { errorResponses } from './wire.ts';
 
 // Swagger UI from the swagger-ui-dist package, served by the service itself: no CDN, works offline.
-const SWAGGER_DIR = dirname(createRequire(import.meta.url).resolve('swagger-ui-dist/package.json'));
+// Found on the first request for it: the package is an optional peer dependency of core (@rollserve/cli
+// installs it), so what imports the API without serving it does without the package.
+let swaggerDir: string | undefined;
+function swaggerFile(asset: string): string {
+  try {
+    swaggerDir ??= dirname(createRequire(import.meta.url).resolve('swagger-ui-dist/package.json'));
+  } catch (error) {
+    throw new RolloutError({ code: 'NOT_FOUND', message: 'the API docs need the swagger-ui-dist package: install it beside @rollserve/core (@rollserve/cli depends on it)', cause: error });
+  }
+  return join(swaggerDir, asset);
+}
 const ASSETS: Record<string, string> = {
   'swagger-ui.css': 'text/css; charset=utf-8',
   'index.css': 'text/css; charset=utf-8',
@@ -79,7 +89,7 @@ export function docsApi(): OpenAPIHono {
     if (asset === 'init.js') return c.body(INIT, 200, { 'content-type': 'text/javascript; charset=utf-8' });
     const type = Object.hasOwn(ASSETS, asset) ? ASSETS[asset] : undefined;
     if (!type) throw new RolloutError({ code: 'NOT_FOUND', message: `no docs asset "${asset}"` });
-    return c.body(await readFile(join(SWAGGER_DIR, asset)), 200, { 'content-type': type, 'cache-control': 'public, max-age=3600' });
+    return c.body(await readFile(swaggerFile(asset)), 200, { 'content-type': type, 'cache-control': 'public, max-age=3600' });
   });
   return app;
 }

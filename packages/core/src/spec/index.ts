@@ -3,3 +3,4 @@ export * from './environment.ts';
 export * from './tool.ts';
 export * from './invoke-tool.ts';
 export * from './builtin-tools.ts';
+export * from './load-environment.ts';

@@ -1,7 +1,7 @@
 import { setMaxListeners } from 'node:events';
 import type { IncomingMessage } from 'node:http';
 import { RESPONSE_ALREADY_SENT } from '@hono/node-server/utils/response';
-import { serveFetch, type RunningServer } from '@rollserve/core';
+import { serveFetch, type RunningServer } from '@rollserve/core/gym';
 import { Hono, type Context } from 'hono';
 import {
   completionChunks,

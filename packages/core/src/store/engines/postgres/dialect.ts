@@ -1,8 +1,9 @@
 import { setTimeout as sleep } from 'node:timers/promises';
-import pg from 'pg';
+import type pg from 'pg';
 import { RolloutError } from '../../../errors.ts';
 import { MIGRATIONS } from './migrations.ts';
 import type { Connection, Dialect } from '../../dialect.ts';
+import { importDriver } from '../../driver.ts';
 
 /** Errors after which the same operation may succeed on a new connection: the server went away or is starting. */
 const TRANSIENT_CODES = new Set(['ECONNREFUSED', 'ECONNRESET', 'ENOENT', 'EPIPE', 'ETIMEDOUT', '57P01', '57P02', '57P03', '40001', '40P01']);
@@ -52,7 +53,8 @@ export class PostgresDialect implements Dialect {
     this.#reconnectMs = reconnectMs;
   }
 
-  static open(url: string, { poolSize = 10, reconnectMs = 30_000 }: { poolSize?: number; reconnectMs?: number } = {}): PostgresDialect {
+  static async open(url: string, { poolSize = 10, reconnectMs = 30_000 }: { poolSize?: number; reconnectMs?: number } = {}): Promise<PostgresDialect> {
+    const { default: pg } = await importDriver('pg', () => import('pg'));
     const pool = new pg.Pool({ connectionString: url, max: poolSize, connectionTimeoutMillis: 10_000 });
     // An idle connection the server drops (a restart) is an 'error' event: the pool discards it
     // and the next query takes a new one; unhandled, the event would end the process.

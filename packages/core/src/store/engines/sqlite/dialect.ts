@@ -1,9 +1,10 @@
 import { mkdirSync } from 'node:fs';
 import { dirname } from 'node:path';
-import Database from 'better-sqlite3';
+import type Database from 'better-sqlite3';
 import { RolloutError } from '../../../errors.ts';
 import { MIGRATIONS } from './migrations.ts';
 import type { Connection, Dialect } from '../../dialect.ts';
+import { importDriver } from '../../driver.ts';
 
 /** `sqlite:///abs/path.db`, `sqlite://rel/path.db`, `sqlite::memory:`; `?synchronous=full` to sync every commit. */
 export function parseSqliteUrl(url: string): { path: string; synchronous: 'NORMAL' | 'FULL' } {
@@ -51,7 +52,8 @@ export class SqliteDialect implements Dialect {
     };
   }
 
-  static open(path: string, { synchronous = 'NORMAL' }: { synchronous?: 'NORMAL' | 'FULL' } = {}): SqliteDialect {
+  static async open(path: string, { synchronous = 'NORMAL' }: { synchronous?: 'NORMAL' | 'FULL' } = {}): Promise<SqliteDialect> {
+    const { default: Database } = await importDriver('better-sqlite3', () => import('better-sqlite3'));
     if (path !== ':memory:') mkdirSync(dirname(path), { recursive: true });
     const db = new Database(path, { timeout: 5_000 });
     db.pragma('journal_mode = WAL');

@@ -2,11 +2,8 @@ import { createHash } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { open, readFile, rename, writeFile } from 'node:fs/promises';
 import cliProgress from 'cli-progress';
-import { RolloutError } from '../errors.ts';
-import { computeAggregateMetrics, type AggregateMetricsHooks } from '../gym/metrics.ts';
-import type { WireResult } from '../api/wire.ts';
-import type { RolloutTaskInput } from '../protocol/rollout.ts';
-import type { VerifyEntry } from '../spec/environment.ts';
+import { computeAggregateMetrics, RolloutError, type AggregateMetricsHooks, type VerifyEntry } from '@rollserve/core';
+import type { RolloutTaskInput, WireResult } from '@rollserve/core/service';
 import type { RolloutRunner } from './rollout-runner.ts';
 
 export interface CollectOptions {

@@ -1,9 +1,7 @@
 import { createInterface } from 'node:readline';
 import { request } from 'undici';
-import { RolloutError } from '../errors.ts';
-import { toWireResult, type WireResult } from '../api/wire.ts';
-import type { RolloutService } from '../service/service.ts';
-import type { RolloutResult, RolloutTaskInput } from '../protocol/rollout.ts';
+import { RolloutError } from '@rollserve/core';
+import { toWireResult, type RolloutResult, type RolloutService, type RolloutTaskInput, type WireResult } from '@rollserve/core/service';
 
 /** Where `rollserve rollout` sends its tasks: a service in this process, or one running elsewhere. */
 export interface RolloutRunner {

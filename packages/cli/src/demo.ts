@@ -3,11 +3,11 @@ import { chmodSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, wr
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
-import { RolloutError } from '../errors.ts';
-import type { RolloutResult, RolloutTaskInput } from '../protocol/rollout.ts';
-import type { Environment } from '../spec/environment.ts';
+import { RolloutError, type Environment } from '@rollserve/core';
+import type { RolloutResult, RolloutTaskInput } from '@rollserve/core/service';
 import type { InstalledEnvironment } from './discover.ts';
-import { findWorkspaceRoot, loadEnvironment } from './discover.ts';
+import { loadEnvironment } from '@rollserve/core/gym';
+import { findWorkspaceRoot } from './discover.ts';
 
 // `rollserve demo`: the rollout service with a scripted policy (packages/testing's fake
 // OpenAI-compatible server) that knows the answers to the environments' example rows, so a first

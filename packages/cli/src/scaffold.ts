@@ -1,12 +1,13 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { mkdir, readFile, symlink, writeFile } from 'node:fs/promises';
+import { createRequire } from 'node:module';
 import { dirname, join, relative, resolve } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { stringify } from 'yaml';
-import { RolloutError } from '../errors.ts';
+import { RolloutError } from '@rollserve/core';
 import { findWorkspaceRoot } from './discover.ts';
 
-const coreDir = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
+// the @rollserve/core this CLI runs with: the package a new environment depends on
+const coreDir = dirname(createRequire(import.meta.url).resolve('@rollserve/core/package.json'));
 
 export interface ScaffoldOptions {
   /** The environment name: the package is `@rollserve/env-<name>`. */
@@ -215,7 +216,7 @@ ${pascal(name)}: a rollserve environment, served as a NeMo Gym resources server.
 
 \`\`\`sh
 pnpm install && pnpm build                 # from the rollserve workspace
-node packages/core/bin/rollserve.js serve ${name}   # standalone, prints its URL
+node packages/cli/bin/rollserve.js serve ${name}    # standalone, prints its URL
 pnpm exec vitest run environments/${name}  # its tests (the NeMo Gym contract suite included)
 \`\`\`
 

@@ -1,6 +1,6 @@
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
-import type { Environment } from '../spec/environment.ts';
+import type { Environment } from '@rollserve/core';
 
 export interface GymConfigOptions {
   /** Fixed host for every server; omitted: NeMo Gym fills in its default. */

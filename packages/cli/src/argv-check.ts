@@ -18,14 +18,14 @@ export function suggest(word: string, candidates: readonly string[]): string | u
 /**
  * Checks a command line before citty runs it: an unknown command or option is an error that says
  * what was meant, not a default silently used nor a stack trace. Returns the message, or undefined
- * when the line is well-formed. (citty itself accepts any `--flag`.)
+ * when the line is well-formed. (citty itself accepts any `--flag`.) `names` are the commands;
+ * `command` is the one the line names, loaded (undefined when it names none of them).
  */
-export function checkArgv(argv: readonly string[], commands: Readonly<Record<string, CheckedCommand>>): string | undefined {
+export function checkArgv(argv: readonly string[], names: readonly string[], command: CheckedCommand | undefined): string | undefined {
   const [name, ...rest] = argv;
   if (name === undefined || name.startsWith('-')) return undefined; // --help, --version
-  const command = commands[name];
   if (command === undefined) {
-    const hint = suggest(name, Object.keys(commands));
+    const hint = suggest(name, names);
     return `unknown command "${name}"${hint === undefined ? '' : `; did you mean "${hint}"?`} (rollserve --help lists the commands)`;
   }
   const args = command.args ?? {};
