@@ -47,7 +47,7 @@ function ownerGone(dir: string): boolean {
 
 /**
  * Removes the temporary directories and cgroups of sandboxes whose service died without closing
- * them (their processes died with it: --die-with-parent). A directory is stale when no process's
+ * them (their processes died with it: see the bwrap provider's guard). A directory is stale when no process's
  * command line names it, none works in it (bwrap runs in its sandbox's directory: its command line
  * names no host path) and it is older than `minAgeMs` or the process that made it is gone (see
  * markSandboxDir); a cgroup when it is that old and empty.

@@ -1,6 +1,6 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { chownSync, existsSync, mkdirSync } from 'node:fs';
+import { chownSync, existsSync, mkdirSync, readFileSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -9,6 +9,7 @@ import { RolloutError } from '../../errors.ts';
 import { cgroupCpuSupport, cgroupSupport, createSandboxCgroup } from '../cgroup.ts';
 import { isImageReference, overlayPrefix, overlayRoot, resolveImage, rootOverlayPrefix, type ResolvedImage } from '../image/index.ts';
 import { inodeShares, openFilesWithin, resolveSandboxSpec, shmMib } from '../limits.ts';
+import { childrenOf } from '../process.ts';
 import { markSandboxDir } from '../staging.ts';
 import { BASE_ENV, DEFAULT_WORKDIR, type ResolvedSandboxSpec, type SandboxLimitSupport, type SandboxProvider, type SandboxSpec } from '../types.ts';
 import { agentScript } from './agent.ts';
@@ -155,6 +156,9 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
     // on an image the workspace is a directory of the overlay, whose writable layer (upper and
     // work directories, the overlay's root: OVERLAY_INODES) gets the workspace's inode count
     const layer = image === undefined ? undefined : { dir: layerDir, sizeBytes: resources.workspaceMib * mib, inodes: shares.workspace + OVERLAY_INODES };
+    // the last prefix stays as bwrap's parent and runs it as pid 1 of a pid namespace: nothing of
+    // the sandbox outlives it, and it dies with this process (see tmpfsPrefix)
+    const guard = { maker: process.pid, waitFd: ARGS_FD };
     // bwrap runs in the sandbox's directory: what tells removeStaleSandboxDirs it is in use (its
     // command line names no host path: bwrapArgsOnFd). The overlay's setup leaves it in /.
     const prefix = !mountTmpfs
@@ -162,8 +166,8 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
         ? []
         : ['/bin/sh', '-c', 'cd -- "$0" && exec "$@"', base]
       : rootInput && image === undefined
-        ? tmpfsPrefix([], { unshare: false, cwd: base, asRoot: { mounts: [...mounted.map((mount) => ({ ...mount, owner: user! })), tmpfs.input], dropTo: user! } })
-        : tmpfsPrefix(mounted, { unshare: image === undefined, cwd: base, ...(layer === undefined ? {} : { remount: layer }) });
+        ? tmpfsPrefix([], { unshare: false, cwd: base, guard, asRoot: { mounts: [...mounted.map((mount) => ({ ...mount, owner: user! })), tmpfs.input], dropTo: user! } })
+        : tmpfsPrefix(mounted, { unshare: image === undefined, cwd: base, guard, ...(layer === undefined ? {} : { remount: layer }) });
     const rootPrefix = rootInput && image !== undefined ? tmpfsPrefix([], { unshare: false, asRoot: { mounts: [tmpfs.input] } }) : [];
     const writable: BwrapArgsInput['writable'] = !mountTmpfs
       ? { sizes: resources }
@@ -251,8 +255,9 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
       const optionsFd = (init.stdio as unknown as Array<Writable | null>)[ARGS_FD]!;
       optionsFd.on('error', () => {}); // bwrap gone before it read them: waitReady says why
       optionsFd.end(bwrap.options);
-      const initPid = await waitReady(init, readyTimeoutMs);
-      sandbox.started(initPid);
+      const reported = await waitReady(init, readyTimeoutMs);
+      // under the guard, bwrap names its child by its pid in the guard's namespace
+      sandbox.started(mountTmpfs ? hostPidOf(init.pid!, reported) : reported);
     } catch (error) {
       await sandbox.abort();
       throw error;
@@ -303,7 +308,28 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
   };
 }
 
-/** Resolves with the sandbox init's host pid once it runs (bwrap's --info-fd, then the init's "R"). */
+/**
+ * The host pid of the sandbox's init, which bwrap's monitor (the guard's child) reported as
+ * `nsPid` in the guard's pid namespace: the monitor's child whose NSpid says so.
+ */
+function hostPidOf(guardPid: number, nsPid: number): number {
+  for (const monitor of childrenOf(guardPid)) {
+    for (const child of childrenOf(monitor)) {
+      let status: string;
+      try {
+        status = readFileSync(`/proc/${child}/status`, 'latin1');
+      } catch {
+        continue;
+      }
+      // NSpid: this process's pid in our namespace, then in each nested one (the guard's, the sandbox's)
+      const ids = /^NSpid:\s*(.*)$/m.exec(status)?.[1]?.trim().split(/\s+/) ?? [];
+      if (ids[ids.length - 2] === String(nsPid)) return child;
+    }
+  }
+  throw new RolloutError({ code: 'SANDBOX', message: `cannot find the sandbox's init (pid ${nsPid} in its guard's namespace) on the host`, retryable: true });
+}
+
+/** Resolves with the sandbox init's pid (as bwrap's --info-fd names it) once it runs (bwrap's --info-fd, then the init's "R"). */
 function waitReady(init: ChildProcess, timeoutMs: number): Promise<number> {
   return new Promise((resolve, reject) => {
     let info = '';

@@ -57,7 +57,10 @@ import { buildEnterArgs, EXEC_DIR, INPUT_MOUNT, ownNamespaces } from './args.ts'
  * `setpriv` (with no_new_privs) for the processes that enter.
  *
  * Lifetime: killing pid 1 of the pid namespace makes the kernel kill every process of the
- * sandbox; `--die-with-parent` and the agent's stdin pipe do the same when the service dies.
+ * sandbox. When the service dies, the guard (mounts.ts: the tmpfs prefix, bwrap's parent) dies
+ * with it, and bwrap's monitor, pid 1 of the guard's pid namespace, with the guard: the kernel
+ * then kills everything under it, a sandbox still starting included (`--die-with-parent` alone
+ * does not: see tmpfsPrefix).
  * A timed-out command is found by the ROLLSERVE_SANDBOX=<exec id> variable it and its children
  * carry, within the sandbox's pid namespace.
  *
@@ -237,7 +240,7 @@ export class BwrapSandbox extends CommandSandbox {
    * mounts.ts), the one place it is writable: the sandbox sees it through a read-only bind. The
    * service holds its root open from there, checked to be the very file system bound at
    * INPUT_MOUNT, and writes through /proc/self/fd/<fd>: no path the sandbox or anyone else could
-   * change lies on the way. (bwrap's process is our unreaped child while the sandbox runs.)
+   * change lies on the way. (Our child, the guard or bwrap, stays unreaped while the sandbox runs.)
    */
   private openInput(): void {
     const fd = openSync(`/proc/${this.init.pid}/root${this.input.host}`, constants.O_RDONLY | constants.O_DIRECTORY | constants.O_NOFOLLOW);
