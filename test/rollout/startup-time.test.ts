@@ -268,7 +268,7 @@ describe('math_with_code on a loaded machine', { timeout: 120_000 }, () => {
       const results = await Promise.all(submitted!.rolloutIds.map((id) => service.wait(id)));
       for (const result of results) {
         expect(result.error).toBeNull();
-        expect(result.turns[0]!.toolCalls[0]!.status).toBe('ok');
+        expect(result.turns[0]!.tool_calls[0]!.status).toBe('ok');
         expect(result.reward).toBe(1);
         expect(result.filter).toBe(false);
       }
@@ -302,8 +302,8 @@ describe('a verify that cannot score', { timeout: 60_000 }, () => {
       });
       const submitted = await service.submit([task('judged-wrong', 'What is 3+5? wrong'), task('judged-right', 'What is 3+5? right')]);
       const [wrong, right] = await Promise.all(submitted.map((t) => service.wait(t.rolloutIds[0]!)));
-      expect(wrong!.verifyExtras._ng_failure_class).toBe('judge_failed');
-      expect(wrong!.criticalError).toBe('eval');
+      expect(wrong!.verify_extras._ng_failure_class).toBe('judge_failed');
+      expect(wrong!.critical_error).toBe('eval');
       expect(wrong!.filter).toBe(true);
       expect(wrong!.error?.message).toMatch(/judge_failed/);
       // an answer the library grades right needs no judge: the policy's reward

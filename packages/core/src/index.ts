@@ -1,5 +1,5 @@
-export { createRolloutApi, toWireGroup, toWireResult, toWireStatus, toWireView } from './api/index.ts';
-export type { ApiContext, BackendRegistry, RolloutApiOptions, WireGroup, WireResult, WireStatus, WireView } from './api/index.ts';
+export { createRolloutApi, toWireStatus } from './api/index.ts';
+export type { ApiContext, BackendRegistry, RolloutApiOptions, WireStatus } from './api/index.ts';
 export * from './api/openapi.ts';
 export * from './api/server.ts';
 export * from './errors.ts';

@@ -22,23 +22,23 @@ const task = (id: string, n = 1, extra: Partial<RolloutTaskInput> = {}): Rollout
 
 const result = (id: string, taskId: string, sampleIndex = 0, extra: Partial<RolloutResult> = {}): RolloutResult => ({
   id,
-  taskId,
-  sampleIndex,
+  task_id: taskId,
+  sample_index: sampleIndex,
   env: 'math',
   state: 'done',
   reward: 1,
-  rewardComponents: null,
-  verifyExtras: { extracted_answer: '42' },
-  criticalError: null,
+  reward_components: null,
+  verify_extras: { extracted_answer: '42' },
+  critical_error: null,
   filter: false,
   error: null,
   advantage: null,
   credit: null,
-  timing: { init: { queuedMs: 0, activeMs: 1 }, run: { queuedMs: 0, activeMs: 2 }, eval: { queuedMs: 0, activeMs: 3 }, totalMs: 6 },
+  timing: { init: { queued_ms: 0, active_ms: 1 }, run: { queued_ms: 0, active_ms: 2 }, eval: { queued_ms: 0, active_ms: 3 }, total_ms: 6 },
   response: null,
   messages: [{ role: 'user', content: `question ${taskId}` }, { role: 'assistant', content: '42' }],
   turns: [],
-  finishedAt: '2026-01-01T00:00:00.000Z',
+  finished_at: '2026-01-01T00:00:00.000Z',
   ...extra,
 });
 
@@ -49,9 +49,9 @@ function multiTurn(id: string, taskId: string, sampleIndex = 0, extra: Partial<R
   for (let t = 0; t < 8; t++) {
     const generation = Array.from({ length: 30 }, (_, i) => 10_000 + t * 100 + i);
     turns.push({
-      index: t, promptTokenIds: prompt, generationTokenIds: generation, generationLogprobs: generation.map((g) => -(g % 7) / 4), finishReason: 'tool_calls',
-      text: null, reasoning: null, toolCalls: [], llmLatencyMs: 1, backend: 'b', code: null, status: 'none', malformed: null,
-      rewards: { format: null, tool: null, outcome: null, shaping: null }, reward: 0, return: 0, normalizedReturn: null,
+      index: t, prompt_token_ids: prompt, generation_token_ids: generation, generation_logprobs: generation.map((g) => -(g % 7) / 4), finish_reason: 'tool_calls',
+      text: null, reasoning: null, tool_calls: [], llm_latency_ms: 1, backend: 'b', code: null, status: 'none', malformed: null,
+      rewards: { format: null, tool: null, outcome: null, shaping: null }, reward: 0, return: 0, normalized_return: null,
     });
     prompt = [...prompt, ...generation, ...Array.from({ length: 100 }, (_, i) => 20_000 + t * 1_000 + i)];
   }

@@ -4,8 +4,7 @@ import { open, readFile, rename, writeFile } from 'node:fs/promises';
 import cliProgress from 'cli-progress';
 import { RolloutError } from '../errors.ts';
 import { computeAggregateMetrics, type AggregateMetricsHooks } from '../gym/metrics.ts';
-import type { WireResult } from '../api/wire.ts';
-import type { RolloutTaskInput } from '../protocol/rollout.ts';
+import type { RolloutResult, RolloutTaskInput } from '../protocol/rollout.ts';
 import type { VerifyEntry } from '../spec/environment.ts';
 import type { RolloutRunner } from './rollout-runner.ts';
 
@@ -56,7 +55,7 @@ export function sidecarPaths(output: string): { failures: string; metrics: strin
 }
 
 /** One output line: the row and the verify response as NeMo Gym writes them, plus the result in the wire shape. */
-function outputLine(row: Record<string, unknown>, taskIndex: number, result: WireResult): Record<string, unknown> {
+function outputLine(row: Record<string, unknown>, taskIndex: number, result: RolloutResult): Record<string, unknown> {
   const { response, reward, verify_extras, ...rest } = result;
   return { ...row, response, reward, ...verify_extras, _ng_task_index: taskIndex, _ng_rollout_index: result.sample_index, rollserve: rest };
 }
@@ -141,7 +140,7 @@ export async function collectRollouts(runner: RolloutRunner, options: CollectOpt
   const mean = () => (goodLines.length === 0 ? null : rewardSum / goodLines.length);
   bar?.start(total, 0, { failed: 0, rate: '0.0', mean: '-' });
 
-  const onResult = (result: WireResult, resumed: boolean) => {
+  const onResult = (result: RolloutResult, resumed: boolean) => {
     finished++;
     if (!resumed) fresh++;
     const index = taskIndex.get(result.task_id)!;

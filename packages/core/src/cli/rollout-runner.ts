@@ -1,8 +1,8 @@
 import { createInterface } from 'node:readline';
 import { request } from 'undici';
 import { RolloutError } from '../errors.ts';
-import { toWireResult, type WireResult } from '../api/wire.ts';
 import type { RolloutService } from '../service/service.ts';
+import { toCurrentResult, isLegacyResult } from '../protocol/legacy-result.ts';
 import type { RolloutResult, RolloutTaskInput } from '../protocol/rollout.ts';
 
 /** Where `rollserve rollout` sends its tasks: a service in this process, or one running elsewhere. */
@@ -12,7 +12,7 @@ export interface RolloutRunner {
    * before (a resumed run) come too, with `resumed` true where the runner can tell. Resolves once
    * every rollout of `tasks` has been reported.
    */
-  run(tasks: readonly RolloutTaskInput[], onResult: (result: WireResult, resumed: boolean) => void): Promise<void>;
+  run(tasks: readonly RolloutTaskInput[], onResult: (result: RolloutResult, resumed: boolean) => void): Promise<void>;
 }
 
 /** The service in this process (its store beside the output makes a run resumable). */
@@ -24,7 +24,7 @@ export function inProcessRunner(service: RolloutService): RolloutRunner {
         submitted.flatMap((task) =>
           task.rolloutIds.map(async (id) => {
             const known = await service.result(id); // null while it runs
-            onResult(toWireResult(known ?? (await service.wait(id))), known !== undefined);
+            onResult(known ?? (await service.wait(id)), known !== undefined);
           }),
         ),
       );
@@ -32,9 +32,9 @@ export function inProcessRunner(service: RolloutService): RolloutRunner {
   };
 }
 
-/** A result from the stream in the wire shape (a service from before the wire shape sends camelCase). */
-function wireResult(value: unknown): WireResult {
-  return typeof value === 'object' && value !== null && 'task_id' in value ? (value as WireResult) : toWireResult(value as RolloutResult);
+/** A result from the stream (a service from before the wire shape sends camelCase). */
+function wireResult(value: unknown): RolloutResult {
+  return isLegacyResult(value) ? toCurrentResult(value) : (value as RolloutResult);
 }
 
 function failure(url: string, statusCode: number, text: string): RolloutError {
