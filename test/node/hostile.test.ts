@@ -144,7 +144,7 @@ describe('rollout nodes against a hostile party (rollserve start over HTTP)', ()
     expect(more.json.claims).toHaveLength(1);
 
     // its own lease, with a result that names another task's sample: refused
-    const misnamed = { ...forged(held), taskId: 'another-task' };
+    const misnamed = { ...forged(held), task_id: 'another-task' };
     expectError(await api('/v1/nodes/node-a/results', { body: { results: [{ rollout_id: held, attempt, result: misnamed }] }, credential: credA }), 422, 'UNPROCESSABLE', /names task "another-task"/);
 
     // the holder commits: that one counts
