@@ -149,7 +149,7 @@ describe.skipIf(skip !== undefined)('EnvironmentContext: the same environment on
     expect(beta).toMatchObject({ reward: 1, verify_extras: { found: 'BETA hi', server: 'server-1' } });
     expect(provider.created).toBe(2);
     expect(provider.live.size).toBe(0);
-    expect(service.status().liveSandboxes).toBe(0);
+    expect(service.status().live_sandboxes).toBe(0);
 
     expect(log).toEqual(['setup hi']);
     await close();

@@ -83,7 +83,7 @@ describe('multi-turn bash rollouts on bwrap', () => {
     expect(result.turns.flatMap((t) => t.tool_calls.map((c) => c.status))).toEqual(['ok', 'ok', 'error']);
     expect(result.turns.map((t) => t.rewards.tool)).toEqual([1, 1, 0, 1]);
     expect(fake.requests).toHaveLength(4);
-    expect(svc.status().liveSandboxes).toBe(0);
+    expect(svc.status().live_sandboxes).toBe(0);
   });
 
   it('runs rollouts in parallel, each in a sandbox of its own', async () => {
@@ -100,7 +100,7 @@ describe('multi-turn bash rollouts on bwrap', () => {
     // Each sandbox read back its own file: no sharing between rollouts.
     results.forEach((r) => expect(r.turns[0]!.tool_calls[0]!.output.trim()).toBe(r.verify_extras.found));
     expect(new Set(seen).size).toBe(8);
-    expect(svc.status().liveSandboxes).toBe(0);
+    expect(svc.status().live_sandboxes).toBe(0);
   });
 
   it('creates each row\'s own sandbox in INIT when the environment asks per row', async () => {
@@ -132,13 +132,13 @@ describe('multi-turn bash rollouts on bwrap', () => {
     const { svc } = await setup([{ toolCalls: [{ name: 'bash', arguments: { command: 'sleep 60' } }] }, 'never reached']);
     const before = descendants(process.pid).length;
     await svc.submit([task('cancel-me')]);
-    while (svc.status().liveSandboxes === 0 || (await svc.get('cancel-me'))?.state !== 'run') await new Promise((r) => setTimeout(r, 10));
+    while (svc.status().live_sandboxes === 0 || (await svc.get('cancel-me'))?.state !== 'run') await new Promise((r) => setTimeout(r, 10));
     await new Promise((r) => setTimeout(r, 200)); // the command is running
     expect(descendants(process.pid).length).toBeGreaterThan(before);
     await svc.cancel('cancel-me');
     const result = await svc.wait('cancel-me');
     expect(result.state).toBe('cancelled');
-    expect(svc.status().liveSandboxes).toBe(0);
+    expect(svc.status().live_sandboxes).toBe(0);
     const deadline = Date.now() + 5_000;
     while (descendants(process.pid).length > before && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
     expect(descendants(process.pid).length).toBeLessThanOrEqual(before);

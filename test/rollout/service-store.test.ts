@@ -197,7 +197,7 @@ describe('rollout service on its store', () => {
     await close();
 
     const second = await service({ backends: [fake.url], store: url });
-    expect(second.status().rollouts).toMatchObject({ total: 40, done: 40, inFlight: 0 });
+    expect(second.status().rollouts).toMatchObject({ total: 40, done: 40, in_flight: 0 });
     expect((await second.get('p7'))?.result?.reward).toBe(1);
     expect((await second.submit([tasks[7]!]))[0]!.existing).toBe(true);
   });

@@ -197,7 +197,7 @@ describe('rollout service: tools, turns and limits', () => {
     expect(result.critical_error).toBe('timeout');
     expect(result.filter).toBe(true);
     expect(result.state).toBe('failed');
-    expect(svc.status().liveSessions).toBe(0);
+    expect(svc.status().live_sessions).toBe(0);
   });
 
   it('cancels during RUN: the job leaves its stage and its session resources are freed', async () => {
@@ -228,7 +228,7 @@ describe('rollout service: tools, turns and limits', () => {
     expect(result.state).toBe('cancelled');
     expect(result.critical_error).toBe('cancelled');
     expect(freed).toEqual(['c']);
-    expect(svc.status().liveSessions).toBe(0);
+    expect(svc.status().live_sessions).toBe(0);
     expect(svc.status().stages.run.active).toBe(0);
   });
 });
@@ -330,7 +330,7 @@ describe('rollout service: reliability', () => {
     expect(results.map((r) => r.state)).toEqual(['cancelled', 'cancelled']);
     await new Promise((r) => setTimeout(r, 50));
     expect(seen.sort()).toEqual(['running', 'waiting']);
-    expect(svc.status().rollouts).toMatchObject({ cancelled: 2, inFlight: 0 });
+    expect(svc.status().rollouts).toMatchObject({ cancelled: 2, in_flight: 0 });
     expect(svc.status().stages.run.pool).toBe(1);
     expect(fake.requests).toHaveLength(1); // the waiting one never reached the policy
   });

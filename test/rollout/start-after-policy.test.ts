@@ -276,7 +276,7 @@ describe('math_with_code: end_session, then a kernel that cannot start', { timeo
       const broken = result.turns[2]!.tool_calls[0]!;
       expect(broken.status).toBe('error');
       expect(JSON.parse(broken.output)).toMatchObject({ success: false });
-      expect(service.status().liveSandboxes).toBe(0);
+      expect(service.status().live_sandboxes).toBe(0);
     } finally {
       await close();
       await provider.close?.();

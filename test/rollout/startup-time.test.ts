@@ -272,7 +272,7 @@ describe('math_with_code on a loaded machine', { timeout: 120_000 }, () => {
         expect(result.reward).toBe(1);
         expect(result.filter).toBe(false);
       }
-      expect(service.status().liveSandboxes).toBe(0);
+      expect(service.status().live_sandboxes).toBe(0);
     } finally {
       await close();
       await provider.close?.();

@@ -252,7 +252,7 @@ describe.skipIf(skip !== undefined)('SWE rows on images built from files (bwrap)
           expect(result.verify_extras).toMatchObject({ resolved: true, submitted: true, failure_reason: null, f2p_passed: fixture.failToPass.length, p2p_passed: fixture.passToPass.length });
           expect(result.reward, JSON.stringify(result.verify_extras.failed_tests)).toBe(1);
         }
-        expect(svc.status().liveSandboxes).toBe(0);
+        expect(svc.status().live_sandboxes).toBe(0);
       });
     });
   });

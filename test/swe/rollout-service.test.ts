@@ -75,7 +75,7 @@ describe('swe inside the rollout service (bwrap)', () => {
     // the tools were offered to the policy
     const offered = (fake.requests[0]!.tools as Array<{ function: { name: string } }>).map((t) => t.function.name).sort();
     expect(offered).toEqual(['bash', 'str_replace_editor', 'submit']);
-    expect(svc.status().liveSandboxes).toBe(0);
+    expect(svc.status().live_sandboxes).toBe(0);
   });
 
   it('a policy that changes nothing gets reward 0 (empty patch), and every sandbox is freed', async () => {
@@ -87,7 +87,7 @@ describe('swe inside the rollout service (bwrap)', () => {
     expect(result.reward).toBe(0);
     expect(result.verify_extras).toMatchObject({ failure_reason: 'empty_patch', resolved: false, submitted: false });
     expect(result.turns[0]!.tool_calls[0]!.output).toContain('tests');
-    expect(svc.status().liveSandboxes).toBe(0);
+    expect(svc.status().live_sandboxes).toBe(0);
   });
 
   it("the row's env reaches the agent's shell and the evaluation; verify_from 'response' takes the diff the policy wrote", async () => {
@@ -107,6 +107,6 @@ describe('swe inside the rollout service (bwrap)', () => {
     expect(result.turns[0]!.tool_calls[0]!.output.trim()).toBe('[from the row]');
     expect(result.verify_extras).toMatchObject({ verify_from: 'response', model_patch: fixture.goldPatch, resolved: true });
     expect(result.reward).toBe(1);
-    expect(svc.status().liveSandboxes).toBe(0);
+    expect(svc.status().live_sandboxes).toBe(0);
   });
 });

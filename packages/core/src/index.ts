@@ -1,5 +1,5 @@
-export { createRolloutApi, toWireStatus } from './api/index.ts';
-export type { ApiContext, BackendRegistry, RolloutApiOptions, WireStatus } from './api/index.ts';
+export { createRolloutApi } from './api/index.ts';
+export type { ApiContext, BackendRegistry, RolloutApiOptions } from './api/index.ts';
 export * from './api/openapi.ts';
 export * from './api/server.ts';
 export * from './errors.ts';

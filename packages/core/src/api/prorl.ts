@@ -197,10 +197,10 @@ const ROUTES = [
   }),
 ];
 
-type BackendEntry = { id?: unknown; baseUrl?: unknown };
+type BackendEntry = { id?: unknown; base_url?: unknown };
 
 function registered(backends: BackendRegistry): Array<{ id: string; baseUrl: string }> {
-  return (backends.list() as BackendEntry[]).flatMap((b) => (typeof b.id === 'string' ? [{ id: b.id, baseUrl: String(b.baseUrl ?? '') }] : []));
+  return (backends.list() as BackendEntry[]).flatMap((b) => (typeof b.id === 'string' ? [{ id: b.id, baseUrl: String(b.base_url ?? '') }] : []));
 }
 
 /**

@@ -1,6 +1,5 @@
 import { z } from '@hono/zod-openapi';
 import { ERROR_CODES, RolloutError, type RolloutErrorCode } from '../errors.ts';
-import type { RolloutService } from '../service/service.ts';
 import { trainingView } from '../protocol/training-view.ts';
 import type { RolloutGroup } from '../protocol/rollout.ts';
 
@@ -37,10 +36,8 @@ export function errorResponses<S extends keyof typeof ERROR_RESPONSES>(...status
   ) as unknown as Record<S, { description: string; content: { 'application/json': { schema: typeof ErrorBody } } }>;
 }
 
-const camelToSnake = (key: string) => key.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`);
-
-/** An LLM backend as `/v1/llm-backends` and `/v1/status` show it (LlmBackendStats, snake_case). */
-export const WireBackend = z
+/** An LLM backend as `/v1/llm-backends` and `/v1/status` show it: LlmBackendStats (llm/backend-pool.ts), declared loosely. */
+export const LlmBackend = z
   .looseObject({
     id: z.string(),
     base_url: z.string(),
@@ -59,16 +56,11 @@ export const WireBackend = z
     next_probe_in_ms: z.number().nullable(),
   })
   .openapi('LlmBackend');
-export type WireBackend = z.infer<typeof WireBackend>;
-
-/** A backend registry's entry with its top-level keys in snake_case (they are rollserve's own). */
-export function toWireBackend(stats: unknown): WireBackend {
-  return Object.fromEntries(Object.entries(stats as Record<string, unknown>).map(([key, value]) => [camelToSnake(key), value])) as WireBackend;
-}
 
 const StageStatus = z.strictObject({ queued: z.number().int(), active: z.number().int(), pool: z.number().int() });
 
-export const WireStatus = z
+/** `/v1/status`: RolloutService.status(), then what the API adds (its environments, backends and warnings). */
+export const Status = z
   .strictObject({
     stages: z.strictObject({ init: StageStatus, run: StageStatus, eval: StageStatus }),
     rollouts: z.strictObject({ total: z.number().int(), done: z.number().int(), failed: z.number().int(), cancelled: z.number().int(), in_flight: z.number().int() }),
@@ -77,27 +69,11 @@ export const WireStatus = z
     /** Rollout nodes up (GET /v1/nodes); 0: the service runs rollouts itself. Stages and sessions are the service's own. */
     nodes: z.number().int(),
     environments: z.array(z.string()),
-    llm_backends: z.array(WireBackend),
+    llm_backends: z.array(LlmBackend),
     /** What stops work from going on now, e.g. rollouts waiting for a policy backend when there is none. */
     warnings: z.array(z.string()),
   })
   .openapi('Status');
-export type WireStatus = z.infer<typeof WireStatus>;
-
-/** The service's status as `/v1/status` sends it. */
-export function toWireStatus(status: ReturnType<RolloutService['status']>, extra: { environments: string[]; backends: unknown[]; warnings: string[] }): WireStatus {
-  const { inFlight, ...rollouts } = status.rollouts;
-  return {
-    stages: status.stages,
-    rollouts: { ...rollouts, in_flight: inFlight },
-    live_sessions: status.liveSessions,
-    live_sandboxes: status.liveSandboxes,
-    nodes: status.nodes,
-    environments: extra.environments,
-    llm_backends: extra.backends.map(toWireBackend),
-    warnings: extra.warnings,
-  };
-}
 
 /** ?view=training: already snake_case (training-view.ts); declared loosely, as its own module documents it. */
 export const TrainingView = z

@@ -116,7 +116,7 @@ describe('LlmBackendPool', () => {
     backends.release('r4');
     // b0 now has none in flight.
     expect((await backends.acquire('r6')).id).toBe('b0');
-    expect(backends.list().map((s) => [s.id, s.rolloutsInFlight])).toEqual([
+    expect(backends.list().map((s) => [s.id, s.rollouts_in_flight])).toEqual([
       ['b0', 1],
       ['b1', 1],
       ['b2', 1],
@@ -161,7 +161,7 @@ describe('LlmBackendPool', () => {
     expect(result.backendId).toBe('live');
     expect(backends.backendOf('r1')).toBe('live');
     expect(backends.get('dead')).toMatchObject({ healthy: false, connectFailures: 1, requests: 1 });
-    expect(backends.get('dead')!.nextProbeInMs).not.toBeNull();
+    expect(backends.get('dead')!.next_probe_in_ms).not.toBeNull();
     // Out of rotation: new rollouts avoid it even though it has fewer rollouts.
     expect((await backends.acquire('r2')).id).toBe('live');
   });
@@ -337,7 +337,7 @@ describe('LlmBackendPool', () => {
     await Promise.all(['r1', 'r2', 'r3', 'r4', 'r5'].map((id) => backends.chat(id, { messages: [{ role: 'user', content: id }] })));
     expect(peak).toBe(2);
     expect(backends.get('a')).toMatchObject({ requests: 5, requestsInFlight: 0, maxConcurrency: 2 });
-    expect(backends.get('a')!.latencyMs.mean).toBeGreaterThan(0);
+    expect(backends.get('a')!.latency_ms.mean).toBeGreaterThan(0);
   });
 
   it('does not count a cancelled call against the backend', async () => {

@@ -289,7 +289,7 @@ export class RolloutRunner {
     return true;
   }
 
-  status(): { stages: Record<StageName, { queued: number; active: number; pool: number }>; liveSessions: number; liveSandboxes: number } {
+  status(): { stages: Record<StageName, { queued: number; active: number; pool: number }>; live_sessions: number; live_sandboxes: number } {
     const stages = Object.fromEntries(
       STAGES.map((name) => [name, { queued: this.#queues[name].size, active: this.#queues[name].pending, pool: this.#queues[name].concurrency }]),
     ) as Record<StageName, { queued: number; active: number; pool: number }>;
@@ -298,7 +298,7 @@ export class RolloutRunner {
       stages.init.queued += this.#serial.size;
       for (const stage of STAGES) stages[stage].pool = this.#serial.concurrency;
     }
-    return { stages, liveSessions: this.#sessions.size, liveSandboxes: this.#liveSandboxes };
+    return { stages, live_sessions: this.#sessions.size, live_sandboxes: this.#liveSandboxes };
   }
 
   /**

@@ -899,9 +899,9 @@ export class RolloutService implements NodeCoordinator {
 
   status(): {
     stages: Record<StageName, { queued: number; active: number; pool: number }>;
-    rollouts: { total: number; done: number; failed: number; cancelled: number; inFlight: number };
-    liveSessions: number;
-    liveSandboxes: number;
+    rollouts: { total: number; done: number; failed: number; cancelled: number; in_flight: number };
+    live_sessions: number;
+    live_sandboxes: number;
     nodes: number;
   } {
     const local = this.#runner.status();
@@ -909,7 +909,7 @@ export class RolloutService implements NodeCoordinator {
     const inFlight = Math.max(0, this.#counts.total - finished);
     // waiting in the store for a slot here or on a node
     local.stages.init.queued += Math.max(0, inFlight - this.#local.size - this.#remote.size);
-    return { ...local, rollouts: { ...this.#counts, inFlight }, nodes: this.#nodesUp() };
+    return { stages: local.stages, rollouts: { ...this.#counts, in_flight: inFlight }, live_sessions: local.live_sessions, live_sandboxes: local.live_sandboxes, nodes: this.#nodesUp() };
   }
 
   // ----- rollout nodes (NodeCoordinator) -----------------------------------------------------
