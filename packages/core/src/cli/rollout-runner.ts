@@ -2,7 +2,7 @@ import { createInterface } from 'node:readline';
 import { request } from 'undici';
 import { RolloutError } from '../errors.ts';
 import type { RolloutService } from '../service/service.ts';
-import { toCurrentResult, isLegacyResult } from '../protocol/legacy-result.ts';
+import { isLegacyResult, toCurrentResult } from '../protocol/legacy-result.ts';
 import type { RolloutResult, RolloutTaskInput } from '../protocol/rollout.ts';
 
 /** Where `rollserve rollout` sends its tasks: a service in this process, or one running elsewhere. */

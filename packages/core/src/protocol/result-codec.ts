@@ -1,4 +1,4 @@
-import { toCurrentResult, isLegacyResult } from './legacy-result.ts';
+import { isLegacyResult, toCurrentResult } from './legacy-result.ts';
 import type { RolloutResult, TurnRecord } from './rollout.ts';
 
 // How a result is stored, and sent by a node: with each token id once. A turn's prompt is the
