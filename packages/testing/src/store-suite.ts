@@ -392,6 +392,45 @@ export function describeStoreSuite(engine: StoreSuiteEngine): void {
       expect(plain(listed.items.find((r) => r.id === 'one'))).toEqual(plain(one));
     });
 
+    it('reads results a release before issue 24 stored (camelCase, whole or with $tokens: 1) in today\'s form', async () => {
+      await store.putTasks([task('old-whole'), task('old-encoded')]);
+      for (const c of await store.claim({ workerId: 'n1', limit: 2, leaseMs: 10_000 })) {
+        await store.commit({ rolloutId: c.id, attempt: c.attempt, result: result(c.id, c.taskId), workerId: 'n1' });
+      }
+      await store.close();
+      // the bodies as that release wrote them: camelCase inside, its runner's key order
+      const call = { id: 'c', name: 'bash', arguments: '{}', output: 'o', status: 'ok', execution: { exitCode: 0, timedOut: false, exception: null }, code: 'ls', durationMs: 2 };
+      const turn = (index: number, promptTokenIds: unknown) => ({
+        index, promptTokenIds, generationTokenIds: [9], generationLogprobs: [-1], finishReason: 'stop', text: 't', reasoning: null, toolCalls: [call], llmLatencyMs: 1,
+        backend: 'b', code: 'ls', status: 'ok', malformed: null, rewards: { format: 0, tool: 1, outcome: 0, shaping: 0 }, reward: 0, return: 0, normalizedReturn: null,
+      });
+      const stage = { queuedMs: 0, activeMs: 1 };
+      const old = (id: string, turns: unknown[], extra: object = {}) => ({
+        id, taskId: id, sampleIndex: 0, env: 'math', state: 'done', reward: 1, rewardComponents: null, verifyExtras: { extracted_answer: '42' }, criticalError: null, error: null,
+        response: null, messages: [], turns, filter: false, advantage: null, credit: null, timing: { init: stage, run: stage, eval: stage, totalMs: 3 }, finishedAt: '2026-01-01T00:00:00.000Z',
+        ...extra,
+      });
+      const bodies = [old('old-whole', [turn(0, [1, 2]), turn(1, [1, 2, 9, 3])]), old('old-encoded', [turn(0, [1, 2]), turn(1, { keep: 2, add: [9, 3] })], { $tokens: 1 })];
+      for (const body of bodies) await engine.exec(url, `UPDATE results SET body = '${JSON.stringify(body)}' WHERE rollout_id = '${body.id}'`);
+      const reopened = await open();
+      const today = (id: string) => ({
+        id, task_id: id, sample_index: 0, env: 'math', state: 'done', reward: 1, reward_components: null, verify_extras: { extracted_answer: '42' }, critical_error: null,
+        filter: false, error: null, advantage: null, credit: null,
+        timing: { init: { queued_ms: 0, active_ms: 1 }, run: { queued_ms: 0, active_ms: 1 }, eval: { queued_ms: 0, active_ms: 1 }, total_ms: 3 },
+        response: null, messages: [],
+        turns: [0, 1].map((index) => ({
+          index, prompt_token_ids: index === 0 ? [1, 2] : [1, 2, 9, 3], generation_token_ids: [9], generation_logprobs: [-1], finish_reason: 'stop', text: 't', reasoning: null,
+          tool_calls: [{ id: 'c', name: 'bash', arguments: '{}', output: 'o', status: 'ok', execution: { exit_code: 0, timed_out: false, exception: null }, code: 'ls', duration_ms: 2 }],
+          llm_latency_ms: 1, backend: 'b', code: 'ls', status: 'ok', malformed: null, rewards: { format: 0, tool: 1, outcome: 0, shaping: 0 }, reward: 0, return: 0, normalized_return: null,
+        })),
+        finished_at: '2026-01-01T00:00:00.000Z',
+      });
+      // (JSON text compared: the keys come in the order the API sends them)
+      for (const id of ['old-whole', 'old-encoded']) expect(JSON.stringify(await reopened.getResult(id))).toBe(JSON.stringify(today(id)));
+      expect(JSON.stringify((await reopened.getResults(['old-encoded'])).get('old-encoded'))).toBe(JSON.stringify(today('old-encoded')));
+      expect((await reopened.listResults({ limit: 10 })).items.map((r) => r.task_id).sort()).toEqual(['old-encoded', 'old-whole']);
+    });
+
     it('commits a cancelled result for a rollout never claimed (attempt 0), and rejects unfinished results', async () => {
       await store.putTasks([task('a'), task('b')]);
       expect(await store.commit({ rolloutId: 'a', attempt: 0, result: result('a', 'a', 0, { state: 'cancelled' }), workerId: 'service', unheld: true })).toEqual({ status: 'committed' });
