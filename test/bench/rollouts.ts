@@ -24,9 +24,9 @@ async function withService<T>(url: string, options: Omit<RolloutServiceOptions, 
 
 function overheadPerTurn(results: RolloutResult[]): number[] {
   return results.flatMap((r) => {
-    const model = r.turns.reduce((sum, t) => sum + t.llmLatencyMs, 0);
-    const tools = r.turns.reduce((sum, t) => sum + t.toolCalls.reduce((s, c) => s + c.durationMs, 0), 0);
-    return r.turns.length ? [(r.timing.run.activeMs - model - tools) / r.turns.length] : [];
+    const model = r.turns.reduce((sum, t) => sum + t.llm_latency_ms, 0);
+    const tools = r.turns.reduce((sum, t) => sum + t.tool_calls.reduce((s, c) => s + c.duration_ms, 0), 0);
+    return r.turns.length ? [(r.timing.run.active_ms - model - tools) / r.turns.length] : [];
   });
 }
 
@@ -38,7 +38,7 @@ async function batch(svc: RolloutService, tasks: RolloutTaskInput[]): Promise<{ 
   const results = await Promise.all(submitted.flatMap((t) => t.rolloutIds.map((id) => svc.wait(id))));
   const seconds = (performance.now() - started) / 1000;
   clearInterval(sampler);
-  const failed = results.filter((r) => r.criticalError !== null);
+  const failed = results.filter((r) => r.critical_error !== null);
   if (failed.length) throw new Error(`${failed.length} rollouts failed: ${JSON.stringify(failed[0]!.error)}`);
   return { seconds, results, peakRssMb: peak / 2 ** 20 };
 }
@@ -122,7 +122,7 @@ export default async function bench(): Promise<void> {
       };
       const whole = serialise((r) => JSON.stringify(r));
       const view = serialise((r) => JSON.stringify(trainingView(r)));
-      const lastPrompt = run.results[0]!.turns.at(-1)!.promptTokenIds?.length ?? 0;
+      const lastPrompt = run.results[0]!.turns.at(-1)!.prompt_token_ids?.length ?? 0;
       console.log(
         `${(turns / run.seconds).toFixed(0)} turns/s (the policy process is the limit here)  service CPU ${((used.user + used.system) / 1000 / turns).toFixed(2)} ms per turn ` +
           `(this case before the token ids were checked with loops and stored once, same day: 3.8-4.1 ms per turn, 247-263 turns/s)  last prompt ${lastPrompt} tokens  rewards ok: ${run.results.every((r) => r.reward === 1)}`,
@@ -183,8 +183,8 @@ export default async function bench(): Promise<void> {
       await batch(svc, Array.from({ length: 20 }, (_, i) => task(-i - 1)));
       const run = await batch(svc, Array.from({ length: 500 }, (_, i) => task(i)));
       const overhead = overheadPerTurn(run.results);
-      const tool = run.results.flatMap((r) => r.turns.flatMap((t) => t.toolCalls.map((c) => c.durationMs)));
-      const init = run.results.map((r) => r.timing.init.activeMs);
+      const tool = run.results.flatMap((r) => r.turns.flatMap((t) => t.tool_calls.map((c) => c.duration_ms)));
+      const init = run.results.map((r) => r.timing.init.active_ms);
       console.log(
         `${(500 / run.seconds).toFixed(0)} rollouts/s  per-turn overhead p50 ${ms(percentile(overhead, 50))} p99 ${ms(percentile(overhead, 99))} (tool time excluded; target p50 5 ms)  bash call p50 ${ms(percentile(tool, 50))}  INIT (sandbox) p50 ${ms(percentile(init, 50))}  rewards ok: ${run.results.every((r) => r.reward === 1)}  peak RSS ${run.peakRssMb.toFixed(0)} MB`,
       );

@@ -30,7 +30,7 @@ async function run(url: string, ids: string[]): Promise<{ seconds: number; accep
 
 /** The policy's own time in a result (the wire names of either API generation). */
 function policyMs(result: WireResult): number {
-  return (result.turns as Array<Record<string, unknown>>).reduce((sum, t) => sum + Number(t.llm_latency_ms ?? t.llmLatencyMs ?? 0), 0);
+  return (result.turns as Array<Record<string, unknown>>).reduce((sum, t) => sum + Number(t.llm_latency_ms ?? 0), 0);
 }
 
 const idle = () => new Promise((resolve) => setTimeout(resolve, 2));
@@ -67,10 +67,10 @@ async function loneFloor(dir: string): Promise<{ roundTrip: number; accept: numb
       const t1 = performance.now();
       const work = claimed[0]!;
       const result: RolloutResult = {
-        id: work.id, taskId: work.taskId, sampleIndex: 0, env: 'math', state: 'done', reward: 1, rewardComponents: null,
-        verifyExtras: { extracted_answer: '8' }, criticalError: null, filter: false, error: null, advantage: null, credit: null,
-        timing: { init: { queuedMs: 0, activeMs: 0 }, run: { queuedMs: 0, activeMs: 1 }, eval: { queuedMs: 0, activeMs: 0 }, totalMs: 1 },
-        response: null, messages: [{ role: 'user', content: 'What is 3+5?' }, { role: 'assistant', content: '\\boxed{8}' }], turns: [], finishedAt: new Date().toISOString(),
+        id: work.id, task_id: work.taskId, sample_index: 0, env: 'math', state: 'done', reward: 1, reward_components: null,
+        verify_extras: { extracted_answer: '8' }, critical_error: null, filter: false, error: null, advantage: null, credit: null,
+        timing: { init: { queued_ms: 0, active_ms: 0 }, run: { queued_ms: 0, active_ms: 1 }, eval: { queued_ms: 0, active_ms: 0 }, total_ms: 1 },
+        response: null, messages: [{ role: 'user', content: 'What is 3+5?' }, { role: 'assistant', content: '\\boxed{8}' }], turns: [], finished_at: new Date().toISOString(),
       };
       await store.commitMany([{ rolloutId: work.id, attempt: work.attempt, result, workerId: 'service' }]);
       if (i >= 200) {

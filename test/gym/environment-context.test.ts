@@ -137,13 +137,13 @@ describe.skipIf(skip !== undefined)('EnvironmentContext: the same environment on
     await service.submit(tasks);
     const [alpha, beta] = await Promise.all(tasks.map((t) => service.wait(t.id)));
     expect(alpha!.error).toBeNull();
-    expect(alpha!.turns[0]!.toolCalls[0]!.output).toBe('ALPHA hi\n');
-    expect(beta!.turns[0]!.toolCalls[0]!.output).toBe('BETA hi\n');
-    expect(alpha).toMatchObject({ reward: 1, verifyExtras: { found: 'ALPHA hi', server: 'server-1' } });
-    expect(beta).toMatchObject({ reward: 1, verifyExtras: { found: 'BETA hi', server: 'server-1' } });
+    expect(alpha!.turns[0]!.tool_calls[0]!.output).toBe('ALPHA hi\n');
+    expect(beta!.turns[0]!.tool_calls[0]!.output).toBe('BETA hi\n');
+    expect(alpha).toMatchObject({ reward: 1, verify_extras: { found: 'ALPHA hi', server: 'server-1' } });
+    expect(beta).toMatchObject({ reward: 1, verify_extras: { found: 'BETA hi', server: 'server-1' } });
     expect(provider.created).toBe(2);
     expect(provider.live.size).toBe(0);
-    expect(service.status().liveSandboxes).toBe(0);
+    expect(service.status().live_sandboxes).toBe(0);
 
     expect(log).toEqual(['setup hi']);
     await close();

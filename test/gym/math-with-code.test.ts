@@ -250,10 +250,10 @@ describe('tool-integrated math through the rollout service', () => {
     const [submitted] = await svc.submit([{ id: 'tim-1', env: 'math', row, policy: { model: 'fake-policy' } }]);
     const result = await svc.wait(submitted!.rolloutIds[0]!);
     expect(result.error?.message ?? null).toBeNull();
-    expect(result.criticalError).toBeNull();
+    expect(result.critical_error).toBeNull();
     expect(result.reward).toBe(1);
-    expect(result.verifyExtras).toEqual({ extracted_answer: '-3', accuracy: true });
-    const calls = result.turns.flatMap((t) => t.toolCalls);
+    expect(result.verify_extras).toEqual({ extracted_answer: '-3', accuracy: true });
+    const calls = result.turns.flatMap((t) => t.tool_calls);
     expect(calls.map((c) => c.status)).toEqual(['error', 'ok']);
     expect(calls.map((c) => (JSON.parse(c.arguments) as { code: string }).code)).toEqual([
       'raise ValueError("bad start")',
@@ -281,7 +281,7 @@ describe('tool-integrated math through the rollout service', () => {
     ]);
     const result = await svc.wait(submitted!.rolloutIds[0]!);
     expect(result.reward).toBe(1);
-    expect(result.verifyExtras).toMatchObject({ extracted_answer: '8', library_reward: 1 });
+    expect(result.verify_extras).toMatchObject({ extracted_answer: '8', library_reward: 1 });
     expect(fake.requests[0]!.tools ?? []).toEqual([]);
   }, 60_000);
 });

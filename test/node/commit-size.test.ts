@@ -22,7 +22,7 @@ describe('a node and the service\'s body cap', () => {
       const [submitted] = await server.service.submit([{ id: 'bulk', env: 'bulky', n: 12, row: { responses_create_params: { input: 'go' } }, policy: { model: 'fake-policy' } } as never]);
       const results = await Promise.all(submitted!.rolloutIds.map((id) => server.service.wait(id)));
       expect(results.map((r) => r.state)).toEqual(Array(12).fill('done'));
-      expect(results.every((r) => (r.verifyExtras as { blob?: string }).blob === BLOB)).toBe(true);
+      expect(results.every((r) => (r.verify_extras as { blob?: string }).blob === BLOB)).toBe(true);
       // the node hears each commit answered (the last one maybe just after the service stored it)
       const deadline = Date.now() + 10_000;
       while (events.filter((e) => e.type === 'committed').length < 12 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));

@@ -67,10 +67,10 @@ const registration = (nodeId: string, maxRollouts = 2) => ({
 
 /** A result a forger would send: reward 0.777 for `id`. */
 const forged = (id: string) => {
-  const stage = { queuedMs: 0, activeMs: 0 };
+  const stage = { queued_ms: 0, active_ms: 0 };
   return {
-    id, taskId: id, sampleIndex: 0, env: 'math', state: 'done', reward: 0.777, rewardComponents: null, verifyExtras: {}, criticalError: null, filter: false, error: null,
-    advantage: null, credit: null, timing: { init: stage, run: stage, eval: stage, totalMs: 0 }, response: null, messages: [], turns: [], finishedAt: new Date().toISOString(),
+    id, task_id: id, sample_index: 0, env: 'math', state: 'done', reward: 0.777, reward_components: null, verify_extras: {}, critical_error: null, filter: false, error: null,
+    advantage: null, credit: null, timing: { init: stage, run: stage, eval: stage, total_ms: 0 }, response: null, messages: [], turns: [], finished_at: new Date().toISOString(),
   };
 };
 
@@ -144,7 +144,7 @@ describe('rollout nodes against a hostile party (rollserve start over HTTP)', ()
     expect(more.json.claims).toHaveLength(1);
 
     // its own lease, with a result that names another task's sample: refused
-    const misnamed = { ...forged(held), taskId: 'another-task' };
+    const misnamed = { ...forged(held), task_id: 'another-task' };
     expectError(await api('/v1/nodes/node-a/results', { body: { results: [{ rollout_id: held, attempt, result: misnamed }] }, credential: credA }), 422, 'UNPROCESSABLE', /names task "another-task"/);
 
     // the holder commits: that one counts

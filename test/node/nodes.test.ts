@@ -89,9 +89,9 @@ describe('rollout nodes', () => {
       expect(result.turns).toHaveLength(2);
       expect(new Set(result.turns.map((t) => t.backend)).size, result.id).toBe(1); // sticky per rollout
       // each turn's whole prompt came through the node's commit, which sends every id once
-      expect(result.turns.map((t) => t.promptTokenIds)).toEqual(promptsOf(result.messages));
+      expect(result.turns.map((t) => t.prompt_token_ids)).toEqual(promptsOf(result.messages));
       const items = (result.response as { output: Array<Record<string, unknown>> }).output.filter((item) => 'prompt_token_ids' in item);
-      expect(items.map((item) => item.prompt_token_ids)).toEqual(result.turns.map((t) => t.promptTokenIds));
+      expect(items.map((item) => item.prompt_token_ids)).toEqual(result.turns.map((t) => t.prompt_token_ids));
     }
     // both backends served, each a fair share (least in flight, not all on the first)
     const served = [p1, p2].map((p) => p.requests.length);
@@ -289,6 +289,6 @@ describe('rollout nodes', () => {
     // refused once in the compact form, then whole from then on
     expect(proxy.seen).toMatchObject({ refusedForm: 1 });
     expect(proxy.seen.passed).toBeGreaterThanOrEqual(1);
-    for (const result of results) expect(result.turns.every((t) => Array.isArray(t.promptTokenIds))).toBe(true);
+    for (const result of results) expect(result.turns.every((t) => Array.isArray(t.prompt_token_ids))).toBe(true);
   }, 180_000);
 });

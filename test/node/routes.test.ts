@@ -1,7 +1,7 @@
 import { startRolloutNode, type NodeEvent } from '@rollserve/core/node';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { shellEnvironment } from '@rollserve/testing';
-import { getJson, Resources, startService, startShellPolicy } from './helpers.ts';
+import { getJson, Resources, startService, startShellPolicy, submit } from './helpers.ts';
 
 // The node routes refuse what is wrong with a 4xx in the API's one error shape, never a 500.
 
@@ -63,7 +63,7 @@ describe('node routes: bad requests', () => {
     expectError(await call('/v1/nodes/n1/claim', { as: 'n1', body: { limit: 0 } }), 422, 'UNPROCESSABLE', /limit/);
     expectError(await call('/v1/nodes/n1/claim', { as: 'n1', raw: 'limit=1' }), 400, 'BAD_REQUEST');
     expectError(await call('/v1/nodes/n1/results', { as: 'n1', body: { results: [] } }), 422, 'UNPROCESSABLE', /results/);
-    expectError(await call('/v1/nodes/n1/results', { as: 'n1', body: { results: [{ rollout_id: 'x', attempt: 1, result: { id: 'x' } }] } }), 422, 'UNPROCESSABLE', /taskId/);
+    expectError(await call('/v1/nodes/n1/results', { as: 'n1', body: { results: [{ rollout_id: 'x', attempt: 1, result: { id: 'x' } }] } }), 422, 'UNPROCESSABLE', /task_id/);
     // results whose token ids come sent once ($tokens) but do not decode
     const sent = (result: unknown) => ({ body: { results: [{ rollout_id: 'x', attempt: 1, result }] } });
     expectError(await call('/v1/nodes/n1/results', { as: 'n1', ...sent({ $tokens: 9, turns: [] }) }), 422, 'UNPROCESSABLE', /token encoding 9/);
@@ -86,6 +86,49 @@ describe('node routes: bad requests', () => {
     expect(credentials.get('n2')).not.toBe(old);
     expect((await call('/v1/nodes/n2/heartbeat', { as: 'n2', body: { leases: [] } })).status).toBe(200);
     expectError(await getJson(url, '/v1/nodes/n2/heartbeat', { body: { leases: [] }, headers: { ...auth, 'x-rollserve-node-credential': old! } }), 401, 'UNAUTHORIZED', /credential/);
+  });
+});
+
+describe('a node of rollserve before issue 24', () => {
+  it('commits camelCase results, whole or with each token id once ($tokens: 1): stored and answered in today\'s form', async () => {
+    expect(await register({ ...registration, node_id: 'old-node', max_rollouts: 2 })).toMatchObject({ status: 201 });
+    const ids = await submit(url, ['old-whole', 'old-encoded'], auth);
+    const claimed = await call('/v1/nodes/old-node/claim', { as: 'old-node', body: { limit: 2, wait_ms: 0 } });
+    const claims = claimed.json.claims as Array<{ rollout_id: string; task_id: string; attempt: number }>;
+    expect(claims.map((c) => c.rollout_id).sort()).toEqual([...ids].sort());
+    // as that version's runner made a result: camelCase inside, its keys in its order
+    const legacy = (id: string) => ({
+      id, taskId: id, sampleIndex: 0, env: 'shell', state: 'done', reward: 1, rewardComponents: null, verifyExtras: { tag: id }, criticalError: null, error: null,
+      response: { id: `resp_${id}`, output: [{ type: 'message', prompt_token_ids: [1, 2], generation_token_ids: [3], generation_log_probs: [-1] }] },
+      messages: [{ role: 'user', content: `print tag ${id}` }],
+      turns: [{
+        index: 0, promptTokenIds: [1, 2], generationTokenIds: [3], generationLogprobs: [-1], finishReason: 'stop', text: id, reasoning: null,
+        toolCalls: [{ id: 'c0', name: 'bash', arguments: '{}', output: '', status: 'ok', execution: { exitCode: 0, timedOut: false, exception: null }, code: 'true', durationMs: 3 }],
+        llmLatencyMs: 5, backend: null, code: 'true', status: 'ok', malformed: null, rewards: { format: 0, tool: 1, outcome: 1, shaping: 0 }, reward: 1, return: 1, normalizedReturn: null,
+      }],
+      filter: false, advantage: null, credit: null,
+      timing: { init: { queuedMs: 1, activeMs: 2 }, run: { queuedMs: 3, activeMs: 4 }, eval: { queuedMs: 5, activeMs: 6 }, totalMs: 21 }, finishedAt: '2026-01-01T00:00:00.000Z',
+    });
+    const whole = legacy('old-whole');
+    const encoded = legacy('old-encoded');
+    encoded.response.output[0] = { ...encoded.response.output[0]!, prompt_token_ids: { $turn: 0 }, generation_token_ids: { $turn: 0 }, generation_log_probs: { $turn: 0 } } as never;
+    const attempt = (id: string) => claims.find((c) => c.rollout_id === id)!.attempt;
+    const committed = await call('/v1/nodes/old-node/results', {
+      as: 'old-node',
+      body: { results: [{ rollout_id: 'old-whole', attempt: attempt('old-whole'), result: whole }, { rollout_id: 'old-encoded', attempt: attempt('old-encoded'), result: { ...encoded, $tokens: 1 } }] },
+    });
+    expect(committed.json).toEqual({ results: [{ rollout_id: 'old-whole', status: 'committed' }, { rollout_id: 'old-encoded', status: 'committed' }] });
+    for (const id of ids) {
+      const { json } = await call(`/v1/rollouts/${id}`);
+      expect(Object.keys(json.result)).toEqual(['id', 'task_id', 'sample_index', 'env', 'state', 'reward', 'reward_components', 'verify_extras', 'critical_error', 'filter', 'error', 'advantage', 'credit', 'timing', 'response', 'messages', 'turns', 'finished_at']);
+      expect(json.result).toMatchObject({
+        task_id: id, sample_index: 0, verify_extras: { tag: id }, critical_error: null, finished_at: '2026-01-01T00:00:00.000Z',
+        timing: { init: { queued_ms: 1, active_ms: 2 }, run: { queued_ms: 3, active_ms: 4 }, eval: { queued_ms: 5, active_ms: 6 }, total_ms: 21 },
+        response: { output: [{ prompt_token_ids: [1, 2], generation_token_ids: [3], generation_log_probs: [-1] }] },
+        turns: [{ prompt_token_ids: [1, 2], generation_token_ids: [3], generation_logprobs: [-1], finish_reason: 'stop', llm_latency_ms: 5, normalized_return: null, tool_calls: [{ duration_ms: 3, execution: { exit_code: 0, timed_out: false, exception: null } }] }],
+      });
+      expect(json.result.turns[0]).not.toHaveProperty('promptTokenIds');
+    }
   });
 });
 

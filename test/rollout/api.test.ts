@@ -1,4 +1,4 @@
-import { createRolloutApi, RolloutTask, startRolloutServer, type RolloutServer } from '@rollserve/core/service';
+import { createRolloutApi, RolloutResult, RolloutTask, startRolloutServer, ToolCallRecord, TurnRecord, type RolloutServer } from '@rollserve/core/service';
 import math from '@rollserve/env-math';
 import { call, counterEnvironment, startFakePolicy, type FakePolicy } from '@rollserve/testing';
 import { request } from 'undici';
@@ -68,6 +68,13 @@ describe('rollout service HTTP API', () => {
     expect(lines.map((l) => l.id).sort()).toEqual(['a1', 'a2', 'a3:0', 'a3:1']);
     const one = await call(server.url, 'GET', '/v1/rollouts/a2', undefined, auth);
     expect(one.json).toMatchObject({ id: 'a2', state: 'done', result: { reward: 0, verify_extras: { extracted_answer: '4' } } });
+    // a result's keys come in the schema's order, as it was made (the stream) and as it was stored
+    const resultKeys = Object.keys(RolloutResult.shape).filter((key) => key !== 'metadata');
+    for (const result of [lines[0], (one.json as { result: unknown }).result] as Array<Record<string, unknown> & { turns: Array<Record<string, unknown>> }>) {
+      expect(Object.keys(result)).toEqual(resultKeys);
+      expect(Object.keys(result.turns[0]!)).toEqual(Object.keys(TurnRecord.shape));
+    }
+    expect(Object.keys(ToolCallRecord.shape)).toEqual(['id', 'name', 'arguments', 'output', 'status', 'execution', 'code', 'duration_ms']);
     const group = await call(server.url, 'GET', '/v1/rollouts/a3', undefined, auth);
     expect((group.json as { rollouts: Array<{ result: { reward: number } }> }).rollouts.map((r) => r.result.reward)).toEqual([1, 1]);
     const page1 = await call(server.url, 'GET', '/v1/rollouts?limit=3', undefined, auth);

@@ -73,18 +73,18 @@ describe('multi-turn bash rollouts on bwrap', () => {
     const [submitted] = await svc.submit([task('b1')]);
     const result = await svc.wait(submitted!.rolloutIds[0]!);
     expect(result.error?.message ?? null).toBeNull();
-    expect(result.criticalError).toBeNull();
+    expect(result.critical_error).toBeNull();
     expect(result.reward).toBe(1);
-    const outputs = result.turns.flatMap((t) => t.toolCalls.map((c) => c.output));
+    const outputs = result.turns.flatMap((t) => t.tool_calls.map((c) => c.output));
     expect(outputs[0]!.trim()).toBe('/workspace/out');
     expect(outputs[1]).toContain('hello');
     expect(outputs[1]).toMatch(/No such file|Permission denied|cannot access/); // the host's /root is not there
     expect(outputs[2]).toContain('[exit code: 1]');
     // Whether each command ran cleanly: the per-turn tool-success signal.
-    expect(result.turns.flatMap((t) => t.toolCalls.map((c) => c.status))).toEqual(['ok', 'ok', 'error']);
+    expect(result.turns.flatMap((t) => t.tool_calls.map((c) => c.status))).toEqual(['ok', 'ok', 'error']);
     expect(result.turns.map((t) => t.rewards.tool)).toEqual([1, 1, 0, 1]);
     expect(fake.requests).toHaveLength(4);
-    expect(svc.status().liveSandboxes).toBe(0);
+    expect(svc.status().live_sandboxes).toBe(0);
   });
 
   it('runs rollouts in parallel, each in a sandbox of its own', async () => {
@@ -96,12 +96,12 @@ describe('multi-turn bash rollouts on bwrap', () => {
     const tasks = Array.from({ length: 8 }, (_, i) => task(`p${i}`, 'never-matches'));
     await svc.submit(tasks);
     const results = await Promise.all(tasks.map((t) => svc.wait(t.id!)));
-    const seen = results.map((r) => r.verifyExtras.found);
-    expect(results.every((r) => r.criticalError === null)).toBe(true);
+    const seen = results.map((r) => r.verify_extras.found);
+    expect(results.every((r) => r.critical_error === null)).toBe(true);
     // Each sandbox read back its own file: no sharing between rollouts.
-    results.forEach((r) => expect(r.turns[0]!.toolCalls[0]!.output.trim()).toBe(r.verifyExtras.found));
+    results.forEach((r) => expect(r.turns[0]!.tool_calls[0]!.output.trim()).toBe(r.verify_extras.found));
     expect(new Set(seen).size).toBe(8);
-    expect(svc.status().liveSandboxes).toBe(0);
+    expect(svc.status().live_sandboxes).toBe(0);
   });
 
   it('creates each row\'s own sandbox in INIT when the environment asks per row', async () => {
@@ -125,7 +125,7 @@ describe('multi-turn bash rollouts on bwrap', () => {
     const tasks = ['alpha', 'beta', 'gamma'].map((tag): RolloutTaskInput => ({ id: tag, env: 'per-row', row: { responses_create_params: { input: `tag ${tag}` }, tag }, policy: { model: 'fake-policy' } }));
     await svc.submit(tasks);
     const results = await Promise.all(tasks.map((t) => svc.wait(t.id!)));
-    expect(results.map((r) => r.turns[0]!.toolCalls[0]!.output.trim())).toEqual(['tag=alpha', 'tag=beta', 'tag=gamma']);
+    expect(results.map((r) => r.turns[0]!.tool_calls[0]!.output.trim())).toEqual(['tag=alpha', 'tag=beta', 'tag=gamma']);
     expect(results.every((r) => r.reward === 1)).toBe(true);
   });
 
@@ -133,13 +133,13 @@ describe('multi-turn bash rollouts on bwrap', () => {
     const { svc } = await setup([{ toolCalls: [{ name: 'bash', arguments: { command: 'sleep 60' } }] }, 'never reached']);
     const before = descendants(process.pid).length;
     await svc.submit([task('cancel-me')]);
-    while (svc.status().liveSandboxes === 0 || (await svc.get('cancel-me'))?.state !== 'run') await new Promise((r) => setTimeout(r, 10));
+    while (svc.status().live_sandboxes === 0 || (await svc.get('cancel-me'))?.state !== 'run') await new Promise((r) => setTimeout(r, 10));
     await new Promise((r) => setTimeout(r, 200)); // the command is running
     expect(descendants(process.pid).length).toBeGreaterThan(before);
     await svc.cancel('cancel-me');
     const result = await svc.wait('cancel-me');
     expect(result.state).toBe('cancelled');
-    expect(svc.status().liveSandboxes).toBe(0);
+    expect(svc.status().live_sandboxes).toBe(0);
     const deadline = Date.now() + 5_000;
     while (descendants(process.pid).length > before && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
     expect(descendants(process.pid).length).toBeLessThanOrEqual(before);

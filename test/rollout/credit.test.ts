@@ -63,7 +63,7 @@ describe('turn-level credit through the rollout service', () => {
     expect([s!.reward, f1!.reward, f2!.reward]).toEqual([1, 0, 0]);
     // structured tool outcomes; the executed code per turn
     expect(f2!.turns.map((t) => t.status)).toEqual(['malformed', 'ok', 'none']);
-    expect(f2!.turns[1]!.toolCalls[0]!.execution).toEqual({ exitCode: 0, timedOut: false, exception: null });
+    expect(f2!.turns[1]!.tool_calls[0]!.execution).toEqual({ exit_code: 0, timed_out: false, exception: null });
     expect(f2!.turns.map((t) => t.code)).toEqual([null, 'y = 2', null]);
     // shaping (lexical): f1's code is s's → cos 1 → 0.5; f2's "y = 2" shares only the 1-gram "="
     // with "x = 1" (5 features each) → cos 0.2 → 0.1; s gets none.
@@ -77,7 +77,7 @@ describe('turn-level credit through the rollout service', () => {
     // pooled over 7 turns: mean 3.021/7 = 0.431571; Σ(G - mean)² = 0.219429 + 0.323112 + 0.000340
     // + 0.004681 + 0.203027 + 0.116671 + 0.109937 = 0.977148 (…/7 = 0.139593), std = 0.373628
     const expectedAdvantages = [[1.25373, 1.52138], [0.04932, 0.18315], [-1.20594, -0.9142, -0.88744]];
-    [s, f1, f2].forEach((r, k) => r!.turns.forEach((t, i) => expect(t.normalizedReturn).toBeCloseTo(expectedAdvantages[k]![i]!, 4)));
+    [s, f1, f2].forEach((r, k) => r!.turns.forEach((t, i) => expect(t.normalized_return).toBeCloseTo(expectedAdvantages[k]![i]!, 4)));
     expect(s!.credit!.error).toBeNull();
 
     // The training view: the first prompt, then generations (mask 1) and the context between (mask 0).
@@ -86,22 +86,22 @@ describe('turn-level credit through the rollout service', () => {
     expect(response.status).toBe(200);
     const view = (await response.json()) as TrainingView;
     expect(view.sequence_error).toBeNull();
-    expect(view.prompt_ids).toEqual(f2!.turns[0]!.promptTokenIds);
+    expect(view.prompt_ids).toEqual(f2!.turns[0]!.prompt_token_ids);
     const n = view.response_ids!.length;
     expect([view.response_mask!.length, view.response_logprobs!.length, view.response_turn!.length]).toEqual([n, n, n]);
     for (const turn of f2!.turns) {
       const [start, end] = view.turns[turn.index]!.generation_span!;
-      expect(view.response_ids!.slice(start, end)).toEqual(turn.generationTokenIds);
+      expect(view.response_ids!.slice(start, end)).toEqual(turn.generation_token_ids);
       expect(view.response_mask!.slice(start, end).every((m) => m === 1)).toBe(true);
-      expect(view.response_logprobs!.slice(start, end)).toEqual(turn.generationLogprobs);
+      expect(view.response_logprobs!.slice(start, end)).toEqual(turn.generation_logprobs);
       expect(view.response_turn!.slice(start, end).every((t) => t === turn.index)).toBe(true);
     }
     // every token after the first prompt is in some turn's prompt or generation: prompt + response = last prompt + last generation
     const last = f2!.turns.at(-1)!;
-    expect([...view.prompt_ids!, ...view.response_ids!]).toEqual([...last.promptTokenIds!, ...last.generationTokenIds!]);
-    const generated = f2!.turns.reduce((a, t) => a + t.generationTokenIds!.length, 0);
+    expect([...view.prompt_ids!, ...view.response_ids!]).toEqual([...last.prompt_token_ids!, ...last.generation_token_ids!]);
+    const generated = f2!.turns.reduce((a, t) => a + t.generation_token_ids!.length, 0);
     expect(view.response_mask!.filter((m) => m === 1)).toHaveLength(generated);
-    expect(view.turns.map((t) => [t.status, t.advantage])).toEqual(f2!.turns.map((t) => [t.status, t.normalizedReturn]));
+    expect(view.turns.map((t) => [t.status, t.advantage])).toEqual(f2!.turns.map((t) => [t.status, t.normalized_return]));
     expect(view.turns[0]!.rewards.format).toBeCloseTo(-0.1, 10);
     expect(view.credit!.components.format).toEqual({ weight: 1, params: { penalty: 0.1, bonus: 0 } });
     expect((await api.request('/v1/rollouts/mix:2?view=nope')).status).toBe(400);
@@ -133,7 +133,7 @@ describe('turn-level credit through the rollout service', () => {
         expect(r.credit!.error).toMatch(/^shaping failed, so no advantages were computed: embeddings endpoint http/);
         expect(r.credit!.error).toMatch(cause);
         expect(r.credit!.shaping).toBeNull();
-        expect(r.turns.every((t) => t.normalizedReturn === null)).toBe(true);
+        expect(r.turns.every((t) => t.normalized_return === null)).toBe(true);
       }
       // the failures' shaping is unknown (null), not a number; the success's is 0
       expect(results[1]!.turns.at(-1)!.rewards.shaping).toBeNull();

@@ -301,10 +301,10 @@ describe('the OpenAPI document against real responses', () => {
     const turn = await exercise('POST /v1/nodes/{node_id}/model', '/v1/nodes/oa-node/model', { headers, body: { ...lease, messages: [{ role: 'user', content: '5+5' }], tools: [] } });
     expect(turn.json).toMatchObject({ content: '\\boxed{10}', tool_calls: [] });
     expect((await exercise('POST /v1/nodes/{node_id}/model', '/v1/nodes/oa-node/model', { headers, body: { ...lease, attempt: lease.attempt + 1, messages: [], tools: [] } })).status).toBe(409);
-    const stage = { queuedMs: 0, activeMs: 0 };
+    const stage = { queued_ms: 0, active_ms: 0 };
     const result = {
-      id: 'on-node', taskId: 'on-node', sampleIndex: 0, env: 'math', state: 'done', reward: 1, rewardComponents: null, verifyExtras: {}, criticalError: null, filter: false, error: null,
-      advantage: null, credit: null, timing: { init: stage, run: stage, eval: stage, totalMs: 0 }, response: null, messages: [], turns: [], finishedAt: new Date().toISOString(),
+      id: 'on-node', task_id: 'on-node', sample_index: 0, env: 'math', state: 'done', reward: 1, reward_components: null, verify_extras: {}, critical_error: null, filter: false, error: null,
+      advantage: null, credit: null, timing: { init: stage, run: stage, eval: stage, total_ms: 0 }, response: null, messages: [], turns: [], finished_at: new Date().toISOString(),
     };
     const commit = { results: [{ ...lease, result }] };
     expect((await exercise('POST /v1/nodes/{node_id}/results', '/v1/nodes/oa-node/results', { headers, body: commit })).json).toEqual({ results: [{ rollout_id: 'on-node', status: 'committed' }] });

@@ -67,7 +67,7 @@ describe('rollout service on its store', () => {
     const fake = await policy({ script: () => 'done' });
     const svc = await service({ backends: [fake.url], store, maxAttempts: 2 });
     const result = await svc.wait('cursed');
-    expect(result).toMatchObject({ state: 'failed', criticalError: 'init', filter: true, error: { code: 'UNAVAILABLE' } });
+    expect(result).toMatchObject({ state: 'failed', critical_error: 'init', filter: true, error: { code: 'UNAVAILABLE' } });
     expect(result.error!.message).toMatch(/lost its worker 2 times/);
     expect(fake.requests).toHaveLength(0);
   });
@@ -118,9 +118,9 @@ describe('rollout service on its store', () => {
     expect(await svc.commitFromNode(nLost, [{ rolloutId: 'b', attempt: 1, result: late }])).toEqual(['stale']);
     await expect(svc.modelTurn(nLost, { rolloutId: 'b', attempt: 1, request: { messages: [], tools: [] } }, new AbortController().signal)).rejects.toMatchObject({ code: 'CONFLICT' });
     const waited = svc.wait('b');
-    const current: RolloutResult = { ...late, reward: 1, finishedAt: new Date().toISOString() };
+    const current: RolloutResult = { ...late, reward: 1, finished_at: new Date().toISOString() };
     expect(await svc.commitFromNode(n2, [{ rolloutId: 'b', attempt: 2, result: current }, { rolloutId: 'b', attempt: 2, result: current }])).toEqual(['committed', 'duplicate']);
-    expect((await waited).finishedAt).toBe(current.finishedAt);
+    expect((await waited).finished_at).toBe(current.finished_at);
     expect(await svc.store.counts()).toEqual({ queued: 0, leased: 0, done: 2, failed: 0, cancelled: 0 });
     expect((await svc.store.listResults()).items.map((r) => r.id).sort()).toEqual(['a', 'b']);
   });
@@ -155,7 +155,7 @@ describe('rollout service on its store', () => {
     await until(() => svc.nodes().find((n) => n.nodeId === 'n-gone')?.state === 'lost');
     const next = await svc.registerNode(node('n-next'));
     expect(await svc.claimForNode(next, 1, 0)).toEqual([]); // not handed out again
-    expect(await svc.wait('c')).toMatchObject({ state: 'cancelled', criticalError: 'cancelled', filter: true });
+    expect(await svc.wait('c')).toMatchObject({ state: 'cancelled', critical_error: 'cancelled', filter: true });
     expect(fake.requests).toHaveLength(0);
   });
 
@@ -205,7 +205,7 @@ describe('rollout service on its store', () => {
     await close();
 
     const second = await service({ backends: [fake.url], store: url });
-    expect(second.status().rollouts).toMatchObject({ total: 40, done: 40, inFlight: 0 });
+    expect(second.status().rollouts).toMatchObject({ total: 40, done: 40, in_flight: 0 });
     expect((await second.get('p7'))?.result?.reward).toBe(1);
     expect((await second.submit([tasks[7]!]))[0]!.existing).toBe(true);
   });

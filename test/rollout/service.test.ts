@@ -46,17 +46,17 @@ describe('rollout service: math with the fake policy', () => {
     expect(submitted.map((s) => s.rolloutIds)).toEqual([['t-add'], ['t-half'], ['t-mul']]);
     const results = await Promise.all(['t-add', 't-half', 't-mul'].map((id) => svc.wait(id)));
     expect(results.map((r) => r.reward)).toEqual([1, 1, 0]);
-    expect(results.map((r) => r.verifyExtras.extracted_answer)).toEqual(['8', '1/2', '5']);
+    expect(results.map((r) => r.verify_extras.extracted_answer)).toEqual(['8', '1/2', '5']);
     const [add] = results;
-    expect(add!.criticalError).toBeNull();
+    expect(add!.critical_error).toBeNull();
     expect(add!.filter).toBe(false);
     expect(add!.turns).toHaveLength(1);
     const turn = add!.turns[0]!;
-    expect(turn.generationTokenIds).toEqual(toyTokenizer.encode('\\boxed{8}'));
-    expect(turn.generationLogprobs).toHaveLength(turn.generationTokenIds!.length);
-    expect(turn.promptTokenIds!.length).toBeGreaterThan(0);
+    expect(turn.generation_token_ids).toEqual(toyTokenizer.encode('\\boxed{8}'));
+    expect(turn.generation_logprobs).toHaveLength(turn.generation_token_ids!.length);
+    expect(turn.prompt_token_ids!.length).toBeGreaterThan(0);
     const last = (add!.response!.output as Array<Record<string, unknown>>).at(-1)!;
-    expect(last.generation_token_ids).toEqual(turn.generationTokenIds);
+    expect(last.generation_token_ids).toEqual(turn.generation_token_ids);
     expect(add!.messages.at(-1)).toMatchObject({ role: 'assistant', content: '\\boxed{8}' });
     // The service asked for token ids and logprobs, as vLLM needs to be asked.
     expect(fake.requests[0]).toMatchObject({ logprobs: true, return_token_ids: true, temperature: 1 });
@@ -111,20 +111,20 @@ describe('rollout service: tools, turns and limits', () => {
     const svc = await service({ backends: [fake.url] });
     await svc.submit([counterTask('tools', { gamma: 0.5, turn_rewards: { format: 0.1, tool: 0.1, outcome: 1 } })]);
     const result = await svc.wait('tools');
-    expect(result.criticalError).toBeNull();
+    expect(result.critical_error).toBeNull();
     expect(result.reward).toBe(1);
     expect(result.turns).toHaveLength(5);
-    expect(result.turns.map((t) => t.toolCalls.map((c) => c.status))).toEqual([
+    expect(result.turns.map((t) => t.tool_calls.map((c) => c.status))).toEqual([
       ['invalid_arguments'],
       ['unknown_tool', 'invalid_arguments'],
       ['ok', 'ok'],
       ['ok'],
       [],
     ]);
-    expect(result.turns[0]!.toolCalls[0]!.output).toContain('Invalid tool call arguments');
-    expect(result.turns[1]!.toolCalls[0]!.output).toBe('{"detail":"Not Found"}');
-    expect(JSON.parse(result.turns[1]!.toolCalls[1]!.output).detail[0]).toMatchObject({ loc: ['body', 'count'], type: 'int_parsing', msg: 'Input should be a valid integer, unable to parse string as an integer' });
-    expect(result.turns[3]!.toolCalls[0]!.output).toBe('{"count":6}');
+    expect(result.turns[0]!.tool_calls[0]!.output).toContain('Invalid tool call arguments');
+    expect(result.turns[1]!.tool_calls[0]!.output).toBe('{"detail":"Not Found"}');
+    expect(JSON.parse(result.turns[1]!.tool_calls[1]!.output).detail[0]).toMatchObject({ loc: ['body', 'count'], type: 'int_parsing', msg: 'Input should be a valid integer, unable to parse string as an integer' });
+    expect(result.turns[3]!.tool_calls[0]!.output).toBe('{"count":6}');
     // The model saw each tool output as a tool message on its next call.
     const fourth = fake.requests[3]!.messages as Array<{ role: string; content: string }>;
     expect(fourth.filter((m) => m.role === 'tool').map((m) => m.content).slice(-2)).toEqual(['{"success":true}', '{"success":true}']);
@@ -148,7 +148,7 @@ describe('rollout service: tools, turns and limits', () => {
     expect(result.turns).toHaveLength(6);
     expect(result.reward).toBe(1);
     const tokenised = fake.requests.map((r) => toyTokenizer.encode(renderPrompt(r.messages, r.tools as unknown[] | undefined)));
-    expect(result.turns.map((t) => t.promptTokenIds)).toEqual(tokenised);
+    expect(result.turns.map((t) => t.prompt_token_ids)).toEqual(tokenised);
     const items = (result.response!.output as Array<Record<string, unknown>>).filter((item) => 'prompt_token_ids' in item);
     expect(items.map((item) => item.prompt_token_ids)).toEqual(tokenised);
   });
@@ -176,7 +176,7 @@ describe('rollout service: tools, turns and limits', () => {
     const svc = await service({ backends: [loop.url] });
     await svc.submit([counterTask('turns', { limits: { max_turns: 3 } })]);
     const limited = await svc.wait('turns');
-    expect(limited.criticalError).toBeNull();
+    expect(limited.critical_error).toBeNull();
     expect(limited.turns).toHaveLength(3);
     expect(limited.reward).toBe(0);
 
@@ -184,9 +184,9 @@ describe('rollout service: tools, turns and limits', () => {
     const svc2 = await service({ backends: [cut.url] });
     await svc2.submit([counterTask('length')]);
     const truncated = await svc2.wait('length');
-    expect(truncated.criticalError).toBeNull();
+    expect(truncated.critical_error).toBeNull();
     expect(truncated.turns).toHaveLength(1);
-    expect(truncated.turns[0]!.toolCalls).toEqual([]); // a cut generation's tool calls are not run
+    expect(truncated.turns[0]!.tool_calls).toEqual([]); // a cut generation's tool calls are not run
     expect(truncated.response!.incomplete_details).toEqual({ reason: 'max_output_tokens' });
   });
 
@@ -195,10 +195,10 @@ describe('rollout service: tools, turns and limits', () => {
     const svc = await service({ backends: [slow.url] });
     await svc.submit([counterTask('slow', { limits: { time_limit_s: 0.5 } })]);
     const result = await svc.wait('slow');
-    expect(result.criticalError).toBe('timeout');
+    expect(result.critical_error).toBe('timeout');
     expect(result.filter).toBe(true);
     expect(result.state).toBe('failed');
-    expect(svc.status().liveSessions).toBe(0);
+    expect(svc.status().live_sessions).toBe(0);
   });
 
   it('cancels during RUN: the job leaves its stage and its session resources are freed', async () => {
@@ -227,9 +227,9 @@ describe('rollout service: tools, turns and limits', () => {
     await svc.cancel('c');
     const result = await svc.wait('c');
     expect(result.state).toBe('cancelled');
-    expect(result.criticalError).toBe('cancelled');
+    expect(result.critical_error).toBe('cancelled');
     expect(freed).toEqual(['c']);
-    expect(svc.status().liveSessions).toBe(0);
+    expect(svc.status().live_sessions).toBe(0);
     expect(svc.status().stages.run.active).toBe(0);
   });
 });
@@ -251,7 +251,7 @@ describe('rollout service: reliability', () => {
     while (a.requests.length === 0) await new Promise((r) => setTimeout(r, 5));
     await a.kill();
     const results = await Promise.all(tasks.map((t) => svc.wait(t.id)));
-    expect(results.every((r) => r.criticalError === null)).toBe(true);
+    expect(results.every((r) => r.critical_error === null)).toBe(true);
     expect(results.every((r) => r.reward === 1)).toBe(true);
     expect(b.requests.length).toBeGreaterThan(0);
   });
@@ -312,7 +312,7 @@ describe('rollout service: reliability', () => {
     expect(again.every((t) => t.existing)).toBe(true);
     const results: RolloutResult[] = await Promise.all(tasks.map((t) => second.wait(t.id!)));
     expect(results.every((r) => r.reward === 1 && r.state === 'done')).toBe(true);
-    for (const id of doneBefore) expect((await second.result(id))?.finishedAt).toBe(results.find((r) => r.id === id)!.finishedAt);
+    for (const id of doneBefore) expect((await second.result(id))?.finished_at).toBe(results.find((r) => r.id === id)!.finished_at);
     expect(await second.store.counts()).toEqual({ queued: 0, leased: 0, done: 30, failed: 0, cancelled: 0 });
     expect(fake.requests.length - callsBefore).toBe(30 - doneBefore.size); // each id ran to completion once
   });
@@ -331,7 +331,7 @@ describe('rollout service: reliability', () => {
     expect(results.map((r) => r.state)).toEqual(['cancelled', 'cancelled']);
     await new Promise((r) => setTimeout(r, 50));
     expect(seen.sort()).toEqual(['running', 'waiting']);
-    expect(svc.status().rollouts).toMatchObject({ cancelled: 2, inFlight: 0 });
+    expect(svc.status().rollouts).toMatchObject({ cancelled: 2, in_flight: 0 });
     expect(svc.status().stages.run.pool).toBe(1);
     expect(fake.requests).toHaveLength(1); // the waiting one never reached the policy
   });
@@ -366,8 +366,8 @@ describe('rollout service: reliability', () => {
     const results = await Promise.all(fast.map((t) => svc.wait(t.id!)));
     expect(results.every((r) => r.reward === 1)).toBe(true);
     // They waited for EVAL, not for INIT or RUN: their EVAL wait includes the slow verify.
-    const evalWait = Math.min(...results.map((r) => r.timing.eval.queuedMs));
-    const initRunWait = Math.max(...results.map((r) => r.timing.init.queuedMs + r.timing.run.queuedMs));
+    const evalWait = Math.min(...results.map((r) => r.timing.eval.queued_ms));
+    const initRunWait = Math.max(...results.map((r) => r.timing.init.queued_ms + r.timing.run.queued_ms));
     expect(evalWait).toBeGreaterThan(initRunWait);
   });
 

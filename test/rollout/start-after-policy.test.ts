@@ -263,13 +263,13 @@ describe('math_with_code: end_session, then a kernel that cannot start', { timeo
       const [submitted] = await service.submit([{ id: 'mwc-broken-restart', env: 'math', row, policy: { model: 'fake-policy' }, limits: { tool_timeout_s: 600 } }]);
       const result = await service.wait(submitted!.rolloutIds[0]!);
       expect(result.state, JSON.stringify(result.error)).toBe('done');
-      expect(result.criticalError).toBeNull();
+      expect(result.critical_error).toBeNull();
       expect(result.filter).toBe(false);
       expect(result.turns).toHaveLength(4);
-      const broken = result.turns[2]!.toolCalls[0]!;
+      const broken = result.turns[2]!.tool_calls[0]!;
       expect(broken.status).toBe('error');
       expect(JSON.parse(broken.output)).toMatchObject({ success: false });
-      expect(service.status().liveSandboxes).toBe(0);
+      expect(service.status().live_sandboxes).toBe(0);
     } finally {
       await close();
       await provider.close?.();

@@ -261,11 +261,11 @@ describe('math_with_code on a loaded machine', { timeout: 120_000 }, () => {
       const results = await Promise.all(submitted!.rolloutIds.map((id) => service.wait(id)));
       for (const result of results) {
         expect(result.error).toBeNull();
-        expect(result.turns[0]!.toolCalls[0]!.status).toBe('ok');
+        expect(result.turns[0]!.tool_calls[0]!.status).toBe('ok');
         expect(result.reward).toBe(1);
         expect(result.filter).toBe(false);
       }
-      expect(service.status().liveSandboxes).toBe(0);
+      expect(service.status().live_sandboxes).toBe(0);
     } finally {
       await close();
       await provider.close?.();
@@ -295,8 +295,8 @@ describe('a verify that cannot score', { timeout: 60_000 }, () => {
       });
       const submitted = await service.submit([task('judged-wrong', 'What is 3+5? wrong'), task('judged-right', 'What is 3+5? right')]);
       const [wrong, right] = await Promise.all(submitted.map((t) => service.wait(t.rolloutIds[0]!)));
-      expect(wrong!.verifyExtras._ng_failure_class).toBe('judge_failed');
-      expect(wrong!.criticalError).toBe('eval');
+      expect(wrong!.verify_extras._ng_failure_class).toBe('judge_failed');
+      expect(wrong!.critical_error).toBe('eval');
       expect(wrong!.filter).toBe(true);
       expect(wrong!.error?.message).toMatch(/judge_failed/);
       // an answer the library grades right needs no judge: the policy's reward

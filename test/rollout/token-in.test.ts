@@ -54,7 +54,7 @@ async function rollout(id: string, policy: FakePolicy, generation: 'chat' | 'tok
 const trajectory = (result: RolloutResult) => ({
   state: result.state,
   reward: result.reward,
-  turns: result.turns.map((t) => ({ text: t.text, status: t.status, calls: t.toolCalls.map((c) => [c.name, c.arguments, c.output, c.status]), reward: t.reward, return: t.return })),
+  turns: result.turns.map((t) => ({ text: t.text, status: t.status, calls: t.tool_calls.map((c) => [c.name, c.arguments, c.output, c.status]), reward: t.reward, return: t.return })),
 });
 
 describe('token-in generation (policy.generation: "tokens")', () => {
@@ -73,26 +73,26 @@ describe('token-in generation (policy.generation: "tokens")', () => {
     // Each prompt is the previous prompt + generation + context: never re-tokenised.
     const turns = tokens.result.turns;
     for (let t = 1; t < turns.length; t++) {
-      const previous = [...turns[t - 1]!.promptTokenIds!, ...turns[t - 1]!.generationTokenIds!];
-      expect(turns[t]!.promptTokenIds!.slice(0, previous.length)).toEqual(previous);
-      expect(turns[t]!.promptTokenIds!.length).toBeGreaterThan(previous.length);
+      const previous = [...turns[t - 1]!.prompt_token_ids!, ...turns[t - 1]!.generation_token_ids!];
+      expect(turns[t]!.prompt_token_ids!.slice(0, previous.length)).toEqual(previous);
+      expect(turns[t]!.prompt_token_ids!.length).toBeGreaterThan(previous.length);
     }
     // The view: response_mask is 1 exactly on the generated tokens, with their logprobs.
     const view = tokens.view;
-    expect(view.prompt_ids).toEqual(turns[0]!.promptTokenIds);
+    expect(view.prompt_ids).toEqual(turns[0]!.prompt_token_ids);
     const last = turns.at(-1)!;
-    expect([...view.prompt_ids!, ...view.response_ids!]).toEqual([...last.promptTokenIds!, ...last.generationTokenIds!]);
+    expect([...view.prompt_ids!, ...view.response_ids!]).toEqual([...last.prompt_token_ids!, ...last.generation_token_ids!]);
     const expectedMask = new Array<number>(view.response_ids!.length).fill(0);
     for (const turn of turns) {
       const [start, end] = view.turns[turn.index]!.generation_span!;
-      expect(view.response_ids!.slice(start, end)).toEqual(turn.generationTokenIds);
-      expect(view.response_logprobs!.slice(start, end)).toEqual(turn.generationLogprobs);
+      expect(view.response_ids!.slice(start, end)).toEqual(turn.generation_token_ids);
+      expect(view.response_logprobs!.slice(start, end)).toEqual(turn.generation_logprobs);
       expectedMask.fill(1, start, end);
     }
     expect(view.response_mask).toEqual(expectedMask);
     expect(view.turns.map((t) => [t.reward, t.return])).toEqual(chat.view.turns.map((t) => [t.reward, t.return]));
     // The model's own spacing is what the trainer sees for the call it generated.
-    expect(turns[0]!.generationTokenIds).toEqual(toyTokenizer.encode('Adding.<tool_call>{"name": "increment_counter", "arguments": {"count": 2}}</tool_call>'));
+    expect(turns[0]!.generation_token_ids).toEqual(toyTokenizer.encode('Adding.<tool_call>{"name": "increment_counter", "arguments": {"count": 2}}</tool_call>'));
     const tokenCalls = drifting.calls.filter((c) => c.conversation === 'drift-tokens');
     expect(tokenCalls.map((c) => c.endpoint)).toEqual(['completions', 'completions', 'completions']);
     expect(drifting.tokenizeRequests.length).toBeGreaterThanOrEqual(1 + 2 * 2);
@@ -102,8 +102,8 @@ describe('token-in generation (policy.generation: "tokens")', () => {
     const chat = await rollout('steady-chat', steady, 'chat');
     const tokens = await rollout('steady-tokens', steady, 'tokens');
     expect(chat.view.sequence_error).toBeNull();
-    expect(tokens.result.turns.map((t) => t.promptTokenIds)).toEqual(chat.result.turns.map((t) => t.promptTokenIds));
-    expect(tokens.result.turns.map((t) => t.generationTokenIds)).toEqual(chat.result.turns.map((t) => t.generationTokenIds));
+    expect(tokens.result.turns.map((t) => t.prompt_token_ids)).toEqual(chat.result.turns.map((t) => t.prompt_token_ids));
+    expect(tokens.result.turns.map((t) => t.generation_token_ids)).toEqual(chat.result.turns.map((t) => t.generation_token_ids));
     expect(tokens.view.response_mask).toEqual(chat.view.response_mask);
     expect(trajectory(tokens.result)).toEqual(trajectory(chat.result));
   });
@@ -114,7 +114,7 @@ describe('token-in generation (policy.generation: "tokens")', () => {
     expect(result.error).toBeNull();
     expect(result.reward).toBe(0);
     expect(result.turns).toHaveLength(1);
-    expect(result.turns[0]).toMatchObject({ status: 'malformed', malformed: 'a tool call that is not valid JSON', toolCalls: [] });
+    expect(result.turns[0]).toMatchObject({ status: 'malformed', malformed: 'a tool call that is not valid JSON', tool_calls: [] });
     expect(result.turns[0]!.text).toContain('<tool_call>');
     expect(view.sequence_error).toBeNull();
     expect(view.turns[0]!.rewards.format).toBeLessThan(0);

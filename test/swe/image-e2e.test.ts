@@ -236,15 +236,15 @@ describe.skipIf(skip !== undefined)('SWE rows on images built from files (bwrap)
         for (const [i, result] of results.entries()) {
           const { fixture, repoDir } = cases[i]!;
           expect(result.error?.message ?? null, fixture.name).toBeNull();
-          expect(result.criticalError).toBeNull();
-          const calls = result.turns.flatMap((t) => t.toolCalls);
+          expect(result.critical_error).toBeNull();
+          const calls = result.turns.flatMap((t) => t.tool_calls);
           expect(calls.map((c) => c.name)).toEqual(['bash', 'str_replace_editor', 'submit']);
           expect(calls[0]!.output.trim().split('\n').slice(0, 2)).toEqual([repoDir, IMAGE_MARKER]);
           expect(calls[1]!.output).toContain('has been edited');
-          expect(result.verifyExtras).toMatchObject({ resolved: true, submitted: true, failure_reason: null, f2p_passed: fixture.failToPass.length, p2p_passed: fixture.passToPass.length });
-          expect(result.reward, JSON.stringify(result.verifyExtras.failed_tests)).toBe(1);
+          expect(result.verify_extras).toMatchObject({ resolved: true, submitted: true, failure_reason: null, f2p_passed: fixture.failToPass.length, p2p_passed: fixture.passToPass.length });
+          expect(result.reward, JSON.stringify(result.verify_extras.failed_tests)).toBe(1);
         }
-        expect(svc.status().liveSandboxes).toBe(0);
+        expect(svc.status().live_sandboxes).toBe(0);
       });
     });
   });

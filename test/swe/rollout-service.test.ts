@@ -56,12 +56,12 @@ describe('swe inside the rollout service (bwrap)', () => {
     for (const [i, result] of results.entries()) {
       const fixture = built.fixtures[i]!;
       expect(result.error?.message ?? null, fixture.name).toBeNull();
-      expect(result.criticalError).toBeNull();
-      const calls = result.turns.flatMap((t) => t.toolCalls);
+      expect(result.critical_error).toBeNull();
+      const calls = result.turns.flatMap((t) => t.tool_calls);
       expect(calls.map((c) => c.name)).toEqual(['bash', 'str_replace_editor', 'submit']);
       expect(calls[1]!.output).toContain('has been edited');
       expect(calls[2]!.output).toContain('submitted');
-      expect(result.verifyExtras).toMatchObject({
+      expect(result.verify_extras).toMatchObject({
         resolved: true,
         evaluation_completed: true,
         submitted: true,
@@ -69,13 +69,13 @@ describe('swe inside the rollout service (bwrap)', () => {
         f2p_passed: fixture.failToPass.length,
         p2p_passed: fixture.passToPass.length,
       });
-      expect(result.reward, JSON.stringify(result.verifyExtras.failed_tests)).toBe(1);
-      expect(String(result.verifyExtras.model_patch)).toContain(fixture.goldEdit.path);
+      expect(result.reward, JSON.stringify(result.verify_extras.failed_tests)).toBe(1);
+      expect(String(result.verify_extras.model_patch)).toContain(fixture.goldEdit.path);
     }
     // the tools were offered to the policy
     const offered = (fake.requests[0]!.tools as Array<{ function: { name: string } }>).map((t) => t.function.name).sort();
     expect(offered).toEqual(['bash', 'str_replace_editor', 'submit']);
-    expect(svc.status().liveSandboxes).toBe(0);
+    expect(svc.status().live_sandboxes).toBe(0);
   });
 
   it('a policy that changes nothing gets reward 0 (empty patch), and every sandbox is freed', async () => {
@@ -83,11 +83,11 @@ describe('swe inside the rollout service (bwrap)', () => {
     const fixture = built.fixtures[0]!;
     await svc.submit([task(fixture, 'lazy')]);
     const result = await svc.wait('lazy');
-    expect(result.criticalError).toBeNull();
+    expect(result.critical_error).toBeNull();
     expect(result.reward).toBe(0);
-    expect(result.verifyExtras).toMatchObject({ failure_reason: 'empty_patch', resolved: false, submitted: false });
-    expect(result.turns[0]!.toolCalls[0]!.output).toContain('tests');
-    expect(svc.status().liveSandboxes).toBe(0);
+    expect(result.verify_extras).toMatchObject({ failure_reason: 'empty_patch', resolved: false, submitted: false });
+    expect(result.turns[0]!.tool_calls[0]!.output).toContain('tests');
+    expect(svc.status().live_sandboxes).toBe(0);
   });
 
   it("the row's env reaches the agent's shell and the evaluation; verify_from 'response' takes the diff the policy wrote", async () => {
@@ -103,10 +103,10 @@ describe('swe inside the rollout service (bwrap)', () => {
     };
     await svc.submit([{ id: 'env', env: 'swe', row, policy: { model: 'fake-policy' } }]);
     const result = await svc.wait('env');
-    expect(result.criticalError).toBeNull();
-    expect(result.turns[0]!.toolCalls[0]!.output.trim()).toBe('[from the row]');
-    expect(result.verifyExtras).toMatchObject({ verify_from: 'response', model_patch: fixture.goldPatch, resolved: true });
+    expect(result.critical_error).toBeNull();
+    expect(result.turns[0]!.tool_calls[0]!.output.trim()).toBe('[from the row]');
+    expect(result.verify_extras).toMatchObject({ verify_from: 'response', model_patch: fixture.goldPatch, resolved: true });
     expect(result.reward).toBe(1);
-    expect(svc.status().liveSandboxes).toBe(0);
+    expect(svc.status().live_sandboxes).toBe(0);
   });
 });

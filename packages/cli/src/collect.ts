@@ -3,7 +3,7 @@ import { existsSync } from 'node:fs';
 import { open, readFile, rename, writeFile } from 'node:fs/promises';
 import cliProgress from 'cli-progress';
 import { computeAggregateMetrics, RolloutError, type AggregateMetricsHooks, type VerifyEntry } from '@rollserve/core';
-import type { RolloutTaskInput, WireResult } from '@rollserve/core/service';
+import type { RolloutResult, RolloutTaskInput } from '@rollserve/core/service';
 import type { RolloutRunner } from './rollout-runner.ts';
 
 export interface CollectOptions {
@@ -53,7 +53,7 @@ export function sidecarPaths(output: string): { failures: string; metrics: strin
 }
 
 /** One output line: the row and the verify response as NeMo Gym writes them, plus the result in the wire shape. */
-function outputLine(row: Record<string, unknown>, taskIndex: number, result: WireResult): Record<string, unknown> {
+function outputLine(row: Record<string, unknown>, taskIndex: number, result: RolloutResult): Record<string, unknown> {
   const { response, reward, verify_extras, ...rest } = result;
   return { ...row, response, reward, ...verify_extras, _ng_task_index: taskIndex, _ng_rollout_index: result.sample_index, rollserve: rest };
 }
@@ -138,7 +138,7 @@ export async function collectRollouts(runner: RolloutRunner, options: CollectOpt
   const mean = () => (goodLines.length === 0 ? null : rewardSum / goodLines.length);
   bar?.start(total, 0, { failed: 0, rate: '0.0', mean: '-' });
 
-  const onResult = (result: WireResult, resumed: boolean) => {
+  const onResult = (result: RolloutResult, resumed: boolean) => {
     finished++;
     if (!resumed) fresh++;
     const index = taskIndex.get(result.task_id)!;

@@ -244,8 +244,8 @@ export async function prepareDemo(installed: readonly InstalledEnvironment[], ho
 /** One line per finished rollout. */
 export function resultLine(result: RolloutResult): string {
   const turns = `${result.turns.length} turn${result.turns.length === 1 ? '' : 's'}`;
-  const outcome = result.filter ? `FAILED ${result.criticalError}: ${result.error?.message ?? ''}` : `reward ${result.reward}`;
-  return `${result.env.padEnd(6)} ${result.id.padEnd(14)} ${outcome}  (${turns}, ${(result.timing.totalMs / 1000).toFixed(1)} s)`;
+  const outcome = result.filter ? `FAILED ${result.critical_error}: ${result.error?.message ?? ''}` : `reward ${result.reward}`;
+  return `${result.env.padEnd(6)} ${result.id.padEnd(14)} ${outcome}  (${turns}, ${(result.timing.total_ms / 1000).toFixed(1)} s)`;
 }
 
 /** The per-environment table: rollouts done, failed, and mean reward. */

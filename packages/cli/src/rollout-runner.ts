@@ -1,7 +1,7 @@
 import { createInterface } from 'node:readline';
 import { request } from 'undici';
 import { RolloutError } from '@rollserve/core';
-import { toWireResult, type RolloutResult, type RolloutService, type RolloutTaskInput, type WireResult } from '@rollserve/core/service';
+import { isLegacyResult, toCurrentResult, type RolloutResult, type RolloutService, type RolloutTaskInput } from '@rollserve/core/service';
 
 /** Where `rollserve rollout` sends its tasks: a service in this process, or one running elsewhere. */
 export interface RolloutRunner {
@@ -10,7 +10,7 @@ export interface RolloutRunner {
    * before (a resumed run) come too, with `resumed` true where the runner can tell. Resolves once
    * every rollout of `tasks` has been reported.
    */
-  run(tasks: readonly RolloutTaskInput[], onResult: (result: WireResult, resumed: boolean) => void): Promise<void>;
+  run(tasks: readonly RolloutTaskInput[], onResult: (result: RolloutResult, resumed: boolean) => void): Promise<void>;
 }
 
 /** The service in this process (its store beside the output makes a run resumable). */
@@ -22,7 +22,7 @@ export function inProcessRunner(service: RolloutService): RolloutRunner {
         submitted.flatMap((task) =>
           task.rolloutIds.map(async (id) => {
             const known = await service.result(id); // null while it runs
-            onResult(toWireResult(known ?? (await service.wait(id))), known !== undefined);
+            onResult(known ?? (await service.wait(id)), known !== undefined);
           }),
         ),
       );
@@ -30,9 +30,9 @@ export function inProcessRunner(service: RolloutService): RolloutRunner {
   };
 }
 
-/** A result from the stream in the wire shape (a service from before the wire shape sends camelCase). */
-function wireResult(value: unknown): WireResult {
-  return typeof value === 'object' && value !== null && 'task_id' in value ? (value as WireResult) : toWireResult(value as RolloutResult);
+/** A result from the stream (a service from before the wire shape sends camelCase). */
+function wireResult(value: unknown): RolloutResult {
+  return isLegacyResult(value) ? toCurrentResult(value) : (value as RolloutResult);
 }
 
 function failure(url: string, statusCode: number, text: string): RolloutError {

@@ -22,23 +22,23 @@ const task = (id: string, n = 1, extra: Partial<RolloutTaskInput> = {}): Rollout
 
 const result = (id: string, taskId: string, sampleIndex = 0, extra: Partial<RolloutResult> = {}): RolloutResult => ({
   id,
-  taskId,
-  sampleIndex,
+  task_id: taskId,
+  sample_index: sampleIndex,
   env: 'math',
   state: 'done',
   reward: 1,
-  rewardComponents: null,
-  verifyExtras: { extracted_answer: '42' },
-  criticalError: null,
+  reward_components: null,
+  verify_extras: { extracted_answer: '42' },
+  critical_error: null,
   filter: false,
   error: null,
   advantage: null,
   credit: null,
-  timing: { init: { queuedMs: 0, activeMs: 1 }, run: { queuedMs: 0, activeMs: 2 }, eval: { queuedMs: 0, activeMs: 3 }, totalMs: 6 },
+  timing: { init: { queued_ms: 0, active_ms: 1 }, run: { queued_ms: 0, active_ms: 2 }, eval: { queued_ms: 0, active_ms: 3 }, total_ms: 6 },
   response: null,
   messages: [{ role: 'user', content: `question ${taskId}` }, { role: 'assistant', content: '42' }],
   turns: [],
-  finishedAt: '2026-01-01T00:00:00.000Z',
+  finished_at: '2026-01-01T00:00:00.000Z',
   ...extra,
 });
 
@@ -49,9 +49,9 @@ function multiTurn(id: string, taskId: string, sampleIndex = 0, extra: Partial<R
   for (let t = 0; t < 8; t++) {
     const generation = Array.from({ length: 30 }, (_, i) => 10_000 + t * 100 + i);
     turns.push({
-      index: t, promptTokenIds: prompt, generationTokenIds: generation, generationLogprobs: generation.map((g) => -(g % 7) / 4), finishReason: 'tool_calls',
-      text: null, reasoning: null, toolCalls: [], llmLatencyMs: 1, backend: 'b', code: null, status: 'none', malformed: null,
-      rewards: { format: null, tool: null, outcome: null, shaping: null }, reward: 0, return: 0, normalizedReturn: null,
+      index: t, prompt_token_ids: prompt, generation_token_ids: generation, generation_logprobs: generation.map((g) => -(g % 7) / 4), finish_reason: 'tool_calls',
+      text: null, reasoning: null, tool_calls: [], llm_latency_ms: 1, backend: 'b', code: null, status: 'none', malformed: null,
+      rewards: { format: null, tool: null, outcome: null, shaping: null }, reward: 0, return: 0, normalized_return: null,
     });
     prompt = [...prompt, ...generation, ...Array.from({ length: 100 }, (_, i) => 20_000 + t * 1_000 + i)];
   }
@@ -390,6 +390,45 @@ export function describeStoreSuite(engine: StoreSuiteEngine): void {
       const listed = await store.listResults({ limit: 10 });
       expect(listed.items.map((r) => r.id).sort()).toEqual(['g:0', 'g:1', 'many', 'one']);
       expect(plain(listed.items.find((r) => r.id === 'one'))).toEqual(plain(one));
+    });
+
+    it('reads results a release before issue 24 stored (camelCase, whole or with $tokens: 1) in today\'s form', async () => {
+      await store.putTasks([task('old-whole'), task('old-encoded')]);
+      for (const c of await store.claim({ workerId: 'n1', limit: 2, leaseMs: 10_000 })) {
+        await store.commit({ rolloutId: c.id, attempt: c.attempt, result: result(c.id, c.taskId), workerId: 'n1' });
+      }
+      await store.close();
+      // the bodies as that release wrote them: camelCase inside, its runner's key order
+      const call = { id: 'c', name: 'bash', arguments: '{}', output: 'o', status: 'ok', execution: { exitCode: 0, timedOut: false, exception: null }, code: 'ls', durationMs: 2 };
+      const turn = (index: number, promptTokenIds: unknown) => ({
+        index, promptTokenIds, generationTokenIds: [9], generationLogprobs: [-1], finishReason: 'stop', text: 't', reasoning: null, toolCalls: [call], llmLatencyMs: 1,
+        backend: 'b', code: 'ls', status: 'ok', malformed: null, rewards: { format: 0, tool: 1, outcome: 0, shaping: 0 }, reward: 0, return: 0, normalizedReturn: null,
+      });
+      const stage = { queuedMs: 0, activeMs: 1 };
+      const old = (id: string, turns: unknown[], extra: object = {}) => ({
+        id, taskId: id, sampleIndex: 0, env: 'math', state: 'done', reward: 1, rewardComponents: null, verifyExtras: { extracted_answer: '42' }, criticalError: null, error: null,
+        response: null, messages: [], turns, filter: false, advantage: null, credit: null, timing: { init: stage, run: stage, eval: stage, totalMs: 3 }, finishedAt: '2026-01-01T00:00:00.000Z',
+        ...extra,
+      });
+      const bodies = [old('old-whole', [turn(0, [1, 2]), turn(1, [1, 2, 9, 3])]), old('old-encoded', [turn(0, [1, 2]), turn(1, { keep: 2, add: [9, 3] })], { $tokens: 1 })];
+      for (const body of bodies) await engine.exec(url, `UPDATE results SET body = '${JSON.stringify(body)}' WHERE rollout_id = '${body.id}'`);
+      const reopened = await open();
+      const today = (id: string) => ({
+        id, task_id: id, sample_index: 0, env: 'math', state: 'done', reward: 1, reward_components: null, verify_extras: { extracted_answer: '42' }, critical_error: null,
+        filter: false, error: null, advantage: null, credit: null,
+        timing: { init: { queued_ms: 0, active_ms: 1 }, run: { queued_ms: 0, active_ms: 1 }, eval: { queued_ms: 0, active_ms: 1 }, total_ms: 3 },
+        response: null, messages: [],
+        turns: [0, 1].map((index) => ({
+          index, prompt_token_ids: index === 0 ? [1, 2] : [1, 2, 9, 3], generation_token_ids: [9], generation_logprobs: [-1], finish_reason: 'stop', text: 't', reasoning: null,
+          tool_calls: [{ id: 'c', name: 'bash', arguments: '{}', output: 'o', status: 'ok', execution: { exit_code: 0, timed_out: false, exception: null }, code: 'ls', duration_ms: 2 }],
+          llm_latency_ms: 1, backend: 'b', code: 'ls', status: 'ok', malformed: null, rewards: { format: 0, tool: 1, outcome: 0, shaping: 0 }, reward: 0, return: 0, normalized_return: null,
+        })),
+        finished_at: '2026-01-01T00:00:00.000Z',
+      });
+      // (JSON text compared: the keys come in the order the API sends them)
+      for (const id of ['old-whole', 'old-encoded']) expect(JSON.stringify(await reopened.getResult(id))).toBe(JSON.stringify(today(id)));
+      expect(JSON.stringify((await reopened.getResults(['old-encoded'])).get('old-encoded'))).toBe(JSON.stringify(today('old-encoded')));
+      expect((await reopened.listResults({ limit: 10 })).items.map((r) => r.task_id).sort()).toEqual(['old-encoded', 'old-whole']);
     });
 
     it('commits a cancelled result for a rollout never claimed (attempt 0), and rejects unfinished results', async () => {

@@ -46,8 +46,11 @@ class Result(_Raw):
     response: Optional[Dict[str, Any]]
     timing: Dict[str, Any]
     metadata: Optional[Dict[str, Any]]
-    finished_at: Optional[str]
+    finished_at: str
     raw: Dict[str, Any] = field(default_factory=dict)
+    #: How the turns' rewards, returns and advantages were computed (settings, components, shaping,
+    #: group statistics); None until the service has it.
+    credit: Optional[Dict[str, Any]] = None
 
     @classmethod
     def from_json(cls, raw: Dict[str, Any]) -> "Result":
@@ -69,8 +72,9 @@ class Result(_Raw):
             response=raw.get("response"),
             timing=raw.get("timing") or {},
             metadata=raw.get("metadata"),
-            finished_at=raw.get("finished_at"),
+            finished_at=raw.get("finished_at", ""),
             raw=raw,
+            credit=raw.get("credit"),
         )
 
     @property

@@ -1,7 +1,7 @@
 import { createRoute, OpenAPIHono, z } from '@hono/zod-openapi';
 import { RolloutError } from '../errors.ts';
 import type { ApiContext } from './context.ts';
-import { errorResponses, toWireBackend, WireBackend } from './wire.ts';
+import { errorResponses, LlmBackend } from './wire.ts';
 
 export const AddBackend = z
   .strictObject({
@@ -20,7 +20,7 @@ const listRoute = createRoute({
   path: '/v1/llm-backends',
   summary: 'The policy inference servers and their health',
   responses: {
-    200: { description: 'Backends', content: { 'application/json': { schema: z.strictObject({ backends: z.array(WireBackend) }) } } },
+    200: { description: 'Backends', content: { 'application/json': { schema: z.strictObject({ backends: z.array(LlmBackend) }) } } },
     ...errorResponses(401),
   },
 });
@@ -51,7 +51,7 @@ const removeRoute = createRoute({
 export function backendsApi({ options }: ApiContext): OpenAPIHono {
   const app = new OpenAPIHono();
 
-  app.openapi(listRoute, (c) => c.json({ backends: (options.backends?.list() ?? []).map(toWireBackend) }, 200));
+  app.openapi(listRoute, (c) => c.json({ backends: (options.backends?.list() ?? []) as Array<z.infer<typeof LlmBackend>> }, 200));
 
   app.openapi(addRoute, (c) => {
     if (!options.backends) throw new RolloutError({ code: 'NOT_FOUND', message: 'this service manages no LLM backends' });

@@ -177,14 +177,14 @@ export function gymAgentApi({ service, options }: ApiContext): OpenAPIHono {
     if (result.state !== 'done' || result.response === null) {
       // simple_agent answers 500 when a model call, /seed_session or /verify fails; so does this.
       const cause = result.error ? `${result.error.code}: ${result.error.message}` : result.state;
-      throw new RolloutError({ code: 'INTERNAL', message: `rollout ${result.id} failed (${result.criticalError ?? result.state}): ${cause}` });
+      throw new RolloutError({ code: 'INTERNAL', message: `rollout ${result.id} failed (${result.critical_error ?? result.state}): ${cause}` });
     }
     return c.json({
       responses_create_params: body.responses_create_params,
       response: result.response,
       reward: result.reward,
-      ...(result.rewardComponents ? { reward_components: result.rewardComponents } : {}),
-      ...result.verifyExtras,
+      ...(result.reward_components ? { reward_components: result.reward_components } : {}),
+      ...result.verify_extras,
     });
   };
 

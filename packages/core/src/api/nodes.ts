@@ -91,7 +91,7 @@ const resultsRoute = createRoute({
   method: 'post',
   path: '/v1/nodes/{node_id}/results',
   summary:
-    "Commit finished rollouts, each with its lease's attempt; each answers committed, duplicate, stale (the lease was re-issued, or is not this node's: nothing changed) or not_found. Only the node holding a rollout's lease at that attempt commits it. The results are RolloutResult in the runner's internal camelCase form (NodeRolloutResult), not the API's snake_case, their token ids sent once (`$tokens`)",
+    "Commit finished rollouts, each with its lease's attempt; each answers committed, duplicate, stale (the lease was re-issued, or is not this node's: nothing changed) or not_found. Only the node holding a rollout's lease at that attempt commits it. The results are RolloutResult as the API shows them (NodeRolloutResult), their token ids sent once (`$tokens`)",
   request: { params: NodeParam, headers: CredentialHeader, body: { required: true, content: json(WireCommits) } },
   responses: {
     200: { description: 'One status per result, in order', content: json(WireCommitAnswer) },

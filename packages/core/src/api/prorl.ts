@@ -198,10 +198,10 @@ const ROUTES = [
   }),
 ];
 
-type BackendEntry = { id?: unknown; baseUrl?: unknown };
+type BackendEntry = { id?: unknown; base_url?: unknown };
 
 function registered(backends: BackendRegistry): Array<{ id: string; baseUrl: string }> {
-  return (backends.list() as BackendEntry[]).flatMap((b) => (typeof b.id === 'string' ? [{ id: b.id, baseUrl: String(b.baseUrl ?? '') }] : []));
+  return (backends.list() as BackendEntry[]).flatMap((b) => (typeof b.id === 'string' ? [{ id: b.id, baseUrl: String(b.base_url ?? '') }] : []));
 }
 
 /**
@@ -217,14 +217,14 @@ function prorlMessages(result: RolloutResult): Array<z.infer<typeof ProRLMessage
   const context: Array<number[] | null> = [];
   let sequence: number[] | null = [];
   for (const turn of turns) {
-    const prompt = turn.promptTokenIds;
-    if (sequence === null || prompt === null || turn.generationTokenIds === null || !sequence.every((id, k) => prompt[k] === id)) {
+    const prompt = turn.prompt_token_ids;
+    if (sequence === null || prompt === null || turn.generation_token_ids === null || !sequence.every((id, k) => prompt[k] === id)) {
       sequence = null;
       context.push(null);
       continue;
     }
     context.push(prompt.slice(sequence.length));
-    sequence = [...prompt, ...turn.generationTokenIds];
+    sequence = [...prompt, ...turn.generation_token_ids];
   }
   const generationsAt = [...turnAt.keys()];
   return result.messages.map((message, i) => {
@@ -241,7 +241,7 @@ function prorlMessages(result: RolloutResult): Array<z.infer<typeof ProRLMessage
     };
     if (turnIndex !== undefined) {
       const turn = turns[turnIndex]!;
-      return { ...base, token_ids: turn.generationTokenIds, input_ids: turn.promptTokenIds, logprobs: turn.generationLogprobs };
+      return { ...base, token_ids: turn.generation_token_ids, input_ids: turn.prompt_token_ids, logprobs: turn.generation_logprobs };
     }
     // A context message: the tokens the next generation's prompt adds go on the last message before
     // it; messages after the last generation are in no prompt.
@@ -254,32 +254,32 @@ function prorlMessages(result: RolloutResult): Array<z.infer<typeof ProRLMessage
 /** ProRL's `final_result` shape for a finished rollout. */
 export function prorlResult(result: RolloutResult, instance: Record<string, unknown>, jobId: string): z.infer<typeof ProRLResult> {
   const last = result.turns.at(-1);
-  const resolved = typeof result.verifyExtras.resolved === 'boolean' ? result.verifyExtras.resolved : result.reward >= 1;
+  const resolved = typeof result.verify_extras.resolved === 'boolean' ? result.verify_extras.resolved : result.reward >= 1;
   const seconds = (ms: number) => ms / 1_000;
   const { init, run, eval: evaluation } = result.timing;
   const response = result.response as { tools?: unknown[] } | null;
   return {
-    ...result.verifyExtras,
+    ...result.verify_extras,
     instance_id: instance.instance_id ?? null,
     trajectory_id: instance.trajectory_id ?? null,
     job_id: jobId,
     messages: prorlMessages(result),
     tools: responsesToolsToChat(response?.tools ?? (instance.responses_create_params as { tools?: unknown[] }).tools ?? []).map((t) => ({ ...t, function: { ...t.function } })),
-    end_properly: last !== undefined && last.malformed === null && last.finishReason !== 'length',
+    end_properly: last !== undefined && last.malformed === null && last.finish_reason !== 'length',
     success: result.state === 'done' && result.error === null,
     error: result.error ? `${result.error.code}: ${result.error.message}` : null,
-    finish: last !== undefined && last.toolCalls.length === 0 && !!last.text && last.finishReason !== 'length',
+    finish: last !== undefined && last.tool_calls.length === 0 && !!last.text && last.finish_reason !== 'length',
     resolved,
     reward: result.reward,
-    critical_error: result.criticalError,
+    critical_error: result.critical_error,
     filter: result.filter,
     timing: {
-      init_time: seconds(init.activeMs),
-      run_time: seconds(run.activeMs),
-      eval_time: seconds(evaluation.activeMs),
-      others_time: seconds(init.queuedMs + run.queuedMs + evaluation.queuedMs),
-      counted_elapsed: seconds(init.activeMs + run.activeMs + evaluation.activeMs),
-      timeout_triggered: result.criticalError === 'timeout',
+      init_time: seconds(init.active_ms),
+      run_time: seconds(run.active_ms),
+      eval_time: seconds(evaluation.active_ms),
+      others_time: seconds(init.queued_ms + run.queued_ms + evaluation.queued_ms),
+      counted_elapsed: seconds(init.active_ms + run.active_ms + evaluation.active_ms),
+      timeout_triggered: result.critical_error === 'timeout',
     },
   };
 }

@@ -2,10 +2,10 @@ import { createRoute, OpenAPIHono, z } from '@hono/zod-openapi';
 import { RolloutError } from '../errors.ts';
 import type { SubmittedTask } from '../service/service.ts';
 import { trainingView } from '../protocol/training-view.ts';
-import { RolloutState, RolloutTask, SubmitBatch, SubmitRequest } from '../protocol/rollout.ts';
+import { RolloutState, RolloutTask, RolloutView, SubmitBatch, SubmitRequest } from '../protocol/rollout.ts';
 import type { ApiContext } from './context.ts';
 import { parse } from './parse.ts';
-import { errorResponses, toWireView, TrainingView, ViewParam, wantsTrainingView, WireView } from './wire.ts';
+import { errorResponses, TrainingView, ViewParam, wantsTrainingView } from './wire.ts';
 
 const NO_BACKEND = 'add one with POST /v1/llm-backends or --llm';
 
@@ -90,7 +90,7 @@ const listRoute = createRoute({
   responses: {
     200: {
       description: 'A page',
-      content: { 'application/json': { schema: z.strictObject({ items: z.array(WireView), next_cursor: z.string().nullable() }).openapi('RolloutPage') } },
+      content: { 'application/json': { schema: z.strictObject({ items: z.array(RolloutView), next_cursor: z.string().nullable() }).openapi('RolloutPage') } },
     },
     ...errorResponses(400, 401, 422),
   },
@@ -99,7 +99,7 @@ const listRoute = createRoute({
 const IdParam = z.object({ id: z.string().min(1).openapi({ param: { name: 'id', in: 'path' }, description: 'A rollout id, or a task id for its group' }) });
 
 const TaskRollouts = z
-  .strictObject({ task_id: z.string(), rollouts: z.array(WireView) })
+  .strictObject({ task_id: z.string(), rollouts: z.array(RolloutView) })
   .openapi('TaskRollouts', { description: "A task's rollouts (GET or DELETE with a task id)" });
 
 const getRoute = createRoute({
@@ -112,7 +112,7 @@ const getRoute = createRoute({
       description: 'The rollout (RolloutView), its task (TaskRollouts), or with `view=training` their training views',
       content: {
         'application/json': {
-          schema: z.union([WireView, TaskRollouts, TrainingView, z.strictObject({ task_id: z.string(), rollouts: z.array(TrainingView.nullable()) }).openapi('TaskTrainingViews')]),
+          schema: z.union([RolloutView, TaskRollouts, TrainingView, z.strictObject({ task_id: z.string(), rollouts: z.array(TrainingView.nullable()) }).openapi('TaskTrainingViews')]),
         },
       },
     },
@@ -126,7 +126,7 @@ const deleteRoute = createRoute({
   summary: 'Cancel a rollout (or every rollout of a task): it leaves its queue or stage and its sandbox is freed; answers once it has ended (`wait=false`: at once)',
   request: { params: IdParam, query: z.object({ wait: z.enum(['true', 'false']).optional().openapi({ default: 'true' }) }) },
   responses: {
-    200: { description: 'The cancelled rollout, or its task', content: { 'application/json': { schema: z.union([WireView, TaskRollouts]) } } },
+    200: { description: 'The cancelled rollout, or its task', content: { 'application/json': { schema: z.union([RolloutView, TaskRollouts]) } } },
     ...errorResponses(401, 404, 422),
   },
 });
@@ -164,7 +164,7 @@ export function rolloutsApi({ service }: ApiContext, warnings: BackendWarnings):
       ...(query.state ? { state: query.state } : {}),
       ...(query.task_id ? { taskId: query.task_id } : {}),
     });
-    return c.json({ items: page.items.map(toWireView), next_cursor: page.nextCursor }, 200);
+    return c.json({ items: page.items, next_cursor: page.nextCursor }, 200);
   });
 
   app.openapi(getRoute, async (c) => {
@@ -172,14 +172,14 @@ export function rolloutsApi({ service }: ApiContext, warnings: BackendWarnings):
     const training = wantsTrainingView(c.req.valid('query').view);
     const view = await service.get(id);
     if (view) {
-      if (!training) return c.json(toWireView(view), 200);
+      if (!training) return c.json(view, 200);
       if (!view.result) throw new RolloutError({ code: 'CONFLICT', message: `rollout "${id}" has not finished (state ${view.state})`, retryable: true });
       return c.json(trainingView(view.result), 200);
     }
     const members = await service.taskRollouts(id);
     if (!members) throw new RolloutError({ code: 'NOT_FOUND', message: `no rollout or task "${id}"` });
     const views = await Promise.all(members.map(async (m) => (await service.get(m))!));
-    if (!training) return c.json({ task_id: id, rollouts: views.map(toWireView) }, 200);
+    if (!training) return c.json({ task_id: id, rollouts: views }, 200);
     return c.json({ task_id: id, rollouts: views.map((v) => (v.result ? trainingView(v.result) : null)) }, 200);
   });
 
@@ -188,7 +188,7 @@ export function rolloutsApi({ service }: ApiContext, warnings: BackendWarnings):
     const ids = (await service.taskRollouts(id)) ?? [id];
     await Promise.all(ids.map((m) => service.cancel(m)));
     if (c.req.valid('query').wait !== 'false') await Promise.all(ids.map((m) => service.wait(m)));
-    const views = await Promise.all(ids.map(async (m) => toWireView((await service.get(m))!)));
+    const views = await Promise.all(ids.map(async (m) => (await service.get(m))!));
     if (ids.length === 1) return c.json(views[0]!, 200);
     return c.json({ task_id: id, rollouts: views }, 200);
   });

@@ -1,14 +1,14 @@
 import { createRoute, OpenAPIHono, z } from '@hono/zod-openapi';
 import type { ApiContext } from './context.ts';
 import type { BackendWarnings } from './rollouts.ts';
-import { errorResponses, toWireStatus, WireStatus } from './wire.ts';
+import { errorResponses, Status, type LlmBackend } from './wire.ts';
 
 const statusRoute = createRoute({
   method: 'get',
   path: '/v1/status',
   summary: 'Per stage: queued, active, pool size; rollout counts; live sessions and sandboxes; LLM backends; warnings',
   responses: {
-    200: { description: 'Status', content: { 'application/json': { schema: WireStatus } } },
+    200: { description: 'Status', content: { 'application/json': { schema: Status } } },
     ...errorResponses(401),
   },
 });
@@ -35,9 +35,10 @@ const healthRoute = createRoute({
 export function statusApi({ service, options }: ApiContext, warnings: BackendWarnings): OpenAPIHono {
   const app = new OpenAPIHono();
   app.openapi(healthRoute, (c) => c.json({ status: 'ok' as const }, 200));
-  app.openapi(statusRoute, async (c) =>
-    c.json(toWireStatus(service.status(), { environments: service.environments, backends: options.backends?.list() ?? [], warnings: await warnings.current() }), 200),
-  );
+  app.openapi(statusRoute, async (c) => {
+    const llm_backends = (options.backends?.list() ?? []) as Array<z.infer<typeof LlmBackend>>;
+    return c.json({ ...service.status(), environments: service.environments, llm_backends, warnings: await warnings.current() }, 200);
+  });
   app.openapi(metricsRoute, async (c) => c.text(await service.metrics.registry.metrics(), 200, { 'content-type': service.metrics.registry.contentType }));
   return app;
 }

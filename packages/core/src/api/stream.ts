@@ -7,10 +7,10 @@ import type { Context } from 'hono';
 import { stream, streamSSE } from 'hono/streaming';
 import { RolloutError } from '../errors.ts';
 import type { RolloutService } from '../service/service.ts';
-import type { RolloutResult } from '../protocol/rollout.ts';
+import { RolloutGroup, RolloutResult } from '../protocol/rollout.ts';
 import type { ApiContext } from './context.ts';
 import { trainingView } from '../protocol/training-view.ts';
-import { errorResponses, toTrainingGroup, toWireGroup, toWireResult, TrainingGroup, TrainingView, ViewParam, wantsTrainingView, WireGroup, WireResult } from './wire.ts';
+import { errorResponses, toTrainingGroup, TrainingGroup, TrainingView, ViewParam, wantsTrainingView } from './wire.ts';
 
 const Format = z
   .string()
@@ -26,7 +26,7 @@ const streamRoute = createRoute({
   responses: {
     200: {
       description: 'One RolloutResult (with `view=training`: one TrainingView) per line (NDJSON) or per `result` event (SSE; an `end` event closes it)',
-      content: { 'application/x-ndjson': { schema: z.union([WireResult, TrainingView]) }, 'text/event-stream': { schema: z.string() } },
+      content: { 'application/x-ndjson': { schema: z.union([RolloutResult, TrainingView]) }, 'text/event-stream': { schema: z.string() } },
     },
     ...errorResponses(400, 401, 404, 422),
   },
@@ -41,7 +41,7 @@ const groupsRoute = createRoute({
   responses: {
     200: {
       description: 'One RolloutGroup (with `view=training`: its results as TrainingViews) per line (NDJSON) or per `group` event (SSE; an `end` event closes it)',
-      content: { 'application/x-ndjson': { schema: z.union([WireGroup, TrainingGroup]) }, 'text/event-stream': { schema: z.string() } },
+      content: { 'application/x-ndjson': { schema: z.union([RolloutGroup, TrainingGroup]) }, 'text/event-stream': { schema: z.string() } },
     },
     ...errorResponses(400, 401, 404, 422),
   },
@@ -139,7 +139,7 @@ async function pumpResults(service: RolloutService, wanted: Set<string>, write: 
 async function pumpGroups(
   service: RolloutService,
   tasks: Map<string, string[]>,
-  write: (group: { taskId: string; results: RolloutResult[] }, last: boolean) => Promise<void>,
+  write: (group: RolloutGroup, last: boolean) => Promise<void>,
   aborted: AbortSignal,
 ): Promise<void> {
   const byRollout = new Map<string, string>();
@@ -172,7 +172,7 @@ async function pumpGroups(
       // read back from the store: the group's credit was added when its last sample was stored
       const stored = await service.results(members);
       const results = members.map((id) => stored.get(id)!);
-      await write({ taskId, results }, tasks.size === 0);
+      await write({ task_id: taskId, results }, tasks.size === 0);
     }
   } finally {
     aborted.removeEventListener('abort', signal.wake);
@@ -217,7 +217,7 @@ export function streamApi({ service }: ApiContext): OpenAPIHono {
   app.openapi(streamRoute, async (c) => {
     const query = c.req.valid('query');
     const format = formatOf(c, query.format);
-    const wire = wantsTrainingView(query.view) ? trainingView : toWireResult;
+    const wire = wantsTrainingView(query.view) ? trainingView : (result: RolloutResult) => result;
     const wanted = new Set<string>();
     for (const id of (query.ids ?? '').split(',').filter(Boolean)) {
       const members = (await service.taskRollouts(id)) ?? ((await service.get(id)) ? [id] : undefined);
@@ -232,7 +232,7 @@ export function streamApi({ service }: ApiContext): OpenAPIHono {
   app.openapi(groupsRoute, async (c) => {
     const query = c.req.valid('query');
     const format = formatOf(c, query.format);
-    const wire = wantsTrainingView(query.view) ? toTrainingGroup : toWireGroup;
+    const wire = wantsTrainingView(query.view) ? toTrainingGroup : (group: RolloutGroup) => group;
     const tasks = new Map<string, string[]>();
     for (const id of query.ids.split(',').filter(Boolean)) {
       const members = await service.taskRollouts(id);
@@ -241,7 +241,7 @@ export function streamApi({ service }: ApiContext): OpenAPIHono {
     }
     if (tasks.size === 0) throw new RolloutError({ code: 'UNPROCESSABLE', message: 'ids: the task ids whose groups to stream' });
     const aborted = clientGone(c);
-    return send(c, format, aborted, { event: 'group', id: (group) => group.taskId, wire }, (emit) => pumpGroups(service, tasks, emit, aborted));
+    return send(c, format, aborted, { event: 'group', id: (group) => group.task_id, wire }, (emit) => pumpGroups(service, tasks, emit, aborted));
   });
 
   return app;

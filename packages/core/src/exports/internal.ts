@@ -1,7 +1,7 @@
 // `@rollserve/core/internal`: every name of every room, for rollserve's own packages and tests.
 // Not a stable API: what an environment, a tool or a deployment needs is in one of the other doors.
-export { createRolloutApi, toWireGroup, toWireResult, toWireStatus, toWireView } from '../api/index.ts';
-export type { ApiContext, BackendRegistry, RolloutApiOptions, WireGroup, WireResult, WireStatus, WireView } from '../api/index.ts';
+export { createRolloutApi } from '../api/index.ts';
+export type { ApiContext, BackendRegistry, RolloutApiOptions } from '../api/index.ts';
 export * from '../api/openapi.ts';
 export * from '../api/server.ts';
 export * from '../errors.ts';

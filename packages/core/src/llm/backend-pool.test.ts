@@ -116,7 +116,7 @@ describe('LlmBackendPool', () => {
     backends.release('r4');
     // b0 now has none in flight.
     expect((await backends.acquire('r6')).id).toBe('b0');
-    expect(backends.list().map((s) => [s.id, s.rolloutsInFlight])).toEqual([
+    expect(backends.list().map((s) => [s.id, s.rollouts_in_flight])).toEqual([
       ['b0', 1],
       ['b1', 1],
       ['b2', 1],
@@ -139,9 +139,9 @@ describe('LlmBackendPool', () => {
     await a.kill();
     expect(await second).toEqual(['b', 'b', 'b', 'b']);
     expect(await Promise.all(rollouts.map((r) => r.turn()))).toEqual(['b', 'b', 'b', 'b']);
-    expect(backends.get('a')).toMatchObject({ healthy: false, connectFailures: 2 });
+    expect(backends.get('a')).toMatchObject({ healthy: false, connect_failures: 2 });
     expect(events.filter((e) => e.backendId === 'a' && e.outcome === 'connect')).toHaveLength(2);
-    expect(backends.get('b')).toMatchObject({ rolloutsInFlight: 4, requests: 10 });
+    expect(backends.get('b')).toMatchObject({ rollouts_in_flight: 4, requests: 10 });
 
     a.setFaults({});
     await a.restart();
@@ -160,8 +160,8 @@ describe('LlmBackendPool', () => {
     const result = await backends.chat('r1', { messages: [{ role: 'user', content: 'hi' }] });
     expect(result.backendId).toBe('live');
     expect(backends.backendOf('r1')).toBe('live');
-    expect(backends.get('dead')).toMatchObject({ healthy: false, connectFailures: 1, requests: 1 });
-    expect(backends.get('dead')!.nextProbeInMs).not.toBeNull();
+    expect(backends.get('dead')).toMatchObject({ healthy: false, connect_failures: 1, requests: 1 });
+    expect(backends.get('dead')!.next_probe_in_ms).not.toBeNull();
     // Out of rotation: new rollouts avoid it even though it has fewer rollouts.
     expect((await backends.acquire('r2')).id).toBe('live');
   });
@@ -191,7 +191,7 @@ describe('LlmBackendPool', () => {
     expect(moved.backendId).toBe('b');
     expect(backends.get('a')).toMatchObject({ healthy: false });
     expect((await slow).backendId).toBe('a');
-    expect(backends.get('a')).toMatchObject({ healthy: true, nextProbeInMs: null });
+    expect(backends.get('a')).toMatchObject({ healthy: true, next_probe_in_ms: null });
   });
 
   it('does not retry an HTTP 400 and keeps the backend healthy', async () => {
@@ -201,7 +201,7 @@ describe('LlmBackendPool', () => {
     const error = await failure(backends.chat('r1', { messages: [{ role: 'user', content: 'hi' }] }));
     expect(error).toMatchObject({ code: 'LLM_BACKEND', kind: 'http', httpStatus: 400, retryable: false });
     expect(b.requests).toHaveLength(0);
-    expect(backends.get('a')).toMatchObject({ healthy: true, requests: 1, failures: 1, connectFailures: 0 });
+    expect(backends.get('a')).toMatchObject({ healthy: true, requests: 1, failures: 1, connect_failures: 0 });
   });
 
   it('gives up after maxAttempts sends when a backend keeps dropping connections', async () => {
@@ -336,8 +336,8 @@ describe('LlmBackendPool', () => {
     const backends = pool({ backends: [{ id: 'a', baseUrl: a.url, maxConcurrency: 2 }] });
     await Promise.all(['r1', 'r2', 'r3', 'r4', 'r5'].map((id) => backends.chat(id, { messages: [{ role: 'user', content: id }] })));
     expect(peak).toBe(2);
-    expect(backends.get('a')).toMatchObject({ requests: 5, requestsInFlight: 0, maxConcurrency: 2 });
-    expect(backends.get('a')!.latencyMs.mean).toBeGreaterThan(0);
+    expect(backends.get('a')).toMatchObject({ requests: 5, requests_in_flight: 0, max_concurrency: 2 });
+    expect(backends.get('a')!.latency_ms.mean).toBeGreaterThan(0);
   });
 
   it('does not count a cancelled call against the backend', async () => {
@@ -348,7 +348,7 @@ describe('LlmBackendPool', () => {
     await until(() => a.requests.length === 1);
     controller.abort();
     expect(await pending).toMatchObject({ code: 'CANCELLED' });
-    expect(backends.get('a')).toMatchObject({ healthy: true, failures: 0, requestsInFlight: 0 });
+    expect(backends.get('a')).toMatchObject({ healthy: true, failures: 0, requests_in_flight: 0 });
   });
 
   it('validates backends: duplicate ids, bad URLs', () => {

@@ -36,22 +36,22 @@ export interface LlmRequestEvent {
 
 export interface LlmBackendStats {
   id: string;
-  baseUrl: string;
+  base_url: string;
   model: string | null;
-  maxConcurrency: number | null;
+  max_concurrency: number | null;
   healthy: boolean;
   /** Rollouts stuck to this backend. */
-  rolloutsInFlight: number;
-  requestsInFlight: number;
+  rollouts_in_flight: number;
+  requests_in_flight: number;
   requests: number;
   failures: number;
-  connectFailures: number;
-  latencyMs: { last: number | null; mean: number | null };
-  lastError: string | null;
+  connect_failures: number;
+  latency_ms: { last: number | null; mean: number | null };
+  last_error: string | null;
   /** Why the backend cannot be reached, while it has never answered and its last attempt failed to connect. */
   unreachable: string | null;
   /** When an unhealthy backend is probed next. */
-  nextProbeInMs: number | null;
+  next_probe_in_ms: number | null;
 }
 
 export interface LlmChatOptions {
@@ -460,22 +460,22 @@ export class LlmBackendPool {
   #stats(entry: Entry): LlmBackendStats {
     return {
       id: entry.config.id,
-      baseUrl: entry.config.baseUrl,
+      base_url: entry.config.baseUrl,
       model: entry.config.model ?? null,
-      maxConcurrency: entry.config.maxConcurrency ?? null,
+      max_concurrency: entry.config.maxConcurrency ?? null,
       healthy: entry.healthy,
-      rolloutsInFlight: entry.rollouts,
-      requestsInFlight: entry.inFlight,
+      rollouts_in_flight: entry.rollouts,
+      requests_in_flight: entry.inFlight,
       requests: entry.requests,
       failures: entry.failures,
-      connectFailures: entry.connectFailures,
-      latencyMs: {
+      connect_failures: entry.connectFailures,
+      latency_ms: {
         last: entry.lastLatencyMs,
         mean: entry.latencyCount === 0 ? null : entry.latencySum / entry.latencyCount,
       },
-      lastError: entry.lastError,
+      last_error: entry.lastError,
       unreachable: entry.unreachable,
-      nextProbeInMs: entry.probeAt === null ? null : Math.max(0, entry.probeAt - performance.now()),
+      next_probe_in_ms: entry.probeAt === null ? null : Math.max(0, entry.probeAt - performance.now()),
     };
   }
 }

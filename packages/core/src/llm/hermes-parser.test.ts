@@ -39,7 +39,7 @@ describe('parseHermesGeneration', () => {
     ]) {
       const parsed = parseHermesGeneration(text);
       expect(parsed).toEqual({ content: text, toolCalls: [] });
-      expect(malformedReason({ text: parsed.content, toolCalls: parsed.toolCalls.map((c) => ({ name: c.name, status: 'ok' })) }, false)).toBe(
+      expect(malformedReason({ text: parsed.content, tool_calls: parsed.toolCalls.map((c) => ({ name: c.name, status: 'ok' })) }, false)).toBe(
         'a tool call that is not valid JSON',
       );
     }

@@ -5,3 +5,4 @@ export * from './responses.ts';
 export * from './reward-components.ts';
 export * from './rollout.ts';
 export * from './training-view.ts';
+export { isLegacyResult, toCurrentResult, toLegacyResult } from './legacy-result.ts';

@@ -16,12 +16,12 @@ import {
   type NodeRegistration,
   type NodeView,
 } from './nodes.ts';
+import { toCurrentResult, toLegacyResult } from './legacy-result.ts';
 import { decodeResult, encodeResult } from './result-codec.ts';
 import { RolloutResult, RolloutTask } from './rollout.ts';
 
 // The rollout-node protocol on HTTP (see ./nodes.ts; the routes are api/nodes.ts). Wire names are snake_case like the rest of
-// the API, except the results a node commits: those are RolloutResult as the runner made it
-// (camelCase, as the store keeps it), passed through whole. `rollserve node` (src/node/client.ts)
+// the API; the results a node commits are RolloutResult as the runner made it, passed through whole. `rollserve node` (src/node/client.ts)
 // speaks this with the same mappers.
 //
 // Every call after a registration carries the node's credential (given by the registration) in
@@ -147,10 +147,14 @@ const WireClaim = z.strictObject({
 });
 export const WireClaims = z.strictObject({ claims: z.array(WireClaim) }).openapi('NodeClaims');
 
-/** A sent result's token ids whole again before it is checked; a malformed encoding is a 422 naming where. */
+/**
+ * A sent result's token ids whole again before it is checked (a malformed encoding is a 422 naming
+ * where), an older node's camelCase result in today's form, and keys rollserve does not know
+ * dropped (as they always were: a newer node's result is read as far as this service knows it).
+ */
 function decodeSent(value: unknown, ctx: { addIssue(issue: { code: 'custom'; message: string; input: unknown }): void }): unknown {
   try {
-    return decodeResult(value);
+    return toCurrentResult(decodeResult(value));
   } catch (error) {
     ctx.addIssue({ code: 'custom', message: (error as Error).message, input: value });
     return z.NEVER;
@@ -165,9 +169,9 @@ export const WireCommits = z
           rollout_id: z.string().min(1),
           attempt: z.number().int().nonnegative(),
           /**
-           * RolloutResult as the node's runner made it: camelCase (internal form), not the API's
-           * snake_case results; its token ids may come stored once (`$tokens`: each turn's prompt
-           * as a length of the previous one and the ids after it, the response's ids as a turn).
+           * RolloutResult as the node's runner made it (the API's form), its token ids possibly
+           * sent once (`$tokens`: each turn's prompt as a length of the previous one and the ids
+           * after it, the response's ids as a turn). An older node's camelCase result is read too.
            */
           result: z.preprocess(decodeSent, RolloutResult).meta({ id: 'NodeRolloutResult' }),
         }),
@@ -307,9 +311,10 @@ export const fromWireClaim = (w: z.infer<typeof WireClaim>): NodeClaim => ({
 
 /**
  * A commit as a node sends it: the result with each token id once (its ids, whole in every turn,
- * would be most of the body), or `whole` for a service that does not read that form.
+ * would be most of the body), or `whole` for a service that does not read that form: an older
+ * rollserve, which reads results whole in their camelCase form (today's service reads that too).
  */
-export const toWireCommit = (c: NodeCommit, whole = false) => ({ rollout_id: c.rolloutId, attempt: c.attempt, result: whole ? c.result : encodeResult(c.result) });
+export const toWireCommit = (c: NodeCommit, whole = false) => ({ rollout_id: c.rolloutId, attempt: c.attempt, result: whole ? toLegacyResult(c.result) : encodeResult(c.result) });
 
 export const toWireModelRequest = (r: NodeModelRequest) => ({ rollout_id: r.rolloutId, attempt: r.attempt, messages: r.request.messages, tools: r.request.tools });
 

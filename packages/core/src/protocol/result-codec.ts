@@ -1,3 +1,4 @@
+import { isLegacyResult, toCurrentResult } from './legacy-result.ts';
 import type { RolloutResult, TurnRecord } from './rollout.ts';
 
 // How a result is stored, and sent by a node: with each token id once. A turn's prompt is the
@@ -6,11 +7,14 @@ import type { RolloutResult, TurnRecord } from './rollout.ts';
 // tokens is 3.2 MB of JSON (`pnpm bench rollouts`), 0.36 MB with each id once, and writing it
 // whole was the service's largest cost per turn. Stored, a turn's prompt is the part of the
 // previous turn's prompt it starts with (a length) and the ids after it; a response item's ids
-// name the turn that has them. Reading gives back the result as it was (JSON-equal); bodies
-// stored before this (no ENCODING key) are read as they are.
+// name the turn that has them. Reading gives back the result as it was (JSON-equal).
+//
+// Versions: 2 is today's (snake_case results). 1 is the same encoding of the camelCase results
+// of rollserve before issue 24, and bodies without the ENCODING key are results whole, in either
+// form: both of those are read into today's form (see legacy-result.ts).
 
 const ENCODING = '$tokens';
-const VERSION = 1;
+const VERSION = 2;
 
 /** A prompt stored as the first `keep` ids of the previous turn's prompt, then `add`. */
 export interface PromptDelta {
@@ -23,11 +27,19 @@ interface TurnRef {
   $turn: number;
 }
 
+/** A response item's id fields (NeMo Gym's names) and the turn's fields with the same ids. */
 const RESPONSE_FIELDS = [
-  ['prompt_token_ids', 'promptTokenIds'],
-  ['generation_token_ids', 'generationTokenIds'],
-  ['generation_log_probs', 'generationLogprobs'],
+  ['prompt_token_ids', 'prompt_token_ids'],
+  ['generation_token_ids', 'generation_token_ids'],
+  ['generation_log_probs', 'generation_logprobs'],
 ] as const;
+
+/** The turn's field names in version 1 (camelCase results). */
+const LEGACY_TURN_FIELDS: Record<(typeof RESPONSE_FIELDS)[number][1], string> = {
+  prompt_token_ids: 'promptTokenIds',
+  generation_token_ids: 'generationTokenIds',
+  generation_logprobs: 'generationLogprobs',
+};
 
 function sameNumbers(a: readonly number[], b: readonly number[]): boolean {
   if (a === b) return true;
@@ -53,7 +65,7 @@ export function promptDelta(previous: readonly number[] | null | undefined, prom
 export const fromDelta = (previous: readonly number[], delta: PromptDelta): number[] => previous.slice(0, delta.keep).concat(delta.add);
 
 /** The turn (from `from` on) whose ids of this kind are the same as `ids`, else -1. */
-function turnWith(turns: readonly TurnRecord[], field: 'promptTokenIds' | 'generationTokenIds' | 'generationLogprobs', ids: readonly number[], from: number): number {
+function turnWith(turns: readonly TurnRecord[], field: 'prompt_token_ids' | 'generation_token_ids' | 'generation_logprobs', ids: readonly number[], from: number): number {
   for (let k = from; k < turns.length; k++) {
     const own = turns[k]![field];
     if (own && sameNumbers(own, ids)) return k;
@@ -66,8 +78,8 @@ export function encodeResult(result: RolloutResult): unknown {
   const turns = result.turns;
   if (turns.length === 0) return result;
   const storedTurns = turns.map((turn, t) => {
-    const delta = promptDelta(turns[t - 1]?.promptTokenIds, turn.promptTokenIds);
-    return delta ? { ...turn, promptTokenIds: delta } : turn;
+    const delta = promptDelta(turns[t - 1]?.prompt_token_ids, turn.prompt_token_ids);
+    return delta ? { ...turn, prompt_token_ids: delta } : turn;
   });
   let response = result.response;
   const output = (response as { output?: unknown } | null)?.output;
@@ -75,7 +87,7 @@ export function encodeResult(result: RolloutResult): unknown {
     let cursor = 0;
     const storedOutput = output.map((item: Record<string, unknown>) => {
       if (item === null || typeof item !== 'object' || !Array.isArray(item.prompt_token_ids)) return item;
-      const k = turnWith(turns, 'promptTokenIds', item.prompt_token_ids as number[], cursor);
+      const k = turnWith(turns, 'prompt_token_ids', item.prompt_token_ids as number[], cursor);
       if (k < 0) return item;
       cursor = k;
       const stored: Record<string, unknown> = { ...item };
@@ -97,27 +109,30 @@ const isObject = (value: unknown): value is Record<string, unknown> => typeof va
 
 /**
  * A result as it was committed, from its stored (or sent) form, freshly parsed (it is completed in
- * place). A value without the encoding's key is given back as it is; a malformed encoding fails
- * with an Error saying where.
+ * place). A value without the encoding's key is given back as it is (in today's form); a
+ * malformed encoding fails with an Error saying where (in the names of its version).
  */
 export function decodeResult(stored: unknown): RolloutResult {
-  if (!isObject(stored) || stored[ENCODING] === undefined) return stored as RolloutResult;
-  if (stored[ENCODING] !== VERSION) throw new Error(`token encoding ${JSON.stringify(stored[ENCODING])} is not one this version of rollserve reads (${VERSION})`);
+  if (!isObject(stored) || stored[ENCODING] === undefined) return isLegacyResult(stored) ? toCurrentResult(stored) : (stored as RolloutResult);
+  const version = stored[ENCODING];
+  if (version !== VERSION && version !== 1) throw new Error(`token encoding ${JSON.stringify(version)} is not one this version of rollserve reads (1, ${VERSION})`);
+  const field = (own: (typeof RESPONSE_FIELDS)[number][1]) => (version === 1 ? LEGACY_TURN_FIELDS[own] : own);
+  const promptField = field('prompt_token_ids');
   const { [ENCODING]: _version, ...result } = stored;
   const turns = result.turns;
   if (!Array.isArray(turns)) throw new Error('turns: expected an array');
   let previous: unknown = null;
   turns.forEach((turn: unknown, t) => {
     if (!isObject(turn)) throw new Error(`turns[${t}]: expected an object`);
-    const prompt = turn.promptTokenIds;
+    const prompt = turn[promptField];
     if (isObject(prompt)) {
       const { keep, add } = prompt as Partial<PromptDelta>;
       if (!Array.isArray(previous) || !Number.isInteger(keep) || keep! < 0 || keep! > previous.length || !Array.isArray(add)) {
-        throw new Error(`turns[${t}].promptTokenIds: expected {keep, add} with keep at most the previous prompt's length and add an array`);
+        throw new Error(`turns[${t}].${promptField}: expected {keep, add} with keep at most the previous prompt's length and add an array`);
       }
-      turn.promptTokenIds = fromDelta(previous, { keep: keep!, add });
+      turn[promptField] = fromDelta(previous, { keep: keep!, add });
     }
-    previous = turn.promptTokenIds;
+    previous = turn[promptField];
   });
   const output = isObject(result.response) ? result.response.output : undefined;
   if (Array.isArray(output)) {
@@ -128,9 +143,9 @@ export function decodeResult(stored: unknown): RolloutResult {
         if (!isRef(value)) continue;
         const k = value.$turn;
         if (!Number.isInteger(k) || (k as number) < 0 || (k as number) >= turns.length) throw new Error(`response.output[${i}].${wire}: no turn ${JSON.stringify(k)}`);
-        item[wire] = (turns[k as number] as Record<string, unknown>)[own];
+        item[wire] = (turns[k as number] as Record<string, unknown>)[field(own)];
       }
     });
   }
-  return result as unknown as RolloutResult;
+  return version === 1 ? toCurrentResult(result) : (result as unknown as RolloutResult);
 }

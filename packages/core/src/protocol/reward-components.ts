@@ -4,7 +4,7 @@
 /** What a component reads of a turn. */
 export interface TurnView {
   text: string | null;
-  toolCalls: ReadonlyArray<{ name: string; status: string }>;
+  tool_calls: ReadonlyArray<{ name: string; status: string }>;
 }
 
 /** What components read of the credit settings (CreditSettings). */
@@ -41,11 +41,11 @@ export interface TurnRewardComponent {
  * or a turn before the last that neither called a tool nor answered.
  */
 export function malformedReason(turn: TurnView, isLast: boolean): string | null {
-  for (const call of turn.toolCalls) {
+  for (const call of turn.tool_calls) {
     if (call.status === 'unknown_tool') return `unknown tool "${call.name}"`;
     if (call.status === 'invalid_arguments') return `invalid arguments for "${call.name}"`;
   }
-  if (turn.toolCalls.length === 0) {
+  if (turn.tool_calls.length === 0) {
     if (turn.text?.includes('<tool_call>')) return 'a tool call that is not valid JSON';
     if (!isLast) return 'no tool call and no answer';
   }
@@ -68,7 +68,7 @@ export const TURN_REWARD_COMPONENTS = {
     description: 'share of the turn\'s tool calls that ran cleanly (status ok), 1 with none',
     defaultWeight: 0,
     params: () => ({}),
-    value: (turn) => (turn.toolCalls.length === 0 ? 1 : turn.toolCalls.filter((c) => c.status === 'ok').length / turn.toolCalls.length),
+    value: (turn) => (turn.tool_calls.length === 0 ? 1 : turn.tool_calls.filter((c) => c.status === 'ok').length / turn.tool_calls.length),
   },
   outcome: {
     description: 'the verify reward, on the last turn only',

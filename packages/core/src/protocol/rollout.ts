@@ -38,7 +38,7 @@ export const RolloutLimits = z.strictObject({
   /**
    * Stage time a sample may take in RUN and EVAL (queue time, INIT and starts of the sandbox or
    * backends at first use before the policy acted excluded: those are `init_timeout_s`'s; a start
-   * after it is the policy's time). Passing it ends the sample with `criticalError: 'timeout'`,
+   * after it is the policy's time). Passing it ends the sample with `critical_error: 'timeout'`,
    * filtered when the time went to the infrastructure (waiting for model calls, a slow verify);
    * when the policy's own time in RUN (its tool calls, starts after it acted: RUN's time less its
    * model calls') reached half of it, the time-out is the policy's: reward 0, not filtered, its
@@ -51,7 +51,7 @@ export const RolloutLimits = z.strictObject({
    * makes later (a kernel reset). A start is never charged to `tool_timeout_s`. Until the policy
    * has acted in its sandbox, start-up is infrastructure work: it is not charged to `time_limit_s`
    * either, and a start that fails or misses this limit ends the sample with
-   * `criticalError: 'init'`, filtered, however loaded the machine. After it, the policy can have
+   * `critical_error: 'init'`, filtered, however loaded the machine. After it, the policy can have
    * broken the start: its failure is the tool call's error and the sample is scored (README:
    * "Start-up is not the policy's").
    */
@@ -195,21 +195,23 @@ export type CriticalError = z.infer<typeof CriticalError>;
 export const ToolCallStatus = z.enum(['ok', 'error', 'invalid_arguments', 'unknown_tool', 'timeout']);
 export type ToolCallStatus = z.infer<typeof ToolCallStatus>;
 
-export const ToolCallRecord = z.object({
-  id: z.string(),
-  name: z.string(),
-  /** The arguments exactly as the model wrote them. */
-  arguments: z.string(),
-  /** What the model read back. */
-  output: z.string(),
-  /** Derived from `execution` for calls that ran: timeout, error (exception or non-zero exit code) or ok. */
-  status: ToolCallStatus,
-  /** How the call went, as the tool reports it; null when it did not run (unknown tool, bad arguments). */
-  execution: z.object({ exitCode: z.number().int().nullable(), timedOut: z.boolean(), exception: z.string().nullable() }).nullable(),
-  /** The code the call executed (a bash command, Python code), null when none. */
-  code: z.string().nullable(),
-  durationMs: z.number(),
-});
+export const ToolCallRecord = z
+  .strictObject({
+    id: z.string(),
+    name: z.string(),
+    /** The arguments exactly as the model wrote them. */
+    arguments: z.string(),
+    /** What the model read back. */
+    output: z.string(),
+    /** Derived from `execution` for calls that ran: timeout, error (exception or non-zero exit code) or ok. */
+    status: ToolCallStatus,
+    /** How the call went, as the tool reports it; null when it did not run (unknown tool, bad arguments). */
+    execution: z.strictObject({ exit_code: z.number().int().nullable(), timed_out: z.boolean(), exception: z.string().nullable() }).nullable(),
+    /** The code the call executed (a bash command, Python code), null when none. */
+    code: z.string().nullable(),
+    duration_ms: z.number(),
+  })
+  .meta({ id: 'ToolCall' });
 export type ToolCallRecord = z.infer<typeof ToolCallRecord>;
 
 export const TurnStatus = z.enum(['ok', 'error', 'timeout', 'malformed', 'none']);
@@ -221,116 +223,133 @@ export const TurnRewards = z.object(
 export type TurnRewards = z.infer<typeof TurnRewards>;
 
 /** One model call and what followed it: what a turn-level (GTPO-style) trainer needs. */
-export const TurnRecord = z.object({
-  index: z.number().int(),
-  promptTokenIds: integerArray.nullable(),
-  generationTokenIds: integerArray.nullable(),
-  generationLogprobs: numberArray.nullable(),
-  finishReason: z.string().nullable(),
-  text: z.string().nullable(),
-  reasoning: z.string().nullable(),
-  toolCalls: z.array(ToolCallRecord),
-  llmLatencyMs: z.number(),
-  backend: z.string().nullable(),
-  /** The code the turn executed: its tool calls' code joined by newlines, null with none. */
-  code: z.string().nullable(),
-  /**
-   * How the turn went: 'malformed' (see `malformed`), 'timeout' or 'error' when a call timed out or
-   * failed, 'ok' when every call ran cleanly, 'none' for a turn without tool calls (an answer).
-   */
-  status: TurnStatus,
-  /** Why the turn is malformed (the format component's reason), null when it is not. */
-  malformed: z.string().nullable(),
-  /**
-   * Per-turn reward components (TURN_REWARD_COMPONENTS; their parameters in the result's
-   * `credit.components`). null: not known (shaping before the group is complete or when it failed).
-   */
-  rewards: TurnRewards,
-  /** Σ weight · component over the known components (weights: `credit.weights`). */
-  reward: z.number(),
-  /** Discounted return from this turn on: G_t = reward_t + γ · G_{t+1}. */
-  return: z.number(),
-  /** The turn's advantage: its return normalised over the group ('group' or per turn index); null for n = 1, filtered samples, or when shaping failed. */
-  normalizedReturn: z.number().nullable(),
-});
+export const TurnRecord = z
+  .strictObject({
+    index: z.number().int(),
+    prompt_token_ids: integerArray.nullable(),
+    generation_token_ids: integerArray.nullable(),
+    generation_logprobs: numberArray.nullable(),
+    finish_reason: z.string().nullable(),
+    text: z.string().nullable(),
+    reasoning: z.string().nullable(),
+    tool_calls: z.array(ToolCallRecord),
+    llm_latency_ms: z.number(),
+    backend: z.string().nullable(),
+    /** The code the turn executed: its tool calls' code joined by newlines, null with none. */
+    code: z.string().nullable(),
+    /**
+     * How the turn went: 'malformed' (see `malformed`), 'timeout' or 'error' when a call timed out or
+     * failed, 'ok' when every call ran cleanly, 'none' for a turn without tool calls (an answer).
+     */
+    status: TurnStatus,
+    /** Why the turn is malformed (the format component's reason), null when it is not. */
+    malformed: z.string().nullable(),
+    /**
+     * Per-turn reward components (TURN_REWARD_COMPONENTS; their parameters in the result's
+     * `credit.components`). null: not known (shaping before the group is complete or when it failed).
+     */
+    rewards: TurnRewards,
+    /** Σ weight · component over the known components (weights: `credit.weights`). */
+    reward: z.number(),
+    /** Discounted return from this turn on: G_t = reward_t + γ · G_{t+1}. */
+    return: z.number(),
+    /** The turn's advantage: its return normalised over the group ('group' or per turn index); null for n = 1, filtered samples, or when shaping failed. */
+    normalized_return: z.number().nullable(),
+  })
+  .meta({ id: 'Turn' });
 export type TurnRecord = z.infer<typeof TurnRecord>;
 
-export const StageTiming = z.object({ queuedMs: z.number(), activeMs: z.number() });
+export const StageTiming = z.strictObject({ queued_ms: z.number(), active_ms: z.number() });
 export type StageTiming = z.infer<typeof StageTiming>;
 
 /** A result's turn-level credit: the settings, each component's weight and parameters, shaping, group statistics. */
-export const CreditRecord = z.object({
-  gamma: z.number(),
-  normalize: z.enum(['group', 'turn']),
-  components: z.record(z.string(), z.object({ weight: z.number(), params: z.record(z.string(), z.unknown()) })),
-  /** This trajectory's shaping once its group is complete; null before, or when it failed (see `error`). */
-  shaping: z
-    .object({
-      /** α × similarity for a failed trajectory in a group with a success, else 0. */
-      value: z.number(),
-      /** Mean cosine similarity of its code to each successful trajectory's; null when not computed (success, no success in the group, filtered). */
-      similarity: z.number().nullable(),
-      /** Successful trajectories in the group. */
-      successes: z.number().int(),
-    })
-    .nullable(),
-  /** The statistics advantages used (group: one entry; turn: one per turn index); null until the group is complete. */
-  stats: z.array(z.object({ turn: z.number().int().nullable(), count: z.number().int(), mean: z.number(), std: z.number() })).nullable(),
-  /** Why group credit is missing (e.g. the embeddings endpoint was down): advantages are then null. */
-  error: z.string().nullable(),
-});
+export const CreditRecord = z
+  .strictObject({
+    gamma: z.number(),
+    normalize: z.enum(['group', 'turn']),
+    components: z.record(z.string(), z.strictObject({ weight: z.number(), params: z.record(z.string(), z.unknown()) })),
+    /** This trajectory's shaping once its group is complete; null before, or when it failed (see `error`). */
+    shaping: z
+      .strictObject({
+        /** α × similarity for a failed trajectory in a group with a success, else 0. */
+        value: z.number(),
+        /** Mean cosine similarity of its code to each successful trajectory's; null when not computed (success, no success in the group, filtered). */
+        similarity: z.number().nullable(),
+        /** Successful trajectories in the group. */
+        successes: z.number().int(),
+      })
+      .nullable(),
+    /** The statistics advantages used (group: one entry; turn: one per turn index); null until the group is complete. */
+    stats: z.array(z.strictObject({ turn: z.number().int().nullable(), count: z.number().int(), mean: z.number(), std: z.number() })).nullable(),
+    /** Why group credit is missing (e.g. the embeddings endpoint was down): advantages are then null. */
+    error: z.string().nullable(),
+  })
+  .meta({ id: 'Credit' });
 export type CreditRecord = z.infer<typeof CreditRecord>;
 
-/** One sample's result. */
-export const RolloutResult = z.object({
-  id: z.string(),
-  taskId: z.string(),
-  sampleIndex: z.number().int(),
-  env: z.string(),
-  state: RolloutState,
-  reward: z.number(),
-  /** Named reward components when the environment reports them (`reward_components`). */
-  rewardComponents: z.record(z.string(), z.number()).nullable(),
-  /** The environment's verify extras, with NeMo Gym's key names. */
-  verifyExtras: z.record(z.string(), z.unknown()),
-  criticalError: CriticalError,
-  /**
-   * True for infrastructure failures: do not train on this sample as reward 0. False for a failure
-   * that is the policy's doing: a sandbox limit it ran into (`error.code: RESOURCE_LIMIT`), a
-   * time-out whose time it spent itself (`criticalError: 'timeout'`, see `time_limit_s`).
-   */
-  filter: z.boolean(),
-  error: z.object({ code: z.string(), message: z.string() }).nullable(),
-  /** Group-normalised outcome advantage (n > 1), else null. */
-  advantage: z.number().nullable(),
-  /** How the turns' rewards, returns and advantages were computed; null in results from before it. */
-  credit: CreditRecord.nullable(),
-  /**
-   * Per stage, the wait for a worker slot and the time in it. INIT's holds the sandbox's creation
-   * and the start of the offered tools' backends (shell, Python kernel); RUN's also any start a
-   * tool call made itself (left out of the time limits all the same).
-   */
-  timing: z.object({ init: StageTiming, run: StageTiming, eval: StageTiming, totalMs: z.number() }),
-  /** The NeMo Gym-shaped Responses API response (token ids on each model call's last item). */
-  response: z.record(z.string(), z.unknown()).nullable(),
-  /** The chat messages as the policy saw them, final assistant turn included. */
-  messages: z.array(z.record(z.string(), z.unknown())),
-  turns: z.array(TurnRecord),
-  metadata: z.record(z.string(), z.unknown()).optional(),
-  finishedAt: z.string(),
-});
+/**
+ * One sample's result, with snake_case keys inside as on the wire (user data, i.e. verify extras,
+ * response, messages, metadata and the credit components' params, keeps its own keys). Its keys
+ * are built in this order, which is the order the API sends them in.
+ */
+export const RolloutResult = z
+  .strictObject({
+    id: z.string(),
+    task_id: z.string(),
+    sample_index: z.number().int(),
+    env: z.string(),
+    state: RolloutState,
+    reward: z.number(),
+    /** Named reward components when the environment reports them (`reward_components`). */
+    reward_components: z.record(z.string(), z.number()).nullable(),
+    /** The environment's verify extras, with NeMo Gym's key names. */
+    verify_extras: z.record(z.string(), z.unknown()),
+    critical_error: CriticalError,
+    /**
+     * True for infrastructure failures: do not train on this sample as reward 0. False for a failure
+     * that is the policy's doing: a sandbox limit it ran into (`error.code: RESOURCE_LIMIT`), a
+     * time-out whose time it spent itself (`critical_error: 'timeout'`, see `time_limit_s`).
+     */
+    filter: z.boolean(),
+    error: z.strictObject({ code: z.string(), message: z.string() }).nullable(),
+    /** Group-normalised outcome advantage (n > 1), else null. */
+    advantage: z.number().nullable(),
+    /** How the turns' rewards, returns and advantages were computed; null in results from before it. */
+    credit: CreditRecord.nullable(),
+    /**
+     * Per stage, the wait for a worker slot and the time in it. INIT's holds the sandbox's creation
+     * and the start of the offered tools' backends (shell, Python kernel); RUN's also any start a
+     * tool call made itself (left out of the time limits all the same).
+     */
+    timing: z.strictObject({ init: StageTiming, run: StageTiming, eval: StageTiming, total_ms: z.number() }),
+    /** The NeMo Gym-shaped Responses API response (token ids on each model call's last item). */
+    response: z.record(z.string(), z.unknown()).nullable(),
+    /** The chat messages as the policy saw them, final assistant turn included. */
+    messages: z.array(z.record(z.string(), z.unknown())),
+    turns: z.array(TurnRecord),
+    /** The task's metadata. */
+    metadata: z.record(z.string(), z.unknown()).optional(),
+    finished_at: z.string(),
+  })
+  .meta({ id: 'RolloutResult' });
 export type RolloutResult = z.infer<typeof RolloutResult>;
 
 /** A rollout as GET /v1/rollouts/:id shows it. */
-export const RolloutView = z.object({
-  id: z.string(),
-  taskId: z.string(),
-  sampleIndex: z.number().int(),
-  env: z.string(),
-  /** The stage the rollout is in (waiting for a slot counts), or how it ended. */
-  state: RolloutState,
-  /** Whether it holds a slot of its stage now. */
-  active: z.boolean(),
-  result: RolloutResult.nullable(),
-});
+export const RolloutView = z
+  .strictObject({
+    id: z.string(),
+    task_id: z.string(),
+    sample_index: z.number().int(),
+    env: z.string(),
+    /** The stage the rollout is in (waiting for a slot counts), or how it ended. */
+    state: RolloutState,
+    /** Whether it holds a slot of its stage now. */
+    active: z.boolean(),
+    result: RolloutResult.nullable(),
+  })
+  .meta({ id: 'RolloutView' });
 export type RolloutView = z.infer<typeof RolloutView>;
+
+/** One whole group, as `GET /v1/rollouts/groups/stream` sends it. */
+export const RolloutGroup = z.strictObject({ task_id: z.string(), results: z.array(RolloutResult) }).meta({ id: 'RolloutGroup' });
+export type RolloutGroup = z.infer<typeof RolloutGroup>;

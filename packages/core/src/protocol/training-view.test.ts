@@ -5,20 +5,20 @@ import type { RolloutResult, TurnRecord } from './rollout.ts';
 const turn = (index: number, prompt: number[] | null, generated: number[] | null): TurnRecord =>
   ({
     index,
-    promptTokenIds: prompt,
-    generationTokenIds: generated,
-    generationLogprobs: generated?.map((id) => -id / 100) ?? null,
-    toolCalls: [],
+    prompt_token_ids: prompt,
+    generation_token_ids: generated,
+    generation_logprobs: generated?.map((id) => -id / 100) ?? null,
+    tool_calls: [],
     code: null,
     status: 'none',
     malformed: null,
     rewards: { format: 0, tool: 1, outcome: index === 1 ? 1 : 0, shaping: 0 },
     reward: index === 1 ? 1 : 0,
     return: index === 1 ? 1 : 0.9,
-    normalizedReturn: null,
+    normalized_return: null,
   }) as unknown as TurnRecord;
 
-const result = (turns: TurnRecord[]) => ({ id: 'r', taskId: 't', sampleIndex: 0, reward: 1, advantage: null, filter: false, credit: null, turns }) as unknown as RolloutResult;
+const result = (turns: TurnRecord[]) => ({ id: 'r', task_id: 't', sample_index: 0, reward: 1, advantage: null, filter: false, credit: null, turns }) as unknown as RolloutResult;
 
 describe('training view', () => {
   it('lays out prompt, generations (mask 1) and the context between them (mask 0)', () => {

@@ -8,7 +8,7 @@ export interface TrainingTurn {
   code: string | null;
   status: TurnRecord['status'];
   malformed: string | null;
-  tool_calls: Array<{ name: string; status: string; execution: TurnRecord['toolCalls'][number]['execution'] }>;
+  tool_calls: Array<{ name: string; status: string; execution: TurnRecord['tool_calls'][number]['execution'] }>;
   rewards: TurnRecord['rewards'];
   reward: number;
   return: number;
@@ -66,8 +66,8 @@ export function trainingView(result: RolloutResult): TrainingView {
   if (turns.length === 0) sequenceError = 'the rollout has no turns';
   for (const turn of turns) {
     if (sequenceError !== null) break;
-    const promptIds = turn.promptTokenIds;
-    const generated = turn.generationTokenIds;
+    const promptIds = turn.prompt_token_ids;
+    const generated = turn.generation_token_ids;
     if (promptIds === null || generated === null) {
       sequenceError = `turn ${turn.index} has no token ids (the policy did not return them)`;
       break;
@@ -90,15 +90,15 @@ export function trainingView(result: RolloutResult): TrainingView {
     generated.forEach((id, k) => {
       ids.push(id);
       mask.push(1);
-      logprobs.push(turn.generationLogprobs?.[k] ?? 0);
+      logprobs.push(turn.generation_logprobs?.[k] ?? 0);
       turnOf.push(turn.index);
     });
   }
   const ok = sequenceError === null;
   return {
     id: result.id,
-    task_id: result.taskId,
-    sample_index: result.sampleIndex,
+    task_id: result.task_id,
+    sample_index: result.sample_index,
     reward: result.reward,
     advantage: result.advantage,
     filter: result.filter,
@@ -114,11 +114,11 @@ export function trainingView(result: RolloutResult): TrainingView {
       code: turn.code ?? null,
       status: turn.status,
       malformed: turn.malformed ?? null,
-      tool_calls: turn.toolCalls.map((c) => ({ name: c.name, status: c.status, execution: c.execution ?? null })),
+      tool_calls: turn.tool_calls.map((c) => ({ name: c.name, status: c.status, execution: c.execution ?? null })),
       rewards: turn.rewards,
       reward: turn.reward,
       return: turn.return,
-      advantage: turn.normalizedReturn,
+      advantage: turn.normalized_return,
     })),
     credit: result.credit ?? null,
   };

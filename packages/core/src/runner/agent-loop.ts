@@ -93,9 +93,9 @@ async function runToolCall(
     arguments: call.arguments,
     output,
     status,
-    execution,
+    execution: execution && { exit_code: execution.exitCode, timed_out: execution.timedOut, exception: execution.exception },
     code,
-    durationMs: performance.now() - started,
+    duration_ms: performance.now() - started,
   });
   // NeMo Gym names may arrive MCP-namespaced (mcp__<server>__<tool>).
   const name = call.name.replace(/^mcp__[^_]+__/, '');
@@ -164,7 +164,7 @@ export async function runAgentLoop(options: AgentLoopOptions): Promise<AgentLoop
     options.progress.snapshot = () => {
       prompts.restore();
       // copies: a tool call in flight may still land in its turn after the rollout has ended
-      return { turns: turns.map((turn) => ({ ...turn, toolCalls: [...turn.toolCalls] })), messages: messages.slice(), offeredTools: tools, usage: { ...usage } };
+      return { turns: turns.map((turn) => ({ ...turn, tool_calls: [...turn.tool_calls] })), messages: messages.slice(), offeredTools: tools, usage: { ...usage } };
     };
   }
 
@@ -184,14 +184,14 @@ export async function runAgentLoop(options: AgentLoopOptions): Promise<AgentLoop
     });
     const turn: TurnRecord = {
       index,
-      promptTokenIds: model.promptTokenIds,
-      generationTokenIds: model.generationTokenIds,
-      generationLogprobs: model.generationLogprobs,
-      finishReason: model.finishReason,
+      prompt_token_ids: model.promptTokenIds,
+      generation_token_ids: model.generationTokenIds,
+      generation_logprobs: model.generationLogprobs,
+      finish_reason: model.finishReason,
       text: model.content,
       reasoning: model.reasoning,
-      toolCalls: [],
-      llmLatencyMs: model.latencyMs,
+      tool_calls: [],
+      llm_latency_ms: model.latencyMs,
       backend: model.backend,
       code: null,
       status: 'none',
@@ -200,7 +200,7 @@ export async function runAgentLoop(options: AgentLoopOptions): Promise<AgentLoop
       rewards: Object.fromEntries(TURN_REWARD_NAMES.map((name) => [name, null])) as TurnRecord['rewards'],
       reward: 0,
       return: 0,
-      normalizedReturn: null,
+      normalized_return: null,
     };
     turns.push(turn);
     prompts.add(turn);
@@ -212,7 +212,7 @@ export async function runAgentLoop(options: AgentLoopOptions): Promise<AgentLoop
     }
     for (const call of model.toolCalls) {
       const record = await runToolCall(options, call);
-      turn.toolCalls.push(record);
+      turn.tool_calls.push(record);
       if (record.code !== null) turn.code = turn.code === null ? record.code : `${turn.code}\n${record.code}`;
       options.onToolCall?.(record);
       messages.push({ role: 'tool', tool_call_id: call.id, content: record.output });

@@ -39,10 +39,10 @@ describe('Responses input to chat messages', () => {
 });
 
 describe('NeMo Gym response from turns', () => {
-  const base = { promptTokenIds: [1, 2], generationTokenIds: [3], generationLogprobs: [-0.1], llmLatencyMs: 1, backend: 'b', rewards: { format: 1, tool: 1, outcome: 0, shaping: 0 }, reward: 0, return: 0, normalizedReturn: null, code: null, status: 'ok' as const, malformed: null };
+  const base = { prompt_token_ids: [1, 2], generation_token_ids: [3], generation_logprobs: [-0.1], llm_latency_ms: 1, backend: 'b', rewards: { format: 1, tool: 1, outcome: 0, shaping: 0 }, reward: 0, return: 0, normalized_return: null, code: null, status: 'ok' as const, malformed: null };
   const turns: TurnRecord[] = [
-    { ...base, index: 0, finishReason: 'tool_calls', text: '', reasoning: 'think', toolCalls: [{ id: 'c1', name: 'bash', arguments: '{}', output: 'out', status: 'ok', execution: null, code: null, durationMs: 1 }] },
-    { ...base, index: 1, promptTokenIds: [1, 2, 3, 4], generationTokenIds: [5, 6], generationLogprobs: [-0.2, -0.3], finishReason: 'stop', text: 'done', reasoning: null, toolCalls: [] },
+    { ...base, index: 0, finish_reason: 'tool_calls', text: '', reasoning: 'think', tool_calls: [{ id: 'c1', name: 'bash', arguments: '{}', output: 'out', status: 'ok', execution: null, code: null, duration_ms: 1 }] },
+    { ...base, index: 1, prompt_token_ids: [1, 2, 3, 4], generation_token_ids: [5, 6], generation_logprobs: [-0.2, -0.3], finish_reason: 'stop', text: 'done', reasoning: null, tool_calls: [] },
   ];
 
   it('puts token ids on the last item of each model call and sums usage', () => {
@@ -58,7 +58,7 @@ describe('NeMo Gym response from turns', () => {
   });
 
   it('marks a length stop as incomplete', () => {
-    const cut = [{ ...turns[1]!, finishReason: 'length' }];
+    const cut = [{ ...turns[1]!, finish_reason: 'length' }];
     const response = buildResponse({ id: 'r2', model: 'm', turns: cut, tools: [], usage: { input: 1, output: 1 } });
     expect(response.incomplete_details).toEqual({ reason: 'max_output_tokens' });
     expect((response.output as Array<{ status: string }>)[0]!.status).toBe('incomplete');

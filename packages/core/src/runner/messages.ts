@@ -78,26 +78,26 @@ export function buildResponse(options: {
     if (turn.reasoning) {
       items.push({ id: `rs_${shortId()}`, type: 'reasoning', summary: [{ type: 'summary_text', text: turn.reasoning }] });
     }
-    if (turn.text !== null && (turn.text !== '' || turn.toolCalls.length === 0)) {
+    if (turn.text !== null && (turn.text !== '' || turn.tool_calls.length === 0)) {
       items.push({
         id: `msg_${shortId()}`,
         type: 'message',
         role: 'assistant',
-        status: turn.finishReason === 'length' ? 'incomplete' : 'completed',
+        status: turn.finish_reason === 'length' ? 'incomplete' : 'completed',
         content: [{ type: 'output_text', text: turn.text, annotations: [] }],
       });
     }
-    for (const call of turn.toolCalls) {
+    for (const call of turn.tool_calls) {
       items.push({ id: `fc_${shortId()}`, type: 'function_call', call_id: call.id, name: call.name, arguments: call.arguments, status: 'completed' });
     }
     const last = items.at(-1);
-    if (last && turn.generationTokenIds) {
-      last.prompt_token_ids = turn.promptTokenIds ?? [];
-      last.generation_token_ids = turn.generationTokenIds;
-      last.generation_log_probs = turn.generationLogprobs ?? [];
+    if (last && turn.generation_token_ids) {
+      last.prompt_token_ids = turn.prompt_token_ids ?? [];
+      last.generation_token_ids = turn.generation_token_ids;
+      last.generation_log_probs = turn.generation_logprobs ?? [];
     }
     output.push(...items);
-    for (const call of turn.toolCalls) {
+    for (const call of turn.tool_calls) {
       output.push({ type: 'function_call_output', call_id: call.id, output: call.output });
     }
   }
@@ -111,8 +111,8 @@ export function buildResponse(options: {
     parallel_tool_calls: true,
     tool_choice: 'auto',
     tools: options.tools,
-    status: lastTurn?.finishReason === 'length' ? 'incomplete' : 'completed',
-    incomplete_details: lastTurn?.finishReason === 'length' ? { reason: 'max_output_tokens' } : null,
+    status: lastTurn?.finish_reason === 'length' ? 'incomplete' : 'completed',
+    incomplete_details: lastTurn?.finish_reason === 'length' ? { reason: 'max_output_tokens' } : null,
     usage: {
       input_tokens: options.usage.input,
       input_tokens_details: { cached_tokens: 0 },

@@ -10,11 +10,11 @@ export interface ServiceMetrics {
 
 type StatusSource = () => {
   stages: Record<string, { queued: number; active: number; pool: number }>;
-  liveSessions: number;
-  liveSandboxes: number;
+  live_sessions: number;
+  live_sandboxes: number;
   /** Rollout nodes up (a runner alone has none). */
   nodes?: number;
-  rollouts?: { inFlight: number };
+  rollouts?: { in_flight: number };
 };
 
 /** The service's Prometheus metrics, in a registry of its own (GET /metrics). */
@@ -44,7 +44,7 @@ export function createServiceMetrics(status: StatusSource): ServiceMetrics {
     help: 'Rollout sessions holding state or resources (sandboxes, kernels)',
     registers: [registry],
     collect() {
-      this.set(status().liveSessions);
+      this.set(status().live_sessions);
     },
   });
   new Gauge({
@@ -60,7 +60,7 @@ export function createServiceMetrics(status: StatusSource): ServiceMetrics {
     help: 'Rollouts accepted and not finished: queued in the store, leased to a node, or running here',
     registers: [registry],
     collect() {
-      this.set(status().rollouts?.inFlight ?? 0);
+      this.set(status().rollouts?.in_flight ?? 0);
     },
   });
   new Gauge({
@@ -68,7 +68,7 @@ export function createServiceMetrics(status: StatusSource): ServiceMetrics {
     help: 'Sandboxes open for rollouts',
     registers: [registry],
     collect() {
-      this.set(status().liveSandboxes);
+      this.set(status().live_sandboxes);
     },
   });
   return {

@@ -2,7 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { PromptLog } from './prompt-log.ts';
 import type { TurnRecord } from '../protocol/rollout.ts';
 
-const turn = (index: number, promptTokenIds: number[] | null) => ({ index, promptTokenIds }) as TurnRecord;
+const turn = (index: number, prompt_token_ids: number[] | null) => ({ index, prompt_token_ids }) as TurnRecord;
 const range = (from: number, n: number) => Array.from({ length: n }, (_, i) => from + i);
 
 describe('PromptLog', () => {
@@ -25,9 +25,9 @@ describe('PromptLog', () => {
     });
     // dropped: the prompts rebuilt from the one before, except the latest; kept: the first, the
     // latest, the one without ids, and the one sharing no prefix
-    expect(turns.map((t) => t.promptTokenIds === null)).toEqual([false, true, true, true, true, false, false]);
+    expect(turns.map((t) => t.prompt_token_ids === null)).toEqual([false, true, true, true, true, false, false]);
     log.restore();
-    expect(turns.map((t) => t.promptTokenIds)).toEqual(expected);
+    expect(turns.map((t) => t.prompt_token_ids)).toEqual(expected);
   });
 
   it('leaves a single turn, and turns without ids, as they are', () => {
@@ -35,11 +35,11 @@ describe('PromptLog', () => {
     const only = turn(0, [1, 2, 3]);
     log.add(only);
     log.restore();
-    expect(only.promptTokenIds).toEqual([1, 2, 3]);
+    expect(only.prompt_token_ids).toEqual([1, 2, 3]);
     const empty = new PromptLog();
     const none = [turn(0, null), turn(1, null), turn(2, null)];
     none.forEach((t) => empty.add(t));
     empty.restore();
-    expect(none.map((t) => t.promptTokenIds)).toEqual([null, null, null]);
+    expect(none.map((t) => t.prompt_token_ids)).toEqual([null, null, null]);
   });
 });

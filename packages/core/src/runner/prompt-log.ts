@@ -19,8 +19,8 @@ export class PromptLog {
   add(turn: TurnRecord): void {
     const previous = this.#turns.at(-1);
     // (the latest turn still holds its prompt: it is the one the new prompt is compared with)
-    const delta = promptDelta(previous?.promptTokenIds, turn.promptTokenIds);
-    if (previous && this.#deltas.at(-1)) previous.promptTokenIds = null;
+    const delta = promptDelta(previous?.prompt_token_ids, turn.prompt_token_ids);
+    if (previous && this.#deltas.at(-1)) previous.prompt_token_ids = null;
     this.#turns.push(turn);
     this.#deltas.push(delta);
   }
@@ -29,8 +29,8 @@ export class PromptLog {
   restore(): void {
     this.#turns.forEach((turn, t) => {
       const delta = this.#deltas[t];
-      const previous = this.#turns[t - 1]?.promptTokenIds;
-      if (turn.promptTokenIds === null && delta && previous) turn.promptTokenIds = fromDelta(previous, delta);
+      const previous = this.#turns[t - 1]?.prompt_token_ids;
+      if (turn.prompt_token_ids === null && delta && previous) turn.prompt_token_ids = fromDelta(previous, delta);
     });
   }
 }

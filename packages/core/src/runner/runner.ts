@@ -82,7 +82,7 @@ interface Job extends RunnerJob {
  * What a finished rollout's stages produced. `policyTimeout`: a time-out that is the policy's
  * doing (see `timeoutIsPolicys`), scored as reward 0 and not filtered.
  */
-type Outcome = Pick<RolloutResult, 'state' | 'reward' | 'rewardComponents' | 'verifyExtras' | 'criticalError' | 'error' | 'response' | 'messages' | 'turns'> & {
+type Outcome = Pick<RolloutResult, 'state' | 'reward' | 'reward_components' | 'verify_extras' | 'critical_error' | 'error' | 'response' | 'messages' | 'turns'> & {
   policyTimeout?: boolean;
 };
 
@@ -116,9 +116,9 @@ function failedOutcome(
   return {
     state: criticalError === 'cancelled' ? 'cancelled' : 'failed',
     reward: 0,
-    rewardComponents: null,
-    verifyExtras: {},
-    criticalError,
+    reward_components: null,
+    verify_extras: {},
+    critical_error: criticalError,
     error: { code: wrapped.code, message: wrapped.message },
     response,
     messages,
@@ -270,7 +270,7 @@ export class RolloutRunner {
       abort: new AbortController(),
       usedMs: 0,
       outOfTime: false,
-      timing: { init: { queuedMs: 0, activeMs: 0 }, run: { queuedMs: 0, activeMs: 0 }, eval: { queuedMs: 0, activeMs: 0 } },
+      timing: { init: { queued_ms: 0, active_ms: 0 }, run: { queued_ms: 0, active_ms: 0 }, eval: { queued_ms: 0, active_ms: 0 } },
       startedAt: performance.now(),
       done,
       resolve,
@@ -291,7 +291,7 @@ export class RolloutRunner {
     return true;
   }
 
-  status(): { stages: Record<StageName, { queued: number; active: number; pool: number }>; liveSessions: number; liveSandboxes: number } {
+  status(): { stages: Record<StageName, { queued: number; active: number; pool: number }>; live_sessions: number; live_sandboxes: number } {
     const stages = Object.fromEntries(
       STAGES.map((name) => [name, { queued: this.#queues[name].size, active: this.#queues[name].pending, pool: this.#queues[name].concurrency }]),
     ) as Record<StageName, { queued: number; active: number; pool: number }>;
@@ -300,7 +300,7 @@ export class RolloutRunner {
       stages.init.queued += this.#serial.size;
       for (const stage of STAGES) stages[stage].pool = this.#serial.concurrency;
     }
-    return { stages, liveSessions: this.#sessions.size, liveSandboxes: this.#liveSandboxes };
+    return { stages, live_sessions: this.#sessions.size, live_sandboxes: this.#liveSandboxes };
   }
 
   /**
@@ -389,7 +389,7 @@ export class RolloutRunner {
     const what = name === 'init' ? `init_timeout_s of ${initLimitS} s` : `time limit of ${limits.time_limit_s} s`;
     return this.#queues[name].add(
       async () => {
-        job.timing[name].queuedMs = performance.now() - enqueued;
+        job.timing[name].queued_ms = performance.now() - enqueued;
         const budget = name === 'init' ? initLimitS * 1000 : limits.time_limit_s * 1000 - job.usedMs;
         if (budget <= 0) {
           job.outOfTime = true;
@@ -430,7 +430,7 @@ export class RolloutRunner {
           const elapsed = performance.now() - started;
           job.active = false;
           if (name !== 'init') job.usedMs += charged();
-          job.timing[name].activeMs = elapsed;
+          job.timing[name].active_ms = elapsed;
           this.#options.metrics?.stageLatency.observe({ stage: name }, elapsed / 1000);
         }
       },
@@ -521,7 +521,7 @@ export class RolloutRunner {
           toolTimeoutMs: task.limits.tool_timeout_s * 1000,
           signal,
           onToolCall: (call) => {
-            metrics?.toolLatency.observe({ tool: call.name, status: call.status }, call.durationMs / 1000);
+            metrics?.toolLatency.observe({ tool: call.name, status: call.status }, call.duration_ms / 1000);
             // a handler that ran may have reached the sandbox without ctx.tools handing it anything
             if (call.status !== 'unknown_tool' && call.status !== 'invalid_arguments') tools.policyCallEnded();
           },
@@ -564,10 +564,10 @@ export class RolloutRunner {
       if (unscored !== undefined) {
         // verify could not score it (NeMo Gym's `_ng_failure_class`: a judge outage, say): an
         // infrastructure failure of EVAL, filtered, never a reward 0 to train on
-        outcome = { state: 'failed', reward: 0, rewardComponents: null, verifyExtras: extras, criticalError: 'eval', error: unscored, response, messages, turns };
+        outcome = { state: 'failed', reward: 0, reward_components: null, verify_extras: extras, critical_error: 'eval', error: unscored, response, messages, turns };
       } else {
         const score = typeof reward === 'number' && Number.isFinite(reward) ? reward : 0;
-        outcome = { state: 'done', reward: score, rewardComponents: reward_components ?? null, verifyExtras: extras, criticalError: null, error: null, response, messages, turns };
+        outcome = { state: 'done', reward: score, reward_components: reward_components ?? null, verify_extras: extras, critical_error: null, error: null, response, messages, turns };
       }
     } catch (error) {
       if (stage === 'run' && job.outOfTime && progress.snapshot) {
@@ -582,7 +582,7 @@ export class RolloutRunner {
         }
       }
       outcome = failedOutcome(error, stage, turns, messages, response);
-      if (outcome.criticalError === 'timeout' && job.outOfTime && timeoutIsPolicys(policyRunMs, task.limits.time_limit_s)) {
+      if (outcome.critical_error === 'timeout' && job.outOfTime && timeoutIsPolicys(policyRunMs, task.limits.time_limit_s)) {
         // The policy spent the time itself (sleeping in its tools, say): filtering that would let
         // it turn a sample it fails into one never trained on. Reward 0 like an unfinished answer;
         // EVAL is not run, as the time limit that also covers it is spent.
@@ -592,7 +592,7 @@ export class RolloutRunner {
           message: `${outcome.error!.message}; the policy's own time in RUN (its tool calls) was ${(policyRunMs / 1000).toFixed(1)} s, at least half the limit: scored as reward 0`,
         };
       }
-      if (outcome.criticalError !== 'cancelled') logger.warn({ err: error, stage }, 'rollout failed');
+      if (outcome.critical_error !== 'cancelled') logger.warn({ err: error, stage }, 'rollout failed');
     }
     // Everything the rollout held is freed before anyone hears of its result.
     models.release(job.id);
@@ -601,20 +601,29 @@ export class RolloutRunner {
   }
 
   #finish(job: Job, { policyTimeout, ...outcome }: Outcome): void {
+    // (the keys in the schema's order, the order the API sends them in)
     const result: RolloutResult = {
       id: job.id,
-      taskId: job.taskId,
-      sampleIndex: job.sampleIndex,
+      task_id: job.taskId,
+      sample_index: job.sampleIndex,
       env: job.task.env,
-      ...outcome,
+      state: outcome.state,
+      reward: outcome.reward,
+      reward_components: outcome.reward_components,
+      verify_extras: outcome.verify_extras,
+      critical_error: outcome.critical_error,
       // a sandbox limit the policy ran into, or a time limit it spent itself, is the policy's
       // doing: a real 0, to train on
-      filter: outcome.criticalError !== null && outcome.error?.code !== 'RESOURCE_LIMIT' && policyTimeout !== true,
+      filter: outcome.critical_error !== null && outcome.error?.code !== 'RESOURCE_LIMIT' && policyTimeout !== true,
+      error: outcome.error,
       advantage: null,
       credit: null,
-      timing: { ...job.timing, totalMs: performance.now() - job.startedAt },
+      timing: { ...job.timing, total_ms: performance.now() - job.startedAt },
+      response: outcome.response,
+      messages: outcome.messages,
+      turns: outcome.turns,
       ...(job.task.metadata ? { metadata: job.task.metadata } : {}),
-      finishedAt: new Date().toISOString(),
+      finished_at: new Date().toISOString(),
     };
     // Turn credit (rewards/), scored once here for every way a rollout ends: the sample's own now;
     // shaping and advantages need every sample of the task, so they are done by whoever sees the

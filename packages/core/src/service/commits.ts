@@ -92,13 +92,13 @@ export class Commits {
       let amend: RolloutResult[] = [];
       let whole = true;
       // a single sample (the common case) needs no look at its task
-      const stored = groupSize === 1 ? undefined : await this.#store.getTask(result.taskId);
-      const held = this.#openGroups.get(result.taskId);
+      const stored = groupSize === 1 ? undefined : await this.#store.getTask(result.task_id);
+      const held = this.#openGroups.get(result.task_id);
       if (stored && stored.rolloutIds.length > 1) {
         const others = await Promise.all(stored.rolloutIds.filter((id) => id !== result.id).map((id) => held?.get(id) ?? this.#store.getResult(id)));
         whole = others.every((other) => other !== undefined);
         if (whole) {
-          const group = [...(others as RolloutResult[]), result].sort((a, b) => a.sampleIndex - b.sampleIndex);
+          const group = [...(others as RolloutResult[]), result].sort((a, b) => a.sample_index - b.sample_index);
           await assignGroupCredit(group, resolveCredit(stored.task));
           amend = others as RolloutResult[];
         }
@@ -107,19 +107,19 @@ export class Commits {
       if (outcome.status === 'committed') {
         // The results of a group not yet whole stay here until it is: its credit, computed when the
         // last sample finishes, then reaches the very results their waiters were given.
-        if (whole) this.#openGroups.delete(result.taskId);
-        else this.#openGroups.set(result.taskId, (held ?? new Map()).set(result.id, result));
+        if (whole) this.#openGroups.delete(result.task_id);
+        else this.#openGroups.set(result.task_id, (held ?? new Map()).set(result.id, result));
         this.#finished(result);
       } else if (outcome.status === 'stale') this.#logger.info({ rollout: result.id, attempt, worker: workerId, current: outcome.currentAttempt }, 'late result of a lost lease ignored');
       return outcome.status;
     };
     // a single sample has no group to see whole: it joins the next batch of commits
     if (groupSize === 1) return this.#commitBatched({ rolloutId: result.id, attempt, result, workerId, unheld });
-    const run = (this.#taskLocks.get(result.taskId) ?? Promise.resolve()).then(commit);
+    const run = (this.#taskLocks.get(result.task_id) ?? Promise.resolve()).then(commit);
     const settled = run.catch(() => undefined);
-    this.#taskLocks.set(result.taskId, settled);
+    this.#taskLocks.set(result.task_id, settled);
     void settled.then(() => {
-      if (this.#taskLocks.get(result.taskId) === settled) this.#taskLocks.delete(result.taskId);
+      if (this.#taskLocks.get(result.task_id) === settled) this.#taskLocks.delete(result.task_id);
     });
     return run;
   }
@@ -154,26 +154,27 @@ export class Commits {
   /** The result of a rollout that ends without running (cancelled while queued, or out of attempts). */
   async endedResult(rollout: { id: string; taskId: string; sampleIndex: number }, how: { state: 'cancelled' | 'failed'; code: RolloutError['code']; message: string }): Promise<RolloutResult> {
     const task = await this.#store.getTask(rollout.taskId);
+    // (the keys in the schema's order, the order the API sends them in)
     return {
       id: rollout.id,
-      taskId: rollout.taskId,
-      sampleIndex: rollout.sampleIndex,
+      task_id: rollout.taskId,
+      sample_index: rollout.sampleIndex,
       env: task?.task.env ?? '',
       state: how.state,
       reward: 0,
-      rewardComponents: null,
-      verifyExtras: {},
-      criticalError: how.state === 'cancelled' ? 'cancelled' : 'init',
+      reward_components: null,
+      verify_extras: {},
+      critical_error: how.state === 'cancelled' ? 'cancelled' : 'init',
+      filter: true,
       error: { code: how.code, message: how.message },
+      advantage: null,
+      credit: null,
+      timing: { init: { queued_ms: 0, active_ms: 0 }, run: { queued_ms: 0, active_ms: 0 }, eval: { queued_ms: 0, active_ms: 0 }, total_ms: 0 },
       response: null,
       messages: [],
       turns: [],
-      filter: true,
-      advantage: null,
-      credit: null,
-      timing: { init: { queuedMs: 0, activeMs: 0 }, run: { queuedMs: 0, activeMs: 0 }, eval: { queuedMs: 0, activeMs: 0 }, totalMs: 0 },
       ...(task?.task.metadata ? { metadata: task.task.metadata } : {}),
-      finishedAt: new Date().toISOString(),
+      finished_at: new Date().toISOString(),
     };
   }
 

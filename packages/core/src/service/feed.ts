@@ -98,10 +98,10 @@ export class Feed {
     if (rollout.state === 'done' || rollout.state === 'failed' || rollout.state === 'cancelled') {
       const result = known === undefined ? ((await this.#store.getResult(rollout.id)) ?? null) : known;
       const env = result?.env ?? (await this.#taskEnv(rollout.taskId)) ?? '';
-      return { id: rollout.id, taskId: rollout.taskId, sampleIndex: rollout.sampleIndex, env, state: result?.state ?? rollout.state, active: false, result };
+      return { id: rollout.id, task_id: rollout.taskId, sample_index: rollout.sampleIndex, env, state: result?.state ?? rollout.state, active: false, result };
     }
     const env = (await this.#taskEnv(rollout.taskId)) ?? '';
-    const base = { id: rollout.id, taskId: rollout.taskId, sampleIndex: rollout.sampleIndex, env };
+    const base = { id: rollout.id, task_id: rollout.taskId, sample_index: rollout.sampleIndex, env };
     const local = this.#runner.running(rollout.id);
     if (local) return { ...base, state: local.stage, active: local.active, result: null };
     if (rollout.state === 'leased') {

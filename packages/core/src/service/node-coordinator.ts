@@ -236,8 +236,8 @@ export class Coordinator implements NodeCoordinator {
       if (result.id !== rolloutId) throw new RolloutError({ code: 'UNPROCESSABLE', message: `result id "${result.id}" is not rollout "${rolloutId}"` });
       // (a rollout's task and sample are the store's: a result naming others would be stored under them)
       const lease = this.#nodes.lease(rolloutId);
-      if (lease?.nodeId === nodeId && lease.taskId !== undefined && (result.taskId !== lease.taskId || result.sampleIndex !== lease.sampleIndex)) {
-        throw new RolloutError({ code: 'UNPROCESSABLE', message: `result "${rolloutId}" names task "${result.taskId}" sample ${result.sampleIndex}; the rollout is task "${lease.taskId}" sample ${lease.sampleIndex}` });
+      if (lease?.nodeId === nodeId && lease.taskId !== undefined && (result.task_id !== lease.taskId || result.sample_index !== lease.sampleIndex)) {
+        throw new RolloutError({ code: 'UNPROCESSABLE', message: `result "${rolloutId}" names task "${result.task_id}" sample ${result.sample_index}; the rollout is task "${lease.taskId}" sample ${lease.sampleIndex}` });
       }
     }
     const outcomes: NodeCommitStatus[] = [];

@@ -233,7 +233,7 @@ export class RolloutService implements NodeCoordinator {
 
   /** A result is stored: its lease is done with, and its waiters and listeners hear of it. */
   #finished(result: RolloutResult): void {
-    this.metrics.finished.inc({ state: result.state, critical_error: result.criticalError ?? 'none' });
+    this.metrics.finished.inc({ state: result.state, critical_error: result.critical_error ?? 'none' });
     this.#nodes.finished(result.id);
     this.#feed.finished(result);
   }
@@ -262,9 +262,9 @@ export class RolloutService implements NodeCoordinator {
 
   status(): {
     stages: Record<StageName, { queued: number; active: number; pool: number }>;
-    rollouts: { total: number; done: number; failed: number; cancelled: number; inFlight: number };
-    liveSessions: number;
-    liveSandboxes: number;
+    rollouts: { total: number; done: number; failed: number; cancelled: number; in_flight: number };
+    live_sessions: number;
+    live_sandboxes: number;
     nodes: number;
   } {
     const local = this.#runner.status();
@@ -273,7 +273,8 @@ export class RolloutService implements NodeCoordinator {
     const inFlight = Math.max(0, counts.total - finished);
     // waiting in the store for a slot here or on a node
     local.stages.init.queued += Math.max(0, inFlight - this.#scheduler.running - this.#nodes.leases);
-    return { ...local, rollouts: { ...counts, inFlight }, nodes: this.#nodes.up() };
+    // the keys in the order the API sends them
+    return { stages: local.stages, rollouts: { ...counts, in_flight: inFlight }, live_sessions: local.live_sessions, live_sandboxes: local.live_sandboxes, nodes: this.#nodes.up() };
   }
 
   // ----- rollout nodes (NodeCoordinator) -----------------------------------------------------

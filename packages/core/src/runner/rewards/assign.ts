@@ -14,9 +14,9 @@ export function discountedReturns(rewards: readonly number[], gamma: number): nu
 
 function turnStatus(turn: TurnRecord, malformed: string | null): TurnStatus {
   if (malformed !== null) return 'malformed';
-  if (turn.toolCalls.length === 0) return 'none';
-  if (turn.toolCalls.some((c) => c.status === 'timeout')) return 'timeout';
-  if (turn.toolCalls.some((c) => c.status !== 'ok')) return 'error';
+  if (turn.tool_calls.length === 0) return 'none';
+  if (turn.tool_calls.some((c) => c.status === 'timeout')) return 'timeout';
+  if (turn.tool_calls.some((c) => c.status !== 'ok')) return 'error';
   return 'ok';
 }
 
@@ -50,7 +50,7 @@ export function scoreTurns(turns: TurnRecord[], outcome: number, settings: Credi
 }
 
 function joinCode(turn: TurnRecord): string | null {
-  const code = turn.toolCalls.map((c) => c.code).filter((c): c is string => c !== null && c !== undefined);
+  const code = turn.tool_calls.map((c) => c.code).filter((c): c is string => c !== null && c !== undefined);
   return code.length === 0 ? null : code.join('\n');
 }
 
@@ -86,5 +86,5 @@ export function assignSampleCredit(result: RolloutResult, settings: CreditSettin
   const final = result.filter || success || groupSize < 2 || settings.shaping.alpha === 0;
   scoreTurns(result.turns, result.reward, settings, final ? 0 : null);
   result.credit = creditRecord(settings);
-  for (const turn of result.turns) turn.normalizedReturn = null;
+  for (const turn of result.turns) turn.normalized_return = null;
 }

@@ -13,13 +13,13 @@ type Call = { name?: string; status?: ToolCallRecord['status']; code?: string | 
 function turn(index: number, calls: Call[] = [], text: string | null = null): TurnRecord {
   return {
     index,
-    promptTokenIds: null,
-    generationTokenIds: null,
-    generationLogprobs: null,
-    finishReason: 'stop',
+    prompt_token_ids: null,
+    generation_token_ids: null,
+    generation_logprobs: null,
+    finish_reason: 'stop',
     text,
     reasoning: null,
-    toolCalls: calls.map((c, i) => ({
+    tool_calls: calls.map((c, i) => ({
       id: `c${i}`,
       name: c.name ?? 'bash',
       arguments: '{}',
@@ -27,9 +27,9 @@ function turn(index: number, calls: Call[] = [], text: string | null = null): Tu
       status: c.status ?? 'ok',
       execution: null,
       code: c.code ?? null,
-      durationMs: 1,
+      duration_ms: 1,
     })),
-    llmLatencyMs: 1,
+    llm_latency_ms: 1,
     backend: null,
     code: calls.some((c) => c.code) ? calls.flatMap((c) => (c.code ? [c.code] : [])).join('\n') : null,
     status: 'none',
@@ -37,12 +37,12 @@ function turn(index: number, calls: Call[] = [], text: string | null = null): Tu
     rewards: { format: null, tool: null, outcome: null, shaping: null },
     reward: 0,
     return: 0,
-    normalizedReturn: null,
+    normalized_return: null,
   };
 }
 
 function result(id: string, reward: number, turns: TurnRecord[], filter = false): RolloutResult {
-  return { id, taskId: 't', sampleIndex: 0, reward, filter, advantage: null, credit: null, turns } as unknown as RolloutResult;
+  return { id, task_id: 't', sample_index: 0, reward, filter, advantage: null, credit: null, turns } as unknown as RolloutResult;
 }
 
 /** A trajectory that ran `code` with bash, then answered. */
@@ -54,7 +54,7 @@ async function credit(group: RolloutResult[], settings: CreditSettings = CreditC
 }
 
 const returns = (r: RolloutResult) => r.turns.map((t) => t.return);
-const advantages = (r: RolloutResult) => r.turns.map((t) => t.normalizedReturn);
+const advantages = (r: RolloutResult) => r.turns.map((t) => t.normalized_return);
 
 describe('turn rewards and returns', () => {
   it('penalises each malformed turn by 0.1 and discounts returns by 0.9', async () => {
@@ -117,18 +117,18 @@ describe('group credit (GTPO)', () => {
     // var = (0.0666…² + 2·0.0333…²)/3 = 0.0022222, std = 0.0471405:
     // (0.9 - 0.96667)/0.0471405 = -√2, (1 - 0.96667)/0.0471405 = 1/√2.
     expect(returns(pooled[0]!)).toEqual([0.9, 1]);
-    expect(pooled[0]!.turns[0]!.normalizedReturn).toBeCloseTo(-Math.SQRT2, 4);
-    expect(pooled[0]!.turns[1]!.normalizedReturn).toBeCloseTo(Math.SQRT1_2, 4);
-    expect(pooled[1]!.turns[0]!.normalizedReturn).toBeCloseTo(Math.SQRT1_2, 4);
+    expect(pooled[0]!.turns[0]!.normalized_return).toBeCloseTo(-Math.SQRT2, 4);
+    expect(pooled[0]!.turns[1]!.normalized_return).toBeCloseTo(Math.SQRT1_2, 4);
+    expect(pooled[1]!.turns[0]!.normalized_return).toBeCloseTo(Math.SQRT1_2, 4);
     expect(pooled[0]!.credit!.shaping).toEqual({ value: 0, similarity: null, successes: 2 });
     expect(pooled[0]!.credit!.stats).toHaveLength(1);
 
     const perTurn = build();
     await credit(perTurn, CreditConfig.parse({ normalize: 'turn' }));
     // turn 0: [0.9, 1], mean 0.95, std 0.05 → -1, +1; turn 1: [1] alone → 0
-    expect(perTurn[0]!.turns[0]!.normalizedReturn).toBeCloseTo(-1, 4);
-    expect(perTurn[1]!.turns[0]!.normalizedReturn).toBeCloseTo(1, 4);
-    expect(perTurn[0]!.turns[1]!.normalizedReturn).toBe(0);
+    expect(perTurn[0]!.turns[0]!.normalized_return).toBeCloseTo(-1, 4);
+    expect(perTurn[1]!.turns[0]!.normalized_return).toBeCloseTo(1, 4);
+    expect(perTurn[0]!.turns[1]!.normalized_return).toBe(0);
     expect(perTurn[0]!.credit!.stats!.map((s) => s.turn)).toEqual([0, 1]);
   });
 
@@ -174,9 +174,9 @@ describe('group credit (GTPO)', () => {
     // (With x's 0 they would be mean 0.5, std 0.408.)
     expect(f.credit!.shaping!.value).toBeCloseTo(0.5, 10);
     expect(x.credit!.shaping).toEqual({ value: 0, similarity: null, successes: 1 });
-    expect(s.turns[0]!.normalizedReturn).toBeCloseTo(1, 4);
-    expect(f.turns[0]!.normalizedReturn).toBeCloseTo(-1, 4);
-    expect(x.turns[0]!.normalizedReturn).toBeNull();
+    expect(s.turns[0]!.normalized_return).toBeCloseTo(1, 4);
+    expect(f.turns[0]!.normalized_return).toBeCloseTo(-1, 4);
+    expect(x.turns[0]!.normalized_return).toBeNull();
     expect(x.advantage).toBeNull();
     expect(s.credit!.stats).toEqual([{ turn: null, count: 2, mean: expect.closeTo(0.75, 10), std: expect.closeTo(0.25, 10) }]);
   });

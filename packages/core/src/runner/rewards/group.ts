@@ -9,7 +9,7 @@ import { similarityFor, type CodeSimilarity } from './similarity.ts';
  * Group credit, once every sample of a task is in: shaping, then each trajectory's turns scored
  * again with it, then advantages. Never throws: when shaping fails (an embeddings endpoint down)
  * each result says why in `credit.error`, its shaping component stays null and no advantage is
- * given (normalizedReturn null); GRPO's sample `advantage` of the verify reward is still given.
+ * given (normalized_return null); GRPO's sample `advantage` of the verify reward is still given.
  */
 export async function assignGroupCredit(group: readonly RolloutResult[], settings: CreditSettings, similarity: CodeSimilarity = similarityFor(settings.shaping.similarity)): Promise<void> {
   let shaping: Map<RolloutResult, ShapingEntry> | undefined;
@@ -27,7 +27,7 @@ export async function assignGroupCredit(group: readonly RolloutResult[], setting
     result.credit.error = error;
   }
   if (error !== null) {
-    for (const result of group) for (const turn of result.turns) turn.normalizedReturn = null;
+    for (const result of group) for (const turn of result.turns) turn.normalized_return = null;
     const kept = group.filter((r) => !r.filter);
     // the sample advantage needs no shaping: GRPO's, over the verify rewards
     normalizeOutcomeOnly(group, kept);

@@ -7,14 +7,14 @@ import { resolveCredit } from './settings.ts';
 function turn(index: number, statuses: ToolCallRecord['status'][]): TurnRecord {
   return {
     index,
-    promptTokenIds: null,
-    generationTokenIds: null,
-    generationLogprobs: null,
-    finishReason: 'stop',
+    prompt_token_ids: null,
+    generation_token_ids: null,
+    generation_logprobs: null,
+    finish_reason: 'stop',
     text: null,
     reasoning: null,
-    toolCalls: statuses.map((status, i) => ({ id: `c${i}`, name: 'bash', arguments: '{}', output: '', status, execution: null, code: null, durationMs: 1 })),
-    llmLatencyMs: 1,
+    tool_calls: statuses.map((status, i) => ({ id: `c${i}`, name: 'bash', arguments: '{}', output: '', status, execution: null, code: null, duration_ms: 1 })),
+    llm_latency_ms: 1,
     backend: null,
     code: null,
     status: 'none',
@@ -22,7 +22,7 @@ function turn(index: number, statuses: ToolCallRecord['status'][]): TurnRecord {
     rewards: { format: 0, tool: 0, outcome: 0, shaping: 0 },
     reward: 0,
     return: 0,
-    normalizedReturn: null,
+    normalized_return: null,
   };
 }
 
@@ -63,7 +63,7 @@ describe('group normalisation', () => {
     expect(group[0]!.advantage).toBeCloseTo(1, 4);
     expect(group[1]!.advantage).toBeCloseTo(-1, 4);
     expect(group[4]!.advantage).toBeNull();
-    expect(group[0]!.turns[0]!.normalizedReturn).toBeCloseTo(1, 4);
+    expect(group[0]!.turns[0]!.normalized_return).toBeCloseTo(1, 4);
   });
 
   it('leaves a single sample alone', () => {

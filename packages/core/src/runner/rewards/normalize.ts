@@ -11,7 +11,7 @@ export function meanStd(values: readonly number[]): { mean: number; std: number 
 }
 
 /**
- * Advantages over a task's group, in place. Each turn's `normalizedReturn` is
+ * Advantages over a task's group, in place. Each turn's `normalized_return` is
  * (G - mean) / (std + ε), the statistics taken over every turn of the group's trajectories
  * ('group') or over the turns with the same index ('turn'); each sample's `advantage` is GRPO's,
  * (reward - mean) / (std + ε) over the samples' verify rewards. Filtered samples (infrastructure
@@ -41,13 +41,13 @@ export function normalizeAdvantages(group: readonly RolloutResult[], mode: 'grou
   }
   for (const result of group) {
     if (result.filter) {
-      for (const turn of result.turns) turn.normalizedReturn = null;
+      for (const turn of result.turns) turn.normalized_return = null;
       continue;
     }
     result.advantage = (result.reward - rewards.mean) / (rewards.std + STD_EPSILON);
     result.turns.forEach((turn, t) => {
       const s = byTurn.get(mode === 'group' ? null : t)!;
-      turn.normalizedReturn = (turn.return - s.mean) / (s.std + STD_EPSILON);
+      turn.normalized_return = (turn.return - s.mean) / (s.std + STD_EPSILON);
     });
   }
   return stats;
