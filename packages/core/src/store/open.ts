@@ -18,7 +18,8 @@ export async function openStore(url: string, options: OpenStoreOptions = {}): Pr
   const engine = ENGINES.find((candidate) => candidate.accepts(url));
   if (!engine) {
     const forms = ENGINES.flatMap((candidate) => candidate.forms);
-    throw new RolloutError({ code: 'BAD_REQUEST', message: `unknown store URL "${url}" (${forms.join(', ')})` });
+    const named = forms.length > 1 ? `${forms.slice(0, -1).join(', ')} or ${forms.at(-1)}` : forms.join('');
+    throw new RolloutError({ code: 'BAD_REQUEST', message: `unknown store URL "${url}" (${named})` });
   }
   return SqlStore.open(await engine.open(url, options), options);
 }

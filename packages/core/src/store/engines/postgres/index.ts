@@ -4,7 +4,7 @@ import type { StoreEngine } from '../../dialect.ts';
 export const postgresEngine: StoreEngine = {
   name: 'postgres',
   accepts: (url) => url.startsWith('postgres://') || url.startsWith('postgresql://'),
-  forms: ['postgres://user:password@host:port/db'],
+  forms: ['postgres://…'],
   async open(url, options) {
     const { PostgresDialect } = await import('./dialect.ts');
     return PostgresDialect.open(url, options);
