@@ -30,15 +30,13 @@ export {
   type FunctionCall,
 } from './protocol/responses.ts';
 export { PY_SPACE, PY_SPACE_CHARS, PY_WORD_CHARS, pyIsAlphaChar, pyLen, pySplit, pyStrip } from './protocol/python-text.ts';
+export { computeAggregateMetrics, type AggregateMetrics, type AggregateMetricsHooks } from './gym/metrics.ts';
 export {
   addAvgSampleStdDev,
-  computeAggregateMetrics,
   computePassMajorityMetrics,
   computeSubsetMetrics,
   highestKMetrics,
   pickMetrics,
-  type AggregateMetrics,
-  type AggregateMetricsHooks,
   type HighestKOptions,
   type PassMajorityOptions,
-} from './gym/metrics.ts';
+} from './gym/pass-at-k.ts';

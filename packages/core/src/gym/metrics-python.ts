@@ -116,3 +116,23 @@ export function pyStr(value: unknown): string {
   if (typeof value === 'number') return String(value);
   return JSON.stringify(value);
 }
+
+/** Python's `isinstance(v, bool) → int(v)`, `isinstance(v, (int, float)) → v`, else nothing. */
+export function numeric(value: unknown): number | undefined {
+  if (typeof value === 'boolean') return value ? 1 : 0;
+  return typeof value === 'number' ? value : undefined;
+}
+
+/** `max(values)` of numbers (-Infinity for none), without spreading a long list onto the stack. */
+export function maxOf(values: readonly number[]): number {
+  let max = -Infinity;
+  for (const v of values) if (v > max) max = v;
+  return max;
+}
+
+/** `min(values)` of numbers (Infinity for none), without spreading a long list onto the stack. */
+export function minOf(values: readonly number[]): number {
+  let min = Infinity;
+  for (const v of values) if (v < min) min = v;
+  return min;
+}

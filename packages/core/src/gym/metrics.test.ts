@@ -4,17 +4,16 @@ import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 import { RolloutError } from '../errors.ts';
 import type { EnvironmentMetrics, VerifyEntry } from '../spec/environment.ts';
+import { computeAggregateMetrics, type AggregateMetricsHooks } from './metrics.ts';
+import { comb, npSum, pySum, trueDivide } from './metrics-python.ts';
 import {
   addAvgSampleStdDev,
-  computeAggregateMetrics,
   computePassMajorityMetrics,
   computeSubsetMetrics,
   highestKMetrics,
   pickMetrics,
-  type AggregateMetricsHooks,
   type PassMajorityOptions,
-} from './metrics.ts';
-import { comb, npSum, pySum, trueDivide } from './metrics-python.ts';
+} from './pass-at-k.ts';
 
 // ---------------------------------------------------------------------------------------------
 // Fixtures: NeMo Gym's example rollouts and what its Python server answers for them

@@ -174,34 +174,8 @@ export async function runAgentLoop(options: AgentLoopOptions): Promise<AgentLoop
     const model = await options.callModel({ messages: messages.slice(), tools: chatTools }, options.signal);
     usage.input += model.usage.promptTokens;
     usage.output += model.usage.completionTokens;
-    messages.push({
-      role: 'assistant',
-      content: model.content,
-      ...(model.toolCalls.length > 0
-        ? { tool_calls: model.toolCalls.map((c) => ({ id: c.id, type: 'function' as const, function: { name: c.name, arguments: c.arguments } })) }
-        : {}),
-      ...(model.reasoning ? { reasoning_content: model.reasoning } : {}),
-    });
-    const turn: TurnRecord = {
-      index,
-      prompt_token_ids: model.promptTokenIds,
-      generation_token_ids: model.generationTokenIds,
-      generation_logprobs: model.generationLogprobs,
-      finish_reason: model.finishReason,
-      text: model.content,
-      reasoning: model.reasoning,
-      tool_calls: [],
-      llm_latency_ms: model.latencyMs,
-      backend: model.backend,
-      code: null,
-      status: 'none',
-      malformed: null,
-      // filled in by the credit pass (rewards/) once the rollout is scored
-      rewards: Object.fromEntries(TURN_REWARD_NAMES.map((name) => [name, null])) as TurnRecord['rewards'],
-      reward: 0,
-      return: 0,
-      normalized_return: null,
-    };
+    messages.push(assistantMessage(model));
+    const turn = turnRecord(index, model);
     turns.push(turn);
     prompts.add(turn);
     if (model.finishReason === 'length') {
@@ -210,34 +184,79 @@ export async function runAgentLoop(options: AgentLoopOptions): Promise<AgentLoop
       options.onTurn?.(turn);
       break;
     }
-    for (const call of model.toolCalls) {
-      const record = await runToolCall(options, call);
-      turn.tool_calls.push(record);
-      if (record.code !== null) turn.code = turn.code === null ? record.code : `${turn.code}\n${record.code}`;
-      options.onToolCall?.(record);
-      messages.push({ role: 'tool', tool_call_id: call.id, content: record.output });
-      const limit = options.checkLimits?.();
-      if (limit !== undefined) {
-        options.onTurn?.(turn);
-        prompts.restore();
-        return { turns, messages, offeredTools: tools, usage, stop: 'resource_limit', limit };
-      }
-      const startError = options.checkStartup?.();
-      if (startError !== undefined) {
-        options.onTurn?.(turn);
-        prompts.restore();
-        return { turns, messages, offeredTools: tools, usage, stop: 'start_failed', startError };
-      }
-    }
+    const cut = await runTurnTools(options, turn, model.toolCalls, messages);
     options.onTurn?.(turn);
-    if (model.toolCalls.length === 0) {
-      // A final answer; a reasoning-only turn goes on, as simple_agent's loop does.
-      if (model.content !== null && model.content !== '') {
-        stop = 'final_answer';
-        break;
-      }
+    if (cut) {
+      prompts.restore();
+      return { turns, messages, offeredTools: tools, usage, ...cut };
+    }
+    // A final answer; a reasoning-only turn goes on, as simple_agent's loop does.
+    if (model.toolCalls.length === 0 && model.content !== null && model.content !== '') {
+      stop = 'final_answer';
+      break;
     }
   }
   prompts.restore();
   return { turns, messages, offeredTools: tools, usage, stop };
+}
+
+/** A model turn as the assistant message the conversation goes on with. */
+function assistantMessage(model: ModelTurn): ChatMessage {
+  return {
+    role: 'assistant',
+    content: model.content,
+    ...(model.toolCalls.length > 0
+      ? { tool_calls: model.toolCalls.map((c) => ({ id: c.id, type: 'function' as const, function: { name: c.name, arguments: c.arguments } })) }
+      : {}),
+    ...(model.reasoning ? { reasoning_content: model.reasoning } : {}),
+  };
+}
+
+/** A model turn's record, before its tool calls are run and its credit is scored. */
+function turnRecord(index: number, model: ModelTurn): TurnRecord {
+  return {
+    index,
+    prompt_token_ids: model.promptTokenIds,
+    generation_token_ids: model.generationTokenIds,
+    generation_logprobs: model.generationLogprobs,
+    finish_reason: model.finishReason,
+    text: model.content,
+    reasoning: model.reasoning,
+    tool_calls: [],
+    llm_latency_ms: model.latencyMs,
+    backend: model.backend,
+    code: null,
+    status: 'none',
+    malformed: null,
+    // filled in by the credit pass (rewards/) once the rollout is scored
+    rewards: Object.fromEntries(TURN_REWARD_NAMES.map((name) => [name, null])) as TurnRecord['rewards'],
+    reward: 0,
+    return: 0,
+    normalized_return: null,
+  };
+}
+
+/**
+ * Runs a turn's tool calls in order, each recorded in the turn and its output appended to the
+ * conversation. Stops at a call after which the rollout's sandbox was ended by a limit, or a
+ * start before the policy acted failed: the loop's stop, with why.
+ */
+async function runTurnTools(
+  options: AgentLoopOptions,
+  turn: TurnRecord,
+  calls: ModelTurn['toolCalls'],
+  messages: ChatMessage[],
+): Promise<Pick<AgentLoopResult, 'stop' | 'limit' | 'startError'> | undefined> {
+  for (const call of calls) {
+    const record = await runToolCall(options, call);
+    turn.tool_calls.push(record);
+    if (record.code !== null) turn.code = turn.code === null ? record.code : `${turn.code}\n${record.code}`;
+    options.onToolCall?.(record);
+    messages.push({ role: 'tool', tool_call_id: call.id, content: record.output });
+    const limit = options.checkLimits?.();
+    if (limit !== undefined) return { stop: 'resource_limit', limit };
+    const startError = options.checkStartup?.();
+    if (startError !== undefined) return { stop: 'start_failed', startError };
+  }
+  return undefined;
 }

@@ -1,7 +1,12 @@
 import type { CallModel } from './agent-loop.ts';
 import { LlmBackendPool, TokenConversation } from '../llm/index.ts';
-import type { ModelProvider } from './runner.ts';
 import type { RolloutTask } from '../protocol/rollout.ts';
+
+/** Where the policy's turns go: one sticky caller per rollout. */
+export interface ModelProvider {
+  forRollout(rolloutId: string, policy: RolloutTask['policy']): CallModel;
+  release(rolloutId: string): void;
+}
 
 /**
  * The service's policy access: the shared backend pool (backends added at run time), or, for a
