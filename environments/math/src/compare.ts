@@ -3,8 +3,8 @@
 // free symbols, by evaluation at several random points (the difference must vanish everywhere).
 
 import { ComputeEngine } from '@cortex-js/compute-engine';
-import type { SNode } from './sympy-str.ts';
-import { isExprOfOnlySymbols, print } from './sympy-str.ts';
+import type { SNode } from './sympy/index.ts';
+import { isExprOfOnlySymbols, print } from './sympy/index.ts';
 
 type Json = unknown;
 
