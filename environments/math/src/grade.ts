@@ -4,7 +4,7 @@
 // any gold against any prediction decides. The pool in grader.ts runs this in worker threads with a
 // time limit.
 
-import { answersEqual, getEngine } from './compare.ts';
+import { answersEqual, getEngine } from './compare/index.ts';
 import type { ExtractionMatch, ExtractionTarget } from './extract.ts';
 import { extractionMatchGroups, stripGold } from './extract.ts';
 import { normalizeAnswerLatex } from './latex-normalize.ts';

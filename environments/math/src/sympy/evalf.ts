@@ -32,7 +32,7 @@ function gamma(x: number): number {
 
 /**
  * A float approximation of a node without free symbols, NaN otherwise: only for ordering terms
- * as sympy prints them (compare.ts's evalDouble is the one trusted for equality).
+ * as sympy prints them (compare/doubles.ts's evalDouble is the one trusted for equality).
  */
 export function numericValue(n: SNode): number {
   switch (n.k) {
