@@ -4,13 +4,13 @@
 // any gold against any prediction decides. The pool in grader.ts runs this in worker threads with a
 // time limit.
 
-import { answersEqual, getEngine } from './compare.ts';
+import { answersEqual, getEngine } from './compare/index.ts';
 import type { ExtractionMatch, ExtractionTarget } from './extract.ts';
 import { extractionMatchGroups, stripGold } from './extract.ts';
 import { normalizeAnswerLatex } from './latex-normalize.ts';
 import { prepareForEngine } from './normalize.ts';
-import type { SNode } from './sympy-str.ts';
-import { fromMathJson, print, rational } from './sympy-str.ts';
+import type { SNode } from './sympy/index.ts';
+import { fromMathJson, print, rational } from './sympy/index.ts';
 
 /** What grading one answer gives: math_with_judge's `library_reward` and `extracted_answer`. */
 export interface GradeResult {

@@ -4,7 +4,7 @@
 
 import { pathToFileURL } from 'node:url';
 import { workerData } from 'node:worker_threads';
-import { getEngine } from './compare.ts';
+import { getEngine } from './compare/index.ts';
 import type { GradeOptions, GradeResult } from './grade.ts';
 import { gradeAnswer } from './grade.ts';
 

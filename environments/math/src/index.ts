@@ -17,7 +17,7 @@ export { createGrader, createInlineGrader } from './grader.ts';
 export type { JudgeEvaluation, JudgeOptions } from './judge.ts';
 export { JudgeError, judgeEquivalence, judgeSaysEqual } from './judge.ts';
 export { extractBoxedContent, normalizeAnswerLatex } from './latex-normalize.ts';
-export { print as sympyStr } from './sympy-str.ts';
+export { print as sympyStr } from './sympy/index.ts';
 export type { CodeToolsConfig, ExecutePythonResponse } from './code-tools.ts';
 export { createEndSessionTool, createExecutePythonTool, executePython, resultLine } from './code-tools.ts';
 export type { MathWithCodeVerdict, MathWithCodeVerifier } from './math-with-code.ts';

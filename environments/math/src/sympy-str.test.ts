@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { parseAnswer } from './grade.ts';
 import { normalizeAnswerLatex as normalizeLatex } from './latex-normalize.ts';
-import { print } from './sympy-str.ts';
+import { print } from './sympy/index.ts';
 
 // Expected strings: sympy 1.14's str() of the trees latex2sympy2_extended builds for each input
 // (unevaluated Mul/Add/Pow, Rational for integer fractions, Mul(-1, ...) for minus signs,

@@ -1,0 +1,2 @@
+export { answersEqual } from './answers.ts';
+export { getEngine } from './engine.ts';
