@@ -3,8 +3,7 @@ import { hostname } from 'node:os';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { pino, type Logger } from 'pino';
 import { RolloutError } from '../errors.ts';
-import { MAX_NODE_ROLLOUTS } from '../protocol/node-wire.ts';
-import type { NodeClaim, NodeCommit, NodeCommitStatus, NodeLease, NodeRegistered, NodeRegistration } from '../protocol/nodes.ts';
+import { MAX_NODE_ROLLOUTS, type NodeClaim, type NodeCommit, type NodeCommitStatus, type NodeLease, type NodeRegistered, type NodeRegistration } from '../protocol/nodes.ts';
 import { goneSlurmJobs, slurmJobOf } from '../slurm/watch.ts';
 import { RolloutRunner, type StageName } from '../runner/runner.ts';
 import type { RolloutResult } from '../protocol/rollout.ts';
@@ -78,13 +77,13 @@ export type NodeEvent =
 /** Slurm's ids of the task the node runs as (`registration.slurm`); undefined outside Slurm. */
 export function slurmFromEnv(env: NodeJS.ProcessEnv = process.env): NodeRegistration['slurm'] {
   const names = {
-    jobId: 'SLURM_JOB_ID',
-    arrayJobId: 'SLURM_ARRAY_JOB_ID',
-    arrayTaskId: 'SLURM_ARRAY_TASK_ID',
-    stepId: 'SLURM_STEP_ID',
-    nodeName: 'SLURMD_NODENAME',
-    procId: 'SLURM_PROCID',
-    restartCount: 'SLURM_RESTART_COUNT',
+    job_id: 'SLURM_JOB_ID',
+    array_job_id: 'SLURM_ARRAY_JOB_ID',
+    array_task_id: 'SLURM_ARRAY_TASK_ID',
+    step_id: 'SLURM_STEP_ID',
+    node_name: 'SLURMD_NODENAME',
+    proc_id: 'SLURM_PROCID',
+    restart_count: 'SLURM_RESTART_COUNT',
   } as const;
   const slurm: NonNullable<NodeRegistration['slurm']> = {};
   for (const [key, name] of Object.entries(names) as Array<[keyof typeof names, string]>) if (env[name]) slurm[key] = env[name];
@@ -107,7 +106,7 @@ interface Held {
   done?: Promise<unknown>;
 }
 
-const DEFAULT_TIMINGS = { leaseMs: 30_000, heartbeatMs: 2_000, nodeTimeoutMs: 10_000 };
+const DEFAULT_TIMINGS = { lease_ms: 30_000, heartbeat_ms: 2_000, node_timeout_ms: 10_000 };
 
 /** What a registration answered but the credential (which stays in the client). */
 export type NodeTimings = Omit<NodeRegistered, 'credential'>;
@@ -180,16 +179,16 @@ export class RolloutNode {
     const capacity = this.runner.capacity;
     const slurm = options.slurm ?? slurmFromEnv();
     this.#registration = {
-      nodeId: this.nodeId,
+      node_id: this.nodeId,
       host: options.host ?? hostname(),
       pid: process.pid,
       capacity,
-      maxRollouts: options.maxRollouts ?? Math.min(MAX_NODE_ROLLOUTS, capacity.init + capacity.run),
+      max_rollouts: options.maxRollouts ?? Math.min(MAX_NODE_ROLLOUTS, capacity.init + capacity.run),
       environments: this.runner.environments,
       ...(slurm ? { slurm } : {}),
       ...(options.version ? { version: options.version } : {}),
     };
-    this.#timings = { nodeId: this.nodeId, ...DEFAULT_TIMINGS };
+    this.#timings = { node_id: this.nodeId, ...DEFAULT_TIMINGS };
   }
 
   /**
@@ -262,7 +261,7 @@ export class RolloutNode {
       if (this.#slurmAsking || this.#closing) return;
       this.#slurmAsking = true;
       try {
-        const gone = await goneSlurmJobs([{ id: job, node: this.#registration.slurm?.nodeName }], { ...(check?.squeue ? { squeue: check.squeue } : {}), ...(check?.env ? { env: check.env } : {}) });
+        const gone = await goneSlurmJobs([{ id: job, node: this.#registration.slurm?.node_name }], { ...(check?.squeue ? { squeue: check.squeue } : {}), ...(check?.env ? { env: check.env } : {}) });
         if (gone.length > 0) this.#orphan(`Slurm job ${job} of this node is gone (squeue)`);
       } catch (error) {
         if ((error as { code?: unknown }).code === 'ENOENT') clearInterval(this.#slurmTimer); // no Slurm client here
@@ -333,9 +332,9 @@ export class RolloutNode {
 
   #leases(): NodeLease[] {
     return [...this.#held.values()].map(({ claim, result }) => ({
-      rolloutId: claim.rolloutId,
+      rollout_id: claim.rollout_id,
       attempt: claim.attempt,
-      stage: result ? 'eval' : (this.runner.running(claim.rolloutId)?.stage ?? 'queued'),
+      stage: result ? 'eval' : (this.runner.running(claim.rollout_id)?.stage ?? 'queued'),
     }));
   }
 
@@ -343,7 +342,7 @@ export class RolloutNode {
     const signal = this.#stop.signal;
     let failures = 0;
     while (!signal.aborted) {
-      const free = this.#registration.maxRollouts - this.#held.size;
+      const free = this.#registration.max_rollouts - this.#held.size;
       if (free <= 0) {
         await new Promise<void>((resolve) => {
           const done = () => {
@@ -375,7 +374,7 @@ export class RolloutNode {
   }
 
   #start(claim: NodeClaim): void {
-    const id = claim.rolloutId;
+    const id = claim.rollout_id;
     const previous = this.#held.get(id);
     if (previous) this.#lose(previous, 'service'); // re-issued to this node: the old attempt is over
     const held: Held = { claim, lost: false };
@@ -385,7 +384,7 @@ export class RolloutNode {
     const run = async () => {
       await draining;
       if (held.lost) return;
-      const result = await this.runner.run({ id, taskId: claim.taskId, sampleIndex: claim.sampleIndex, attempt: claim.attempt, task: claim.task });
+      const result = await this.runner.run({ id, taskId: claim.task_id, sampleIndex: claim.sample_index, attempt: claim.attempt, task: claim.task });
       if (held.lost || this.#held.get(id) !== held) {
         this.#emit({ type: 'dropped', rolloutId: id, attempt: claim.attempt });
         return;
@@ -406,7 +405,7 @@ export class RolloutNode {
   #lose(held: Held, reason: 'service' | 'timeout'): void {
     if (held.lost) return;
     held.lost = true;
-    const id = held.claim.rolloutId;
+    const id = held.claim.rollout_id;
     if (this.#held.get(id) === held) this.#held.delete(id);
     this.#pending = this.#pending.filter((p) => p !== held);
     if (!held.result && held.done) {
@@ -436,7 +435,7 @@ export class RolloutNode {
       let batchSize = 256;
       while (this.#pending.length > 0 && !this.#stop.signal.aborted) {
         const batch = this.#pending.slice(0, batchSize);
-        const commits: NodeCommit[] = batch.map((held) => ({ rolloutId: held.claim.rolloutId, attempt: held.claim.attempt, result: held.result! }));
+        const commits: NodeCommit[] = batch.map((held) => ({ rollout_id: held.claim.rollout_id, attempt: held.claim.attempt, result: held.result! }));
         const whole = this.#wholeCommits || wholeAgain;
         try {
           const statuses = await this.#client.commit(this.nodeId, commits, { whole });
@@ -464,7 +463,7 @@ export class RolloutNode {
           if (!isRetryable(error)) {
             wholeAgain = false;
             // a commit the service refuses as malformed will not get better: drop it (its lease expires)
-            this.logger.error({ err: error, rollouts: commits.map((c) => c.rolloutId) }, 'commit refused');
+            this.logger.error({ err: error, rollouts: commits.map((c) => c.rollout_id) }, 'commit refused');
             for (const held of batch) this.#committed(held, 'not_found');
             continue;
           }
@@ -481,7 +480,7 @@ export class RolloutNode {
 
   #committed(held: Held, status: NodeCommitStatus): void {
     this.#pending = this.#pending.filter((p) => p !== held);
-    const id = held.claim.rolloutId;
+    const id = held.claim.rollout_id;
     if (this.#held.get(id) === held) this.#held.delete(id);
     if (!held.lost) this.#emit({ type: 'committed', rolloutId: id, attempt: held.claim.attempt, status, state: held.result!.state });
     held.lost = true; // done with
@@ -501,7 +500,7 @@ export class RolloutNode {
       this.#orphan(`the service at ${this.#client.serviceUrl} has not answered for ${Math.round(silent / 1000)} s (serviceLostMs ${serviceLostMs} ms)`);
       return;
     }
-    if (!this.#registeredOnce || performance.now() - this.#lastContact <= this.#timings.nodeTimeoutMs) return;
+    if (!this.#registeredOnce || performance.now() - this.#lastContact <= this.#timings.node_timeout_ms) return;
     const held = [...this.#held.values()];
     if (held.length > 0) this.logger.warn({ held: held.length }, 'no answer from the service for longer than the node timeout: aborting every lease');
     for (const lease of held) this.#lose(lease, 'timeout');
@@ -513,14 +512,14 @@ export class RolloutNode {
     const signal = this.#stop.signal;
     try {
       while (!signal.aborted) {
-        await sleep(this.#timings.heartbeatMs, undefined, { signal }).catch(() => undefined);
+        await sleep(this.#timings.heartbeat_ms, undefined, { signal }).catch(() => undefined);
         if (signal.aborted) break;
         this.#checkContact();
         if (this.#registering) continue;
         const leases = this.#leases();
         const sent = performance.now();
         try {
-          const answer = await this.#client.heartbeat(this.nodeId, leases, AbortSignal.any([signal, AbortSignal.timeout(this.#timings.nodeTimeoutMs)]));
+          const answer = await this.#client.heartbeat(this.nodeId, leases, AbortSignal.any([signal, AbortSignal.timeout(this.#timings.node_timeout_ms)]));
           this.#lastContact = Math.max(this.#lastContact, sent);
           for (const id of answer.lost) {
             const held = this.#held.get(id);
@@ -566,7 +565,7 @@ export class RolloutNode {
       }
       const finished = this.#pending.filter((held) => !held.lost);
       if (finished.length > 0) {
-        const commits = finished.map((held) => ({ rolloutId: held.claim.rolloutId, attempt: held.claim.attempt, result: held.result! }));
+        const commits = finished.map((held) => ({ rollout_id: held.claim.rollout_id, attempt: held.claim.attempt, result: held.result! }));
         await this.#client.commit(this.nodeId, commits).then(
           (statuses) => finished.forEach((held, i) => this.#committed(held, statuses[i] ?? 'not_found')),
           (error: unknown) => this.logger.warn({ err: error }, 'finished results not committed on leaving'),
