@@ -96,7 +96,7 @@ describe('rollserve start', () => {
       const node = new NodeClient({ serviceUrl: urls.rollouts! });
       const listed = async () => ((await call(urls.rollouts!, 'GET', '/v1/nodes')).json as { nodes: Array<{ node_id: string; state: string }> }).nodes.map((n) => [n.node_id, n.state]);
       try {
-        await node.register({ nodeId: 'passing', host: 'localhost', pid: process.pid, capacity: { init: 1, run: 1, eval: 1 }, maxRollouts: 1, environments: ['code', 'math', 'stem', 'swe'] });
+        await node.register({ node_id: 'passing', host: 'localhost', pid: process.pid, capacity: { init: 1, run: 1, eval: 1 }, max_rollouts: 1, environments: ['code', 'math', 'stem', 'swe'] });
         expect(await listed()).toEqual([['passing', 'up']]);
         await node.deregister('passing');
         // gone at the service's next sweep (every 2 s); a deadline, so a failure still stops the service

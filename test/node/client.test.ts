@@ -11,7 +11,7 @@ import { Resources, startService, startShellPolicy } from './helpers.ts';
 const resources = new Resources();
 afterEach(() => resources.cleanup());
 
-const registration = { nodeId: 'c1', host: 'h', pid: 1, capacity: { init: 1, run: 1, eval: 1 }, maxRollouts: 1, environments: ['shell'] };
+const registration = { node_id: 'c1', host: 'h', pid: 1, capacity: { init: 1, run: 1, eval: 1 }, max_rollouts: 1, environments: ['shell'] };
 
 /** A server that answers 503 `failures` times, then lets `then` answer. */
 async function flaky(failures: number, then: string): Promise<{ url: string; hits: () => number }> {
@@ -38,7 +38,7 @@ describe('NodeClient', () => {
 
     const right = new NodeClient({ serviceUrl: `${url}/`, token: 't' });
     resources.add(() => right.close());
-    expect(await right.register(registration)).toMatchObject({ nodeId: 'c1', heartbeatMs: 250, nodeTimeoutMs: 3_000 });
+    expect(await right.register(registration)).toMatchObject({ node_id: 'c1', heartbeat_ms: 250, node_timeout_ms: 3_000 });
     const unknown = await right.heartbeat('nobody', []).catch((error: unknown) => error);
     expect(RolloutError.isInstance(unknown) && unknown.code).toBe('NOT_FOUND');
 
@@ -52,7 +52,7 @@ describe('NodeClient', () => {
     const server = await flaky(3, answer);
     const client = new NodeClient({ serviceUrl: server.url });
     resources.add(() => client.close());
-    expect(await withRetry(() => client.register(registration), { minMs: 1, maxMs: 5 })).toEqual({ nodeId: 'c1', credential: 'secret', leaseMs: 1, heartbeatMs: 2, nodeTimeoutMs: 3 });
+    expect(await withRetry(() => client.register(registration), { minMs: 1, maxMs: 5 })).toEqual({ node_id: 'c1', credential: 'secret', lease_ms: 1, heartbeat_ms: 2, node_timeout_ms: 3 });
     expect(server.hits()).toBe(4);
 
     let calls = 0;

@@ -42,11 +42,11 @@ const task = (id: string, count = 0): RolloutTaskInput => ({
 });
 
 const node = (nodeId: string): NodeRegistration => ({
-  nodeId,
+  node_id: nodeId,
   host: 'localhost',
   pid: process.pid,
   capacity: { init: 4, run: 4, eval: 4 },
-  maxRollouts: 4,
+  max_rollouts: 4,
   environments: ['counter'],
 });
 
@@ -96,30 +96,30 @@ describe('rollout service on its store', () => {
 
     // a node that claims both, runs one and goes silent
     const registered = await svc.registerNode(node('n-lost'));
-    expect(registered).toEqual({ nodeId: 'n-lost', credential: expect.stringMatching(/^[\w-]{43}$/), leaseMs: 30_000, heartbeatMs: 20, nodeTimeoutMs: 150 });
+    expect(registered).toEqual({ node_id: 'n-lost', credential: expect.stringMatching(/^[\w-]{43}$/), lease_ms: 30_000, heartbeat_ms: 20, node_timeout_ms: 150 });
     const nLost = registered;
     const claims = await svc.claimForNode(nLost, 2, 0);
-    expect(claims.map((c) => [c.rolloutId, c.attempt])).toEqual([['a', 1], ['b', 1]]);
+    expect(claims.map((c) => [c.rollout_id, c.attempt])).toEqual([['a', 1], ['b', 1]]);
     expect((await svc.get('a'))!.state).toBe('queued'); // leased, not started on the node yet
-    const runner = new RolloutRunner({ environments: [counterEnvironment], models: { forRollout: (id, p) => (request, signal) => svc.modelTurn(nLost, { rolloutId: id, attempt: 1, request }, signal), release: () => undefined } });
+    const runner = new RolloutRunner({ environments: [counterEnvironment], models: { forRollout: (id, p) => (request, signal) => svc.modelTurn(nLost, { rollout_id: id, attempt: 1, ...request }, signal), release: () => undefined } });
     cleanups.push(() => runner.close());
     const early = await runner.run({ id: 'a', taskId: 'a', sampleIndex: 0, attempt: 1, task: claims[0]!.task });
     expect(early).toMatchObject({ state: 'done', reward: 1 });
-    expect(await svc.commitFromNode(nLost, [{ rolloutId: 'a', attempt: 1, result: early }])).toEqual(['committed']);
+    expect(await svc.commitFromNode(nLost, [{ rollout_id: 'a', attempt: 1, result: early }])).toEqual(['committed']);
     const late = await runner.run({ id: 'b', taskId: 'b', sampleIndex: 0, attempt: 1, task: claims[1]!.task });
 
     // silent past its timeout: lost, its other rollout re-issued
-    await until(() => svc.nodes().find((n) => n.nodeId === 'n-lost')?.state === 'lost');
-    expect((await svc.heartbeat(nLost, [{ rolloutId: 'b', attempt: 1, stage: 'eval' }])).lost).toEqual(['b']);
+    await until(() => svc.nodes().find((n) => n.node_id === 'n-lost')?.state === 'lost');
+    expect((await svc.heartbeat(nLost, [{ rollout_id: 'b', attempt: 1, stage: 'eval' }])).lost).toEqual(['b']);
     const n2 = await svc.registerNode(node('n-2'));
     const again = await svc.claimForNode(n2, 4, 0);
-    expect(again.map((c) => [c.rolloutId, c.attempt])).toEqual([['b', 2]]);
+    expect(again.map((c) => [c.rollout_id, c.attempt])).toEqual([['b', 2]]);
     // the lost node's result comes in late: refused, and its policy calls are refused too
-    expect(await svc.commitFromNode(nLost, [{ rolloutId: 'b', attempt: 1, result: late }])).toEqual(['stale']);
-    await expect(svc.modelTurn(nLost, { rolloutId: 'b', attempt: 1, request: { messages: [], tools: [] } }, new AbortController().signal)).rejects.toMatchObject({ code: 'CONFLICT' });
+    expect(await svc.commitFromNode(nLost, [{ rollout_id: 'b', attempt: 1, result: late }])).toEqual(['stale']);
+    await expect(svc.modelTurn(nLost, { rollout_id: 'b', attempt: 1, messages: [], tools: [] }, new AbortController().signal)).rejects.toMatchObject({ code: 'CONFLICT' });
     const waited = svc.wait('b');
     const current: RolloutResult = { ...late, reward: 1, finished_at: new Date().toISOString() };
-    expect(await svc.commitFromNode(n2, [{ rolloutId: 'b', attempt: 2, result: current }, { rolloutId: 'b', attempt: 2, result: current }])).toEqual(['committed', 'duplicate']);
+    expect(await svc.commitFromNode(n2, [{ rollout_id: 'b', attempt: 2, result: current }, { rollout_id: 'b', attempt: 2, result: current }])).toEqual(['committed', 'duplicate']);
     expect((await waited).finished_at).toBe(current.finished_at);
     expect(await svc.store.counts()).toEqual({ queued: 0, leased: 0, done: 2, failed: 0, cancelled: 0 });
     expect((await svc.store.listResults()).items.map((r) => r.id).sort()).toEqual(['a', 'b']);
@@ -129,8 +129,8 @@ describe('rollout service on its store', () => {
     const fake = await policy({ script: () => 'done' });
     const svc = await service({ backends: [fake.url] });
     await expect(svc.registerNode({ ...node('n'), environments: ['math'] })).rejects.toMatchObject({ code: 'UNPROCESSABLE', message: expect.stringMatching(/does not serve environment counter/) });
-    await expect(svc.heartbeat({ nodeId: 'nobody' }, [])).rejects.toMatchObject({ code: 'NOT_FOUND' });
-    await expect(svc.claimForNode({ nodeId: 'nobody' }, 1, 0)).rejects.toMatchObject({ code: 'NOT_FOUND' });
+    await expect(svc.heartbeat({ node_id: 'nobody' }, [])).rejects.toMatchObject({ code: 'NOT_FOUND' });
+    await expect(svc.claimForNode({ node_id: 'nobody' }, 1, 0)).rejects.toMatchObject({ code: 'NOT_FOUND' });
   });
 
   it('delivers a cancel to the node holding the rollout with its next heartbeat', async () => {
@@ -140,7 +140,7 @@ describe('rollout service on its store', () => {
     const n = await svc.registerNode(node('n'));
     const [claim] = await svc.claimForNode(n, 1, 0);
     await svc.cancel('c');
-    expect((await svc.heartbeat(n, [{ rolloutId: 'c', attempt: claim!.attempt, stage: 'run' }])).cancel).toEqual(['c']);
+    expect((await svc.heartbeat(n, [{ rollout_id: 'c', attempt: claim!.attempt, stage: 'run' }])).cancel).toEqual(['c']);
     expect((await svc.get('c'))!.state).toBe('run'); // as the node reported it
   });
 
@@ -152,7 +152,7 @@ describe('rollout service on its store', () => {
     expect(await svc.claimForNode(gone, 1, 0)).toHaveLength(1);
     const view = await svc.cancel('c');
     expect(view.state).toBe('queued'); // leased; the node would hear at its next heartbeat, but it never comes
-    await until(() => svc.nodes().find((n) => n.nodeId === 'n-gone')?.state === 'lost');
+    await until(() => svc.nodes().find((n) => n.node_id === 'n-gone')?.state === 'lost');
     const next = await svc.registerNode(node('n-next'));
     expect(await svc.claimForNode(next, 1, 0)).toEqual([]); // not handed out again
     expect(await svc.wait('c')).toMatchObject({ state: 'cancelled', critical_error: 'cancelled', filter: true });
@@ -174,7 +174,7 @@ describe('rollout service on its store', () => {
         await new Promise((r) => setTimeout(r, 20));
       }
     })();
-    const listed = () => svc.nodes().map((n) => `${n.nodeId} ${n.state}`).sort();
+    const listed = () => svc.nodes().map((n) => `${n.node_id} ${n.state}`).sort();
     // the silent one is lost, and both departed nodes are still listed for a while
     await until(() => listed().includes('silent lost'));
     expect(listed()).toEqual(['alive up', 'leaving left', 'silent lost']);
@@ -185,7 +185,7 @@ describe('rollout service on its store', () => {
     // a forgotten node that heartbeats is not known (the agent registers again on that answer)
     await expect(svc.heartbeat(silent, [])).rejects.toMatchObject({ code: 'NOT_FOUND' });
     await svc.registerNode(node('silent'));
-    expect(svc.nodes().find((n) => n.nodeId === 'silent')?.state).toBe('up');
+    expect(svc.nodes().find((n) => n.node_id === 'silent')?.state).toBe('up');
   });
 
   it('runs on PostgreSQL: a database restart mid-batch loses and duplicates nothing, and a new service finds the results', async () => {

@@ -40,7 +40,7 @@ describe.skipIf(missing !== undefined)('asking Slurm whether node jobs are gone'
       while (!(await check())) await new Promise((r) => setTimeout(r, 200));
     };
     await waitFor(async () => (await slurm.jobs(running))[0]?.state === 'RUNNING');
-    const first = slurmJobOf({ slurm: { arrayJobId: array, arrayTaskId: '0', jobId: 'ignored' } })!;
+    const first = slurmJobOf({ slurm: { array_job_id: array, array_task_id: '0', job_id: 'ignored' } })!;
     expect(first).toBe(`${array}_0`);
     const node = (await slurm.jobs(running))[0]!.nodeList;
     const refs = [{ id: running, node }, { id: first }];
@@ -81,20 +81,20 @@ describe.skipIf(missing !== undefined)('asking Slurm whether node jobs are gone'
       const task = `${array}_1`;
       const { nodeList: host } = await slurm.waitFor('the array task to run', async () => (await slurm.jobs(array)).find((t) => t.arrayTaskId === '1' && t.state === 'RUNNING'));
       const node = (nodeId: string, nodeName: string, restartCount: string): NodeRegistration => ({
-        nodeId,
+        node_id: nodeId,
         host: 'localhost',
         pid: process.pid,
         capacity: { init: 1, run: 1, eval: 1 },
-        maxRollouts: 1,
+        max_rollouts: 1,
         environments: ['counter'],
-        slurm: { jobId: '1', arrayJobId: array, arrayTaskId: '1', nodeName, restartCount },
+        slurm: { job_id: '1', array_job_id: array, array_task_id: '1', node_name: nodeName, restart_count: restartCount },
       });
       // the task's first run, on a node it no longer runs on, and its requeued run, where it runs
       const oldRun = await service.registerNode(node('old-run', 'elsewhere', '0'));
       const newRun = await service.registerNode(node('new-run', host, '1'));
-      const state = (id: string) => service.nodes().find((n) => n.nodeId === id);
+      const state = (id: string) => service.nodes().find((n) => n.node_id === id);
       await slurm.waitFor('the old run to be lost', () => state('old-run')?.state === 'lost', { timeoutMs: 30_000, intervalMs: 50 });
-      expect(state('old-run')?.lostReason).toBe(`Slurm job ${task} is gone`);
+      expect(state('old-run')?.lost_reason).toBe(`Slurm job ${task} is gone`);
       // still up after the service asked Slurm twice more
       const seen = asked();
       const deadline = Date.now() + 30_000;
@@ -108,7 +108,7 @@ describe.skipIf(missing !== undefined)('asking Slurm whether node jobs are gone'
       // as lost, with why; the new run can register again
       await expect(service.registerNode(node('old-run', 'elsewhere', '0'), oldRun.credential)).rejects.toMatchObject({ code: 'CONFLICT' });
       expect(await service.deregisterNode(oldRun)).toEqual({ released: 0 });
-      expect(state('old-run')).toMatchObject({ state: 'lost', lostReason: `Slurm job ${task} is gone` });
+      expect(state('old-run')).toMatchObject({ state: 'lost', lost_reason: `Slurm job ${task} is gone` });
       await service.registerNode(node('new-run', host, '1'), newRun.credential);
 
       await slurm.cancel(array);
@@ -141,7 +141,7 @@ describe.skipIf(missing !== undefined)('asking Slurm whether node jobs are gone'
     try {
       await slurm.waitFor('the node to register', () => out.stdout.includes('registered') || child.exitCode !== null, { intervalMs: 50 });
       expect(out.stdout).toMatch(/registered/);
-      expect(service.nodes()).toMatchObject([{ state: 'up', slurm: { jobId: job, nodeName: host } }]);
+      expect(service.nodes()).toMatchObject([{ state: 'up', slurm: { job_id: job, node_name: host } }]);
       await slurm.cancel(job);
       expect(await exited).toEqual([3, null]);
       expect(out.stderr).toMatch(new RegExp(`^rollserve node: Slurm job ${job} of this node is gone .*; exiting$`, 'm'));

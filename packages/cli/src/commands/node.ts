@@ -79,7 +79,7 @@ export default defineCommand({
       }
       throw error;
     });
-    const { capacity, maxRollouts: held, environments: envs } = rolloutNode.registration;
+    const { capacity, max_rollouts: held, environments: envs } = rolloutNode.registration;
     console.log(`node ${rolloutNode.nodeId} registered with ${service} (init ${capacity.init}, run ${capacity.run}, eval ${capacity.eval}; up to ${held} rollouts; ${envs.join(', ')})`);
     // the service refusing to take the node back ends it: exit 1 with the reason
     void rolloutNode.ended().then(({ refused, orphaned }) => {

@@ -1,29 +1,27 @@
 import { createRoute, OpenAPIHono, z } from '@hono/zod-openapi';
-import { NODE_CREDENTIAL_HEADER, type HeartbeatAnswer, type NodeAuth, type NodeCommitStatus, type NodeCoordinator, type NodeModelRequest } from '../protocol/nodes.ts';
 import {
-  fromWireRegistration,
+  HeartbeatAnswer,
+  NODE_CREDENTIAL_HEADER,
+  NodeClaim,
+  NodeClaimRequest,
+  NodeClaims,
+  NodeCommitAnswer,
+  NodeCommits,
+  NodeHeartbeat,
   NodeId,
-  toWireClaim,
+  NodeModelRequest,
+  NodeRegistered,
+  NodeRegistration,
+  NodeView,
   toWireModelTurn,
-  toWireNodeView,
-  toWireRegistered,
-  WireClaimRequest,
-  WireClaims,
-  WireCommitAnswer,
-  WireCommits,
-  WireHeartbeat,
-  WireHeartbeatAnswer,
-  WireModelRequest,
   WireModelTurn,
-  WireNodeRegistered,
-  WireNodeRegistration,
-  WireNodeView,
-} from '../protocol/node-wire.ts';
-import type { ChatMessage, ChatTool } from '../protocol/chat.ts';
+  type NodeAuth,
+  type NodeCoordinator,
+} from '../protocol/nodes.ts';
 import type { ApiContext } from './context.ts';
 import { errorResponses } from './wire.ts';
 
-// The rollout-node routes; their wire formats are ../protocol/node-wire.ts.
+// The rollout-node routes; their wire formats are ../protocol/nodes.ts.
 
 const NodeParam = z.object({ node_id: NodeId.openapi({ param: { name: 'node_id', in: 'path' } }) });
 /** The node's credential: optional in the schema, so a missing one is the 401 that says what is wrong, not a 422. */
@@ -44,9 +42,9 @@ const registerRoute = createRoute({
   path: '/v1/nodes',
   summary:
     "Register a rollout node (`rollserve node`), or register it again under the same id; answers its credential and the timings it must keep. Registering again under an id in use (a node up, or holding leases) needs that node's credential in the x-rollserve-node-credential header: a 409 without it. The id `service` is reserved (422)",
-  request: { headers: CredentialHeader, body: { required: true, content: json(WireNodeRegistration) } },
+  request: { headers: CredentialHeader, body: { required: true, content: json(NodeRegistration) } },
   responses: {
-    201: { description: 'Registered', content: json(WireNodeRegistered) },
+    201: { description: 'Registered', content: json(NodeRegistered) },
     ...errorResponses(400, 401, 409, 422, 503),
   },
 });
@@ -56,7 +54,7 @@ const listRoute = createRoute({
   path: '/v1/nodes',
   summary: 'The rollout nodes: registration, last heartbeat, leases held, state (up, lost, left)',
   responses: {
-    200: { description: 'Nodes', content: json(z.strictObject({ nodes: z.array(WireNodeView) }).openapi('NodeList')) },
+    200: { description: 'Nodes', content: json(z.strictObject({ nodes: z.array(NodeView) }).openapi('NodeList')) },
     ...errorResponses(401),
   },
 });
@@ -66,9 +64,9 @@ const heartbeatRoute = createRoute({
   path: '/v1/nodes/{node_id}/heartbeat',
   summary:
     "A node's heartbeat with every lease it holds (at most its max_rollouts: a 422 naming it otherwise): renews those it holds, names those it lost (a lease held past 3× its task's time_limit_s is not renewed) and those to cancel. 404: unknown node (register again)",
-  request: { params: NodeParam, headers: CredentialHeader, body: { required: true, content: json(WireHeartbeat) } },
+  request: { params: NodeParam, headers: CredentialHeader, body: { required: true, content: json(NodeHeartbeat) } },
   responses: {
-    200: { description: 'What the node keeps, loses and cancels', content: json(WireHeartbeatAnswer) },
+    200: { description: 'What the node keeps, loses and cancels', content: json(HeartbeatAnswer) },
     ...errorResponses(400, 404, 422, 503),
     401: NODE_401,
   },
@@ -79,9 +77,9 @@ const claimRoute = createRoute({
   path: '/v1/nodes/{node_id}/claim',
   summary:
     "Lease up to `limit` queued rollouts of the node's environments (`limit` at most its max_rollouts; no more than its free capacity is handed out); with none, a long poll of up to `wait_ms`",
-  request: { params: NodeParam, headers: CredentialHeader, body: { required: true, content: json(WireClaimRequest) } },
+  request: { params: NodeParam, headers: CredentialHeader, body: { required: true, content: json(NodeClaimRequest) } },
   responses: {
-    200: { description: 'Leased rollouts (maybe none)', content: json(WireClaims) },
+    200: { description: 'Leased rollouts (maybe none)', content: json(NodeClaims) },
     ...errorResponses(400, 404, 422, 503),
     401: NODE_401,
   },
@@ -92,9 +90,9 @@ const resultsRoute = createRoute({
   path: '/v1/nodes/{node_id}/results',
   summary:
     "Commit finished rollouts, each with its lease's attempt; each answers committed, duplicate, stale (the lease was re-issued, or is not this node's: nothing changed) or not_found. Only the node holding a rollout's lease at that attempt commits it. The results are RolloutResult as the API shows them (NodeRolloutResult), their token ids sent once (`$tokens`)",
-  request: { params: NodeParam, headers: CredentialHeader, body: { required: true, content: json(WireCommits) } },
+  request: { params: NodeParam, headers: CredentialHeader, body: { required: true, content: json(NodeCommits) } },
   responses: {
-    200: { description: 'One status per result, in order', content: json(WireCommitAnswer) },
+    200: { description: 'One status per result, in order', content: json(NodeCommitAnswer) },
     ...errorResponses(400, 404, 422, 503),
     401: NODE_401,
   },
@@ -104,7 +102,7 @@ const modelRoute = createRoute({
   method: 'post',
   path: '/v1/nodes/{node_id}/model',
   summary: "One policy turn of a rollout the node holds, through the service's LLM backends (least in flight, sticky per rollout); closing the request aborts it",
-  request: { params: NodeParam, headers: CredentialHeader, body: { required: true, content: json(WireModelRequest) } },
+  request: { params: NodeParam, headers: CredentialHeader, body: { required: true, content: json(NodeModelRequest) } },
   responses: {
     200: { description: 'The turn', content: json(WireModelTurn) },
     ...errorResponses(400, 404, 409, 422, 503),
@@ -132,41 +130,31 @@ export function nodesApi({ service }: ApiContext): OpenAPIHono {
   const app = new OpenAPIHono();
 
   const auth = (c: { req: { valid(target: 'param'): { node_id: string }; header(name: string): string | undefined } }): NodeAuth => ({
-    nodeId: c.req.valid('param').node_id,
+    node_id: c.req.valid('param').node_id,
     credential: c.req.header(NODE_CREDENTIAL_HEADER),
   });
 
-  app.openapi(registerRoute, async (c) => c.json(toWireRegistered(await nodes.registerNode(fromWireRegistration(c.req.valid('json')), c.req.header(NODE_CREDENTIAL_HEADER))), 201));
+  app.openapi(registerRoute, async (c) => c.json(await nodes.registerNode(c.req.valid('json'), c.req.header(NODE_CREDENTIAL_HEADER)), 201));
 
-  app.openapi(listRoute, (c) => c.json({ nodes: nodes.nodes().map(toWireNodeView) }, 200));
+  app.openapi(listRoute, (c) => c.json({ nodes: nodes.nodes() }, 200));
 
-  app.openapi(heartbeatRoute, async (c) => {
-    const leases = c.req.valid('json').leases.map((l) => ({ rolloutId: l.rollout_id, attempt: l.attempt, stage: l.stage }));
-    const answer: HeartbeatAnswer = await nodes.heartbeat(auth(c), leases);
-    return c.json({ renewed: answer.renewed, lost: answer.lost, cancel: answer.cancel }, 200);
-  });
+  app.openapi(heartbeatRoute, async (c) => c.json(await nodes.heartbeat(auth(c), c.req.valid('json').leases), 200));
 
   app.openapi(claimRoute, async (c) => {
     const { limit, wait_ms } = c.req.valid('json');
     const claims = await nodes.claimForNode(auth(c), limit, wait_ms, c.req.raw.signal);
-    return c.json({ claims: claims.map(toWireClaim) }, 200);
+    // (each task goes out as the RolloutTask it is; the document calls it an object)
+    return c.json({ claims: claims as Array<z.infer<typeof NodeClaim>> }, 200);
   });
 
   app.openapi(resultsRoute, async (c) => {
-    const commits = c.req.valid('json').results.map((r) => ({ rolloutId: r.rollout_id, attempt: r.attempt, result: r.result }));
-    const statuses: NodeCommitStatus[] = await nodes.commitFromNode(auth(c), commits);
-    return c.json({ results: commits.map((commit, i) => ({ rollout_id: commit.rolloutId, status: statuses[i]! })) }, 200);
+    const commits = c.req.valid('json').results;
+    const statuses = await nodes.commitFromNode(auth(c), commits);
+    return c.json({ results: commits.map((commit, i) => ({ rollout_id: commit.rollout_id, status: statuses[i]! })) }, 200);
   });
 
-  app.openapi(modelRoute, async (c) => {
-    const body = c.req.valid('json');
-    const call: NodeModelRequest = {
-      rolloutId: body.rollout_id,
-      attempt: body.attempt,
-      request: { messages: body.messages as unknown as ChatMessage[], tools: body.tools as unknown as ChatTool[] },
-    };
-    return c.json(toWireModelTurn(await nodes.modelTurn(auth(c), call, c.req.raw.signal)), 200);
-  });
+  // (the messages and tools are the agent loop's; the schema checks only their shape)
+  app.openapi(modelRoute, async (c) => c.json(toWireModelTurn(await nodes.modelTurn(auth(c), c.req.valid('json') as unknown as NodeModelRequest, c.req.raw.signal)), 200));
 
   app.openapi(deregisterRoute, async (c) => c.json(await nodes.deregisterNode(auth(c)), 200));
 

@@ -1,23 +1,26 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Agent, request, type Dispatcher } from 'undici';
 import { ERROR_CODES, RolloutError, type RolloutErrorCode } from '../errors.ts';
-import type { ModelTurn } from '../runner/agent-loop.ts';
+import type { ModelTurn } from '../protocol/chat.ts';
+import { toLegacyResult } from '../protocol/legacy-result.ts';
 import {
-  fromWireClaim,
   fromWireModelTurn,
-  fromWireRegistered,
-  toWireCommit,
-  toWireLease,
-  toWireModelRequest,
-  toWireRegistration,
-  WireClaims,
-  WireCommitAnswer,
-  WireHeartbeatAnswer,
+  HeartbeatAnswer,
+  NODE_CREDENTIAL_HEADER,
+  NodeClaims,
+  NodeCommitAnswer,
+  NodeRegistered,
+  NodeView,
   WireModelTurn,
-  WireNodeRegistered,
-  WireNodeView,
-} from '../protocol/node-wire.ts';
-import { NODE_CREDENTIAL_HEADER, type HeartbeatAnswer, type NodeClaim, type NodeCommit, type NodeCommitStatus, type NodeLease, type NodeModelRequest, type NodeRegistered, type NodeRegistration } from '../protocol/nodes.ts';
+  type NodeClaim,
+  type NodeCommit,
+  type NodeCommitStatus,
+  type NodeLease,
+  type NodeModelRequest,
+  type NodeRegistration,
+} from '../protocol/nodes.ts';
+import { encodeResult } from '../protocol/result-codec.ts';
+import { RolloutTask } from '../protocol/rollout.ts';
 import { z } from 'zod';
 
 export interface NodeClientOptions {
@@ -59,7 +62,7 @@ export async function withRetry<T>(
 }
 
 const Released = z.object({ released: z.number().int() });
-const NodeList = z.object({ nodes: z.array(WireNodeView) });
+const NodeList = z.object({ nodes: z.array(NodeView) });
 
 const isCode = (code: unknown): code is RolloutErrorCode => typeof code === 'string' && code in ERROR_CODES;
 
@@ -162,38 +165,45 @@ export class NodeClient {
 
   /** Registers (again, presenting the credential it has); keeps the credential the service answers. */
   async register(registration: NodeRegistration, signal?: AbortSignal): Promise<NodeRegistered> {
-    const registered = fromWireRegistered(await this.#call('POST', '/v1/nodes', WireNodeRegistered, toWireRegistration(registration), signal ? { signal } : {}));
+    const registered = await this.#call('POST', '/v1/nodes', NodeRegistered, registration, signal ? { signal } : {});
     this.credential = registered.credential;
     return registered;
   }
 
   heartbeat(nodeId: string, leases: readonly NodeLease[], signal?: AbortSignal): Promise<HeartbeatAnswer> {
-    return this.#call('POST', `${this.#node(nodeId)}/heartbeat`, WireHeartbeatAnswer, { leases: leases.map(toWireLease) }, signal ? { signal } : {});
+    return this.#call('POST', `${this.#node(nodeId)}/heartbeat`, HeartbeatAnswer, { leases }, signal ? { signal } : {});
   }
 
-  /** A long poll: answers within `waitMs` (plus the call's limit). */
+  /**
+   * A long poll: answers within `waitMs` (plus the call's limit). Each claim's task is checked
+   * against RolloutTask here: a version skew shows now, not mid-rollout.
+   */
   async claim(nodeId: string, limit: number, waitMs: number, signal?: AbortSignal): Promise<NodeClaim[]> {
-    const answer = await this.#call('POST', `${this.#node(nodeId)}/claim`, WireClaims, { limit, wait_ms: waitMs }, { extraMs: waitMs, ...(signal ? { signal } : {}) });
-    return answer.claims.map(fromWireClaim);
+    const answer = await this.#call('POST', `${this.#node(nodeId)}/claim`, NodeClaims, { limit, wait_ms: waitMs }, { extraMs: waitMs, ...(signal ? { signal } : {}) });
+    return answer.claims.map((claim) => ({ ...claim, task: RolloutTask.parse(claim.task) }));
   }
 
-  /** Commits results, their token ids sent once; `whole` sends them as they are (for a service before that form). */
+  /**
+   * Commits results, each token id sent once (a result's ids, whole in every turn, would be most of
+   * the body), or `whole` for a service that does not read that form: an older rollserve, which
+   * reads results whole in their camelCase form (today's service reads that too).
+   */
   async commit(nodeId: string, commits: readonly NodeCommit[], { signal, whole = false }: { signal?: AbortSignal; whole?: boolean } = {}): Promise<NodeCommitStatus[]> {
-    const answer = await this.#call('POST', `${this.#node(nodeId)}/results`, WireCommitAnswer, { results: commits.map((c) => toWireCommit(c, whole)) }, signal ? { signal } : {});
+    const results = commits.map((commit) => ({ ...commit, result: whole ? toLegacyResult(commit.result) : encodeResult(commit.result) }));
+    const answer = await this.#call('POST', `${this.#node(nodeId)}/results`, NodeCommitAnswer, { results }, signal ? { signal } : {});
     return answer.results.map((r) => r.status);
   }
 
   /** One policy turn; no time limit of its own (generation takes what it takes): aborting `signal` ends it. */
   async modelTurn(nodeId: string, call: NodeModelRequest, signal: AbortSignal): Promise<ModelTurn> {
-    const turn: z.infer<typeof WireModelTurn> = await this.#call('POST', `${this.#node(nodeId)}/model`, WireModelTurn, toWireModelRequest(call), { signal, extraMs: 24 * 3_600_000 });
-    return fromWireModelTurn(turn);
+    return fromWireModelTurn(await this.#call('POST', `${this.#node(nodeId)}/model`, WireModelTurn, call, { signal, extraMs: 24 * 3_600_000 }));
   }
 
   deregister(nodeId: string): Promise<{ released: number }> {
     return this.#call('DELETE', this.#node(nodeId), Released);
   }
 
-  async nodes(): Promise<Array<z.infer<typeof WireNodeView>>> {
+  async nodes(): Promise<NodeView[]> {
     return (await this.#call('GET', '/v1/nodes', NodeList)).nodes;
   }
 

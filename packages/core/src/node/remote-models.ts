@@ -34,7 +34,7 @@ export class RemoteModelProvider implements ModelProvider {
           const attempt = this.options.attemptOf(rolloutId);
           if (attempt === undefined) throw new RolloutError({ code: 'CANCELLED', message: `rollout "${rolloutId}" is no longer held by this node` });
           try {
-            return await client.modelTurn(nodeId, { rolloutId, attempt, request }, signal);
+            return await client.modelTurn(nodeId, { rollout_id: rolloutId, attempt, messages: request.messages, tools: request.tools }, signal);
           } catch (error) {
             // an unknown node (the service restarted) or a credential not taken: register again, then try once more
             if (RolloutError.isInstance(error) && (error.code === 'NOT_FOUND' || error.code === 'UNAUTHORIZED') && !registeredAgain) {

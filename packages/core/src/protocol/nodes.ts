@@ -1,34 +1,25 @@
+import { z } from '@hono/zod-openapi';
 import type { ChatMessage, ChatTool, ModelTurn } from './chat.ts';
-import type { RolloutResult, RolloutTask, StageName } from './rollout.ts';
+import { toCurrentResult } from './legacy-result.ts';
+import { integerArray, numberArray } from './number-arrays.ts';
+import { decodeResult } from './result-codec.ts';
+import { RolloutResult, type RolloutTask } from './rollout.ts';
 
 /**
  * The rollout-node protocol: what `rollserve node` and the central service say to each other
- * (HTTP routes under /v1/nodes, see api/nodes.ts). A node registers, then pulls work while it has
- * free slots (each rollout under a lease with an expiry and a fencing attempt), heartbeats the
- * leases it holds, runs each rollout's whole session locally and commits the result. Only the
- * central service talks to the store; nodes need nothing but its URL.
+ * (HTTP routes under /v1/nodes, see api/nodes.ts; the node's client is node/client.ts). A node
+ * registers, then pulls work while it has free slots (each rollout under a lease with an expiry
+ * and a fencing attempt), heartbeats the leases it holds, runs each rollout's whole session
+ * locally and commits the result. Only the central service talks to the store; nodes need nothing
+ * but its URL.
+ *
+ * Each message is one zod schema here, snake_case as on the wire, and its type is inferred from
+ * it: both sides use what the wire carries, unrenamed. The one exception is a policy turn, which
+ * the runner and the LLM clients know as the camelCase ModelTurn (see WireModelTurn).
+ *
+ * Every call after a registration carries the node's credential (given by the registration) in
+ * the NODE_CREDENTIAL_HEADER header, besides the service's bearer token in `Authorization`.
  */
-
-/** What a node says about itself when it registers. */
-export interface NodeRegistration {
-  /**
-   * The node's id, chosen by the node and kept across re-registrations (after a service restart
-   * the node registers again under the same id and its leases stay its own).
-   */
-  nodeId: string;
-  host: string;
-  pid: number;
-  /** Worker slots per stage. */
-  capacity: Record<StageName, number>;
-  /** Rollouts the node holds at most at once (claims stop there). */
-  maxRollouts: number;
-  /** The environments the node can run (a claim only hands out rollouts of these). */
-  environments: string[];
-  /** From the Slurm job environment, when the node runs as a Slurm task. */
-  slurm?: { jobId?: string; arrayJobId?: string; arrayTaskId?: string; stepId?: string; nodeName?: string; procId?: string; restartCount?: string };
-  /** rollserve's version on the node. */
-  version?: string;
-}
 
 /**
  * The id under which the central service leases what its own pools run. No node may register
@@ -45,85 +36,249 @@ export const isReservedNodeId = (nodeId: string): boolean => nodeId.toLowerCase(
  */
 export const NODE_CREDENTIAL_HEADER = 'x-rollserve-node-credential';
 
-/** Who calls: a node's id and the credential it was given at registration. */
+/** Rollouts a node holds at most: its claims, heartbeats and commits are bounded by it. */
+export const MAX_NODE_ROLLOUTS = 10_000;
+
+export const NodeId = z
+  .string()
+  .regex(/^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$/, 'node ids are 1-128 of [A-Za-z0-9._:-], starting alphanumeric')
+  .refine((id) => !isReservedNodeId(id), 'this node id is reserved (the service\'s own worker id)');
+const Slots = z.number().int().positive().max(100_000);
+const Stage = z.enum(['queued', 'init', 'run', 'eval']);
+
+/** From the Slurm job environment, when the node runs as a Slurm task (see slurmFromEnv). */
+export const NodeSlurm = z.strictObject({
+  job_id: z.string().optional(),
+  array_job_id: z.string().optional(),
+  array_task_id: z.string().optional(),
+  step_id: z.string().optional(),
+  node_name: z.string().optional(),
+  proc_id: z.string().optional(),
+  /** SLURM_RESTART_COUNT: how many times Slurm requeued the job (tells a requeued run from the one before). */
+  restart_count: z.string().optional(),
+});
+export type NodeSlurm = z.infer<typeof NodeSlurm>;
+
+/** What a node says about itself when it registers. */
+export const NodeRegistration = z
+  .strictObject({
+    /**
+     * The node's id, chosen by the node and kept across re-registrations (after a service restart
+     * the node registers again under the same id and its leases stay its own).
+     */
+    node_id: NodeId,
+    host: z.string().min(1),
+    pid: z.number().int().nonnegative(),
+    /** Worker slots per stage. */
+    capacity: z.strictObject({ init: Slots, run: Slots, eval: Slots }),
+    /** Rollouts the node holds at most at once: a heartbeat carries at most this many leases, a claim asks for at most this many. */
+    max_rollouts: z.number().int().positive().max(MAX_NODE_ROLLOUTS),
+    /** The environments it runs (a claim only hands out rollouts of these); one the service has and the node lacks is a 422 that names it. */
+    environments: z.array(z.string().min(1)),
+    /** From the Slurm job environment (SLURM_JOB_ID, SLURM_ARRAY_JOB_ID, …). */
+    slurm: NodeSlurm.optional(),
+    /** rollserve's version on the node. */
+    version: z.string().optional(),
+  })
+  .openapi('NodeRegistration');
+export type NodeRegistration = z.infer<typeof NodeRegistration>;
+
+/** Who calls: a node's id (the path's `node_id`) and the credential it was given at registration. */
 export interface NodeAuth {
-  nodeId: string;
+  node_id: string;
   credential?: string | undefined;
 }
 
 /** What the service answers to a registration: the node's credential and the timings it must keep. */
-export interface NodeRegistered {
-  nodeId: string;
-  /**
-   * The node's secret credential (random; the service keeps only its hash): sent in
-   * NODE_CREDENTIAL_HEADER on every later call, and on registering again under the same id (a
-   * live node's id is not taken over without it). The one the node presented, when it did.
-   */
-  credential: string;
-  /** A lease lasts this long unless renewed. */
-  leaseMs: number;
-  /** Heartbeat this often (a node missing heartbeats for `nodeTimeoutMs` is lost: its work re-issued). */
-  heartbeatMs: number;
-  nodeTimeoutMs: number;
-}
-
-/** A lease as the node quotes it back, with the stage its rollout is in. */
-export interface NodeLease {
-  rolloutId: string;
-  attempt: number;
-  stage: StageName | 'queued';
-}
-
-export interface HeartbeatAnswer {
-  /** Leases extended. */
-  renewed: string[];
-  /**
-   * Leases the node no longer holds (it was declared lost and its work re-issued, or the
-   * rollout finished elsewhere): stop their work and kill their sandboxes; do not commit them.
-   */
-  lost: string[];
-  /** Rollouts a client cancelled: abort them and commit their cancelled results. */
-  cancel: string[];
-}
-
-/** Work handed to a node. */
-export interface NodeClaim {
-  rolloutId: string;
-  taskId: string;
-  sampleIndex: number;
-  attempt: number;
-  leaseExpiresAt: number;
-  task: RolloutTask;
-}
-
-export interface NodeCommit {
-  rolloutId: string;
-  attempt: number;
-  /** The finished result (group credit is the service's business: it is added there). */
-  result: RolloutResult;
-}
-
-export type NodeCommitStatus = 'committed' | 'duplicate' | 'stale' | 'not_found';
-
-/** A policy turn asked of the service, which routes it (least in flight, sticky per rollout). */
-export interface NodeModelRequest {
-  rolloutId: string;
-  attempt: number;
-  request: { messages: ChatMessage[]; tools: ChatTool[] };
-}
+export const NodeRegistered = z
+  .strictObject({
+    node_id: z.string(),
+    /**
+     * The node's secret credential: sent in the `x-rollserve-node-credential` header on every
+     * later call of this node, and when it registers again under the same id (a live node's id is
+     * not taken over without it). The service keeps only its hash. Registering again with it
+     * answers the same credential.
+     */
+    credential: z.string(),
+    /** A lease lasts this long unless renewed. */
+    lease_ms: z.number(),
+    /** Heartbeat this often (a node missing heartbeats for `node_timeout_ms` is lost: its work re-issued). */
+    heartbeat_ms: z.number(),
+    node_timeout_ms: z.number(),
+  })
+  .openapi('NodeRegistered');
+export type NodeRegistered = z.infer<typeof NodeRegistered>;
 
 /** A registered node as GET /v1/nodes shows it. */
-export interface NodeView extends NodeRegistration {
-  registeredAt: string;
-  lastSeenAt: string;
+export const NodeView = NodeRegistration.extend({
+  node_id: z.string(),
+  registered_at: z.string(),
+  last_seen_at: z.string(),
   /** Leases held now. */
-  leases: number;
-  /** Results it committed (since the service started). */
-  committed: number;
-  state: 'up' | 'lost' | 'left';
-  /** Why it was lost (no heartbeat for its timeout, or its Slurm job gone). */
-  lostReason?: string;
+  leases: z.number().int(),
+  /** Results it committed since the service started. */
+  committed: z.number().int(),
+  state: z.enum(['up', 'lost', 'left']),
+  /** Why a lost node was lost: no heartbeat for its timeout, or its Slurm job gone. A lost node that leaves stays lost. */
+  lost_reason: z.string().optional(),
+}).openapi('NodeView');
+export type NodeView = z.infer<typeof NodeView>;
+
+/** A lease as the node quotes it back, with the stage its rollout is in. */
+export const NodeLease = z.strictObject({ rollout_id: z.string().min(1), attempt: z.number().int().nonnegative(), stage: Stage });
+export type NodeLease = z.infer<typeof NodeLease>;
+
+/**
+ * A list of at most `max` items, its length checked before any item is: a flood of made-up items
+ * costs its length, not the checking of each.
+ */
+function boundedArray<T extends z.ZodType>(item: T, max: number) {
+  return z.preprocess((value, ctx) => {
+    if (Array.isArray(value) && value.length > max) {
+      ctx.addIssue({ code: 'too_big', origin: 'array', maximum: max, inclusive: true, input: value, message: `Too big: expected array to have <=${max} items (got ${value.length})` });
+      return z.NEVER;
+    }
+    return value;
+  }, z.array(item).max(max));
 }
+
+/** Every lease the node holds: at most its `max_rollouts` (a longer list is a 422 that names it). */
+export const NodeHeartbeat = z.strictObject({ leases: boundedArray(NodeLease, MAX_NODE_ROLLOUTS) }).openapi('NodeHeartbeat');
+
+export const HeartbeatAnswer = z
+  .strictObject({
+    /** Leases extended. */
+    renewed: z.array(z.string()),
+    /**
+     * Leases the node no longer holds (it was declared lost and its work re-issued, or the
+     * rollout finished elsewhere): stop their work and kill their sandboxes; do not commit them.
+     */
+    lost: z.array(z.string()),
+    /** Rollouts a client cancelled: abort them and commit their cancelled results. */
+    cancel: z.array(z.string()),
+  })
+  .openapi('NodeHeartbeatAnswer');
+export type HeartbeatAnswer = z.infer<typeof HeartbeatAnswer>;
+
+export const NodeClaimRequest = z
+  .strictObject({
+    /** Free slots: rollouts the node takes at most (at most its `max_rollouts`; the service hands out no more than its free capacity). */
+    limit: z.number().int().positive().max(MAX_NODE_ROLLOUTS),
+    /** With no work ready, wait this long for some before answering an empty list (a long poll). */
+    wait_ms: z.number().int().nonnegative().max(60_000).default(5_000),
+  })
+  .openapi('NodeClaimRequest');
+
+/** Work handed to a node. */
+export const NodeClaim = z.strictObject({
+  rollout_id: z.string(),
+  task_id: z.string(),
+  sample_index: z.number().int(),
+  /** The lease's fencing number: quoted back in heartbeats, model turns and the commit. */
+  attempt: z.number().int(),
+  /** Epoch milliseconds. */
+  lease_expires_at: z.number(),
+  /** The task as submitted (a RolloutTask, its defaults filled in). */
+  task: z.record(z.string(), z.unknown()),
+});
+/** A claim; its task a RolloutTask (the node checks it on receipt: a version skew shows there, not mid-rollout). */
+export type NodeClaim = Omit<z.infer<typeof NodeClaim>, 'task'> & { task: RolloutTask };
+export const NodeClaims = z.strictObject({ claims: z.array(NodeClaim) }).openapi('NodeClaims');
+
+/**
+ * A sent result's token ids whole again before it is checked (a malformed encoding is a 422 naming
+ * where), an older node's camelCase result in today's form, and keys rollserve does not know
+ * dropped (as they always were: a newer node's result is read as far as this service knows it).
+ */
+function decodeSent(value: unknown, ctx: { addIssue(issue: { code: 'custom'; message: string; input: unknown }): void }): unknown {
+  try {
+    return toCurrentResult(decodeResult(value));
+  } catch (error) {
+    ctx.addIssue({ code: 'custom', message: (error as Error).message, input: value });
+    return z.NEVER;
+  }
+}
+
+/** A finished rollout a node commits under its lease's attempt. */
+export const NodeCommit = z.strictObject({
+  rollout_id: z.string().min(1),
+  attempt: z.number().int().nonnegative(),
+  /**
+   * RolloutResult as the node's runner made it (the API's form; group credit is the service's
+   * business: it is added there), its token ids possibly sent once (`$tokens`: each turn's prompt
+   * as a length of the previous one and the ids after it, the response's ids as a turn). An older
+   * node's camelCase result is read too.
+   */
+  result: z.preprocess(decodeSent, RolloutResult).meta({ id: 'NodeRolloutResult' }),
+});
+export type NodeCommit = z.infer<typeof NodeCommit>;
+export const NodeCommits = z.strictObject({ results: z.array(NodeCommit).min(1).max(MAX_NODE_ROLLOUTS) }).openapi('NodeCommits');
+
+export const NodeCommitStatus = z.enum(['committed', 'duplicate', 'stale', 'not_found']);
+export type NodeCommitStatus = z.infer<typeof NodeCommitStatus>;
+export const NodeCommitAnswer = z
+  .strictObject({ results: z.array(z.strictObject({ rollout_id: z.string(), status: NodeCommitStatus })) })
+  .openapi('NodeCommitAnswer');
+
+/** A policy turn asked of the service, which routes it (least in flight, sticky per rollout). */
+export const NodeModelRequest = z
+  .strictObject({
+    rollout_id: z.string().min(1),
+    attempt: z.number().int().nonnegative(),
+    /** OpenAI chat messages, as the agent loop built them. */
+    messages: z.array(z.looseObject({ role: z.string() })),
+    /** OpenAI chat tools. */
+    tools: z.array(z.looseObject({ type: z.string() })),
+  })
+  .openapi('NodeModelRequest');
+/** A policy turn's request; its messages and tools as the agent loop built them (the schema checks only their shape). */
+export type NodeModelRequest = Omit<z.infer<typeof NodeModelRequest>, 'messages' | 'tools'> & { messages: ChatMessage[]; tools: ChatTool[] };
+
+/**
+ * A policy turn on the wire. The runner, the agent loop and the LLM clients know it as the
+ * camelCase ModelTurn (protocol/chat.ts), so this one message is mapped at both ends.
+ */
+export const WireModelTurn = z
+  .strictObject({
+    content: z.string().nullable(),
+    reasoning: z.string().nullable(),
+    tool_calls: z.array(z.strictObject({ id: z.string(), name: z.string(), arguments: z.string() })),
+    finish_reason: z.string().nullable(),
+    prompt_token_ids: integerArray.nullable(),
+    generation_token_ids: integerArray.nullable(),
+    generation_logprobs: numberArray.nullable(),
+    usage: z.strictObject({ prompt_tokens: z.number(), completion_tokens: z.number() }),
+    backend: z.string().nullable(),
+    latency_ms: z.number(),
+  })
+  .openapi('NodeModelTurn');
+export type WireModelTurn = z.infer<typeof WireModelTurn>;
+
+export const toWireModelTurn = (t: ModelTurn): WireModelTurn => ({
+  content: t.content,
+  reasoning: t.reasoning,
+  tool_calls: t.toolCalls,
+  finish_reason: t.finishReason,
+  prompt_token_ids: t.promptTokenIds,
+  generation_token_ids: t.generationTokenIds,
+  generation_logprobs: t.generationLogprobs,
+  usage: { prompt_tokens: t.usage.promptTokens, completion_tokens: t.usage.completionTokens },
+  backend: t.backend,
+  latency_ms: t.latencyMs,
+});
+
+export const fromWireModelTurn = (w: WireModelTurn): ModelTurn => ({
+  content: w.content,
+  reasoning: w.reasoning,
+  toolCalls: w.tool_calls,
+  finishReason: w.finish_reason,
+  promptTokenIds: w.prompt_token_ids,
+  generationTokenIds: w.generation_token_ids,
+  generationLogprobs: w.generation_logprobs,
+  usage: { promptTokens: w.usage.prompt_tokens, completionTokens: w.usage.completion_tokens },
+  backend: w.backend,
+  latencyMs: w.latency_ms,
+});
 
 /**
  * The service's side of the protocol (implemented by RolloutService; the HTTP routes call it).
@@ -137,7 +292,7 @@ export interface NodeCoordinator {
    * before; without it, an id that is in use (a node up, or holding leases) is a CONFLICT.
    */
   registerNode(registration: NodeRegistration, credential?: string): Promise<NodeRegistered>;
-  /** Renews what the node holds (at most its `maxRollouts` leases); tells it what it lost and what to cancel. */
+  /** Renews what the node holds (at most its `max_rollouts` leases); tells it what it lost and what to cancel. */
   heartbeat(node: NodeAuth, leases: readonly NodeLease[]): Promise<HeartbeatAnswer>;
   /**
    * Leases up to `limit` rollouts (at most the node's free capacity) of the node's environments.

@@ -43,6 +43,9 @@ export interface CoordinatorOptions {
   nodeTimeoutMs: number;
 }
 
+/** A lease as the store names it. */
+const storeLease = ({ rollout_id, attempt }: NodeLease) => ({ rolloutId: rollout_id, attempt });
+
 /** A promise that settles when `wake` is called or `ms` pass. */
 function sleepUntilWoken(ms: number, wakers: Set<() => void>, signal?: AbortSignal): Promise<void> {
   return new Promise((resolve) => {
@@ -111,7 +114,7 @@ export class Coordinator implements NodeCoordinator {
 
   async #register(registration: NodeRegistration, credential: string | undefined): Promise<NodeRegistered> {
     if (this.#closed()) throw unavailable();
-    const { nodeId } = registration;
+    const { node_id: nodeId } = registration;
     if (isReservedNodeId(nodeId)) {
       throw new RolloutError({ code: 'UNPROCESSABLE', message: `node_id: "${nodeId}" is reserved (the service's own worker id); choose another` });
     }
@@ -145,40 +148,40 @@ export class Coordinator implements NodeCoordinator {
     delete state.lostReason;
     this.#nodes.set(nodeId, state);
     this.#logger.info({ node: nodeId, host: registration.host, capacity: registration.capacity, slurm: registration.slurm }, known ? 'node registered again' : 'node registered');
-    return { nodeId, credential: credential!, leaseMs: this.#leaseMs, heartbeatMs: this.#heartbeatMs, nodeTimeoutMs: this.#nodeTimeoutMs };
+    return { node_id: nodeId, credential: credential!, lease_ms: this.#leaseMs, heartbeat_ms: this.#heartbeatMs, node_timeout_ms: this.#nodeTimeoutMs };
   }
 
   async heartbeat(auth: NodeAuth, given: readonly NodeLease[]): Promise<HeartbeatAnswer> {
     if (this.#closed()) throw unavailable();
     const node = this.#nodes.auth(auth);
-    const { nodeId } = auth;
-    const max = node.registration.maxRollouts;
+    const { node_id: nodeId } = auth;
+    const max = node.registration.max_rollouts;
     if (given.length > max) {
       throw new RolloutError({ code: 'UNPROCESSABLE', message: `leases: a heartbeat carries at most the node's max_rollouts (${max}) leases, not ${given.length}` });
     }
     // one entry per rollout (the last one given)
-    const leases = [...new Map(given.map((lease) => [lease.rolloutId, lease])).values()];
+    const leases = [...new Map(given.map((lease) => [lease.rollout_id, lease])).values()];
     if (node.state === 'lost') {
       // declared lost: its work was re-issued. It hears so, and must register again.
-      return { renewed: [], lost: leases.map((lease) => lease.rolloutId), cancel: [] };
+      return { renewed: [], lost: leases.map((lease) => lease.rollout_id), cancel: [] };
     }
     node.lastSeen = Date.now();
     // a lease past its life is not renewed: it runs out, and its rollout is re-issued
     const now = Date.now();
     const overdue = leases.filter((lease) => {
-      const known = this.#nodes.lease(lease.rolloutId);
+      const known = this.#nodes.lease(lease.rollout_id);
       return known?.nodeId === nodeId && known.attempt === lease.attempt && known.renewUntil !== undefined && now > known.renewUntil;
     });
     const late = new Set(overdue);
     const renewable = overdue.length === 0 ? leases : leases.filter((lease) => !late.has(lease));
     if (overdue.length > 0) {
-      const released = await this.#store.releaseLeases(nodeId, overdue);
+      const released = await this.#store.releaseLeases(nodeId, overdue.map(storeLease));
       for (const id of released) this.#nodes.forgetLease(id, nodeId);
       this.#logger.warn({ node: nodeId, rollouts: released }, "leases held past their life (3× their task's time limit) without a commit: re-queued");
       if (released.length > 0) this.#workArrived();
     }
-    const { renewed, lost } = await this.#store.renewLeases(nodeId, renewable.map(({ rolloutId, attempt }) => ({ rolloutId, attempt })), this.#leaseMs);
-    const reported = new Map(leases.map((lease) => [lease.rolloutId, lease]));
+    const { renewed, lost } = await this.#store.renewLeases(nodeId, renewable.map(storeLease), this.#leaseMs);
+    const reported = new Map(leases.map((lease) => [lease.rollout_id, lease]));
     for (const id of renewed) {
       const { attempt, stage } = reported.get(id)!;
       const lease = this.#nodes.lease(id);
@@ -187,14 +190,14 @@ export class Coordinator implements NodeCoordinator {
     }
     for (const id of lost) this.#nodes.forgetLease(id, nodeId);
     const cancel = renewed.filter((id) => this.#nodes.cancelRequested(id));
-    return { renewed, lost: [...lost, ...overdue.map((lease) => lease.rolloutId)], cancel };
+    return { renewed, lost: [...lost, ...overdue.map((lease) => lease.rollout_id)], cancel };
   }
 
   async claimForNode(auth: NodeAuth, limit: number, waitMs: number, signal?: AbortSignal): Promise<NodeClaim[]> {
-    const { nodeId } = auth;
+    const { node_id: nodeId } = auth;
     const first = this.#nodes.auth(auth);
-    if (limit > first.registration.maxRollouts) {
-      throw new RolloutError({ code: 'UNPROCESSABLE', message: `limit: a claim asks for at most the node's max_rollouts (${first.registration.maxRollouts}), not ${limit}` });
+    if (limit > first.registration.max_rollouts) {
+      throw new RolloutError({ code: 'UNPROCESSABLE', message: `limit: a claim asks for at most the node's max_rollouts (${first.registration.max_rollouts}), not ${limit}` });
     }
     const until = Date.now() + Math.max(0, waitMs);
     first.claims++;
@@ -205,7 +208,7 @@ export class Coordinator implements NodeCoordinator {
         if (node.state === 'lost') throw notFoundNode(nodeId);
         node.lastSeen = Date.now();
         // at most its free capacity, as the service counts its leases
-        const room = Math.min(limit, node.registration.maxRollouts - this.#nodes.heldBy(nodeId));
+        const room = Math.min(limit, node.registration.max_rollouts - this.#nodes.heldBy(nodeId));
         const claimed = room > 0 ? await this.#commits.withinAttempts(nodeId, await this.#store.claim({ workerId: nodeId, limit: room, leaseMs: this.#leaseMs })) : [];
         if (claimed.length > 0) {
           const now = Date.now();
@@ -213,7 +216,7 @@ export class Coordinator implements NodeCoordinator {
             const { taskId, sampleIndex } = work;
             this.#nodes.setLease(work.id, { nodeId, attempt: work.attempt, stage: 'queued', policy: work.task.policy, n: work.task.n, renewUntil: now + leaseLifeMs(work.task), taskId, sampleIndex });
           }
-          return claimed.map((work) => ({ rolloutId: work.id, taskId: work.taskId, sampleIndex: work.sampleIndex, attempt: work.attempt, leaseExpiresAt: work.leaseExpiresAt, task: work.task }));
+          return claimed.map((work) => ({ rollout_id: work.id, task_id: work.taskId, sample_index: work.sampleIndex, attempt: work.attempt, lease_expires_at: work.leaseExpiresAt, task: work.task }));
         }
         const left = until - Date.now();
         if (left <= 0 || signal?.aborted) return [];
@@ -227,12 +230,12 @@ export class Coordinator implements NodeCoordinator {
 
   async commitFromNode(auth: NodeAuth, commits: readonly NodeCommit[]): Promise<NodeCommitStatus[]> {
     const node = this.#nodes.auth(auth);
-    const { nodeId } = auth;
-    if (commits.length > node.registration.maxRollouts) {
-      throw new RolloutError({ code: 'UNPROCESSABLE', message: `results: a node commits at most its max_rollouts (${node.registration.maxRollouts}) results at once, not ${commits.length}` });
+    const { node_id: nodeId } = auth;
+    if (commits.length > node.registration.max_rollouts) {
+      throw new RolloutError({ code: 'UNPROCESSABLE', message: `results: a node commits at most its max_rollouts (${node.registration.max_rollouts}) results at once, not ${commits.length}` });
     }
     if (node.state === 'up') node.lastSeen = Date.now();
-    for (const { rolloutId, result } of commits) {
+    for (const { rollout_id: rolloutId, result } of commits) {
       if (result.id !== rolloutId) throw new RolloutError({ code: 'UNPROCESSABLE', message: `result id "${result.id}" is not rollout "${rolloutId}"` });
       // (a rollout's task and sample are the store's: a result naming others would be stored under them)
       const lease = this.#nodes.lease(rolloutId);
@@ -241,7 +244,7 @@ export class Coordinator implements NodeCoordinator {
       }
     }
     const outcomes: NodeCommitStatus[] = [];
-    for (const { rolloutId, attempt, result } of commits) {
+    for (const { rollout_id: rolloutId, attempt, result } of commits) {
       const lease = this.#nodes.lease(rolloutId);
       // the store takes it only from this node's lease at this attempt (one statement)
       const status = await this.#commits.commit(nodeId, attempt, result, lease?.nodeId === nodeId && lease.attempt === attempt ? lease.n : undefined);
@@ -253,13 +256,13 @@ export class Coordinator implements NodeCoordinator {
 
   async modelTurn(auth: NodeAuth, call: NodeModelRequest, signal: AbortSignal): Promise<ModelTurn> {
     this.#nodes.auth(auth);
-    const { nodeId } = auth;
-    const lease = await this.#remoteLease(nodeId, call.rolloutId, call.attempt);
+    const { node_id: nodeId } = auth;
+    const lease = await this.#remoteLease(nodeId, call.rollout_id, call.attempt);
     if (!lease?.policy) {
-      throw new RolloutError({ code: 'CONFLICT', message: `node "${nodeId}" does not hold rollout "${call.rolloutId}" at attempt ${call.attempt}: its lease was lost` });
+      throw new RolloutError({ code: 'CONFLICT', message: `node "${nodeId}" does not hold rollout "${call.rollout_id}" at attempt ${call.attempt}: its lease was lost` });
     }
-    lease.caller ??= this.#models.forRollout(call.rolloutId, lease.policy);
-    return lease.caller(call.request, signal);
+    lease.caller ??= this.#models.forRollout(call.rollout_id, lease.policy);
+    return lease.caller({ messages: call.messages, tools: call.tools }, signal);
   }
 
   /**
@@ -283,7 +286,7 @@ export class Coordinator implements NodeCoordinator {
 
   async deregisterNode(auth: NodeAuth): Promise<{ released: number }> {
     const node = this.#nodes.auth(auth);
-    const { nodeId } = auth;
+    const { node_id: nodeId } = auth;
     if (node.state === 'lost') {
       // its work was re-issued when it was lost; it stays listed as lost, with why
       this.#logger.info({ node: nodeId, reason: node.lostReason }, 'a lost node left');

@@ -138,16 +138,16 @@ export class NodeRegistry {
    * The node a call comes from, authenticated: registered (a placeholder from before a restart
    * must register again first), and with its credential. Not yet whether it is lost.
    */
-  auth({ nodeId, credential }: NodeAuth): NodeState {
+  auth({ node_id: nodeId, credential }: NodeAuth): NodeState {
     const node = this.#nodes.get(nodeId);
-    if (!node || node.state === 'left' || node.registration.maxRollouts === 0) throw notFoundNode(nodeId);
+    if (!node || node.state === 'left' || node.registration.max_rollouts === 0) throw notFoundNode(nodeId);
     if (!credentialFits(credential, node.credentialHash)) throw badCredential(nodeId);
     return node;
   }
 
   up(): number {
     let up = 0;
-    for (const node of this.#nodes.values()) if (node.state === 'up' && node.registration.maxRollouts > 0) up++;
+    for (const node of this.#nodes.values()) if (node.state === 'up' && node.registration.max_rollouts > 0) up++;
     return up;
   }
 
@@ -164,9 +164,9 @@ export class NodeRegistry {
    * from running rollouts itself under `runLocally: 'auto'`.
    */
   #takesWork(node: NodeState, now: number): boolean {
-    if (node.state !== 'up' || node.registration.maxRollouts === 0) return false;
+    if (node.state !== 'up' || node.registration.max_rollouts === 0) return false;
     if (node.claims > 0 || now - node.lastClaimAt <= Math.max(5_000, 2 * this.#heartbeatMs)) return true;
-    return this.heldBy(node.registration.nodeId) >= node.registration.maxRollouts;
+    return this.heldBy(node.registration.node_id) >= node.registration.max_rollouts;
   }
 
   lease(rolloutId: string): RemoteLease | undefined {
@@ -246,7 +246,7 @@ export class NodeRegistry {
     }
     for (const nodeId of holders) {
       // a placeholder (no capacity, so it is not "up" for claims) until the node registers again
-      const registration: NodeRegistration = { nodeId, host: '', pid: 0, capacity: { init: 0, run: 0, eval: 0 }, maxRollouts: 0, environments: [] };
+      const registration: NodeRegistration = { node_id: nodeId, host: '', pid: 0, capacity: { init: 0, run: 0, eval: 0 }, max_rollouts: 0, environments: [] };
       this.#nodes.set(nodeId, { registration, registeredAt: now, lastSeen: now, state: 'up', committed: 0, claims: 0, lastClaimAt: 0 });
     }
     return holders.size;
@@ -256,15 +256,15 @@ export class NodeRegistry {
     const leases = new Map<string, number>();
     for (const lease of this.#remote.values()) leases.set(lease.nodeId, (leases.get(lease.nodeId) ?? 0) + 1);
     return [...this.#nodes.values()]
-      .filter((node) => node.registration.maxRollouts > 0)
+      .filter((node) => node.registration.max_rollouts > 0)
       .map((node) => ({
         ...node.registration,
-        registeredAt: new Date(node.registeredAt).toISOString(),
-        lastSeenAt: new Date(node.lastSeen).toISOString(),
-        leases: leases.get(node.registration.nodeId) ?? 0,
+        registered_at: new Date(node.registeredAt).toISOString(),
+        last_seen_at: new Date(node.lastSeen).toISOString(),
+        leases: leases.get(node.registration.node_id) ?? 0,
         committed: node.committed,
         state: node.state,
-        ...(node.lostReason ? { lostReason: node.lostReason } : {}),
+        ...(node.lostReason ? { lost_reason: node.lostReason } : {}),
       }));
   }
 }

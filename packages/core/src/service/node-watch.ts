@@ -98,7 +98,7 @@ export class NodeWatch {
     const refs: Array<SlurmJobRef & { nodeId: string }> = [];
     for (const [nodeId, node] of this.#nodes.entries()) {
       const job = node.state === 'up' ? slurmJobOf(node.registration) : undefined;
-      if (job) refs.push({ id: job, node: node.registration.slurm?.nodeName, nodeId });
+      if (job) refs.push({ id: job, node: node.registration.slurm?.node_name, nodeId });
     }
     if (refs.length === 0) return;
     this.#slurmAsking = true;

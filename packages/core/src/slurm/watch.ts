@@ -14,8 +14,8 @@ const GONE = new Set(['BOOT_FAIL', 'CANCELLED', 'COMPLETED', 'COMPLETING', 'DEAD
 export function slurmJobOf(registration: Pick<NodeRegistration, 'slurm'>): string | undefined {
   const slurm = registration.slurm;
   if (!slurm) return undefined;
-  if (slurm.arrayJobId && slurm.arrayTaskId) return `${slurm.arrayJobId}_${slurm.arrayTaskId}`;
-  return slurm.jobId;
+  if (slurm.array_job_id && slurm.array_task_id) return `${slurm.array_job_id}_${slurm.array_task_id}`;
+  return slurm.job_id;
 }
 
 /**
@@ -24,7 +24,7 @@ export function slurmJobOf(registration: Pick<NodeRegistration, 'slurm'>): strin
  */
 export function slurmRunOf(registration: Pick<NodeRegistration, 'slurm'>): string | undefined {
   const job = slurmJobOf(registration);
-  return job && `${job}#${registration.slurm?.restartCount ?? '0'}@${registration.slurm?.nodeName ?? ''}`;
+  return job && `${job}#${registration.slurm?.restart_count ?? '0'}@${registration.slurm?.node_name ?? ''}`;
 }
 
 /** A node's Slurm job: its squeue id and the Slurm node it ran on (when known). */
