@@ -1,11 +1,23 @@
 import { startRolloutServer, type RolloutServer } from '@rollserve/core/service';
 import math from '@rollserve/env-math';
 import { call, counterEnvironment, renderPrompt, startFakePolicy, toyLogprob, toyTokenizer, type ChatCompletionBody, type FakePolicy } from '@rollserve/testing';
+import { defineEnvironment } from '@rollserve/core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { z } from 'zod';
 import { ProcessRequest, ProRLResult, prorlApi } from '../../packages/core/src/api/prorl.ts';
 
 // ProRL Agent's API as its clients use it (NVIDIA-NeMo/ProRL-Agent-Server scripts/start_server.py and
 // its batch processor): /start, /process per instance, /stop; /add_llm_server, /clear_llm_server.
+
+/** A SWE result's shape (environments/swe's verify extras) without a repository: the patch it "made". */
+const PATCH = 'diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n';
+const patchEnvironment = defineEnvironment({
+  name: 'patch',
+  domain: 'other',
+  description: 'Answers a SWE-shaped verify (resolved, model_patch)',
+  row: z.object({}),
+  verify: () => ({ reward: 1, resolved: true, evaluation_completed: true, model_patch: PATCH }),
+});
 
 let fake: FakePolicy;
 let other: FakePolicy;
@@ -62,7 +74,7 @@ async function until(check: () => Promise<boolean>): Promise<void> {
 beforeAll(async () => {
   fake = await startFakePolicy({ script: policyScript });
   other = await startFakePolicy({ script: () => '\\boxed{7}' });
-  server = await startRolloutServer({ environments: [math, counterEnvironment], llmBackends: [fake.url], defaultModel: 'fake-policy' });
+  server = await startRolloutServer({ environments: [math, counterEnvironment, patchEnvironment], llmBackends: [fake.url], defaultModel: 'fake-policy' });
 });
 afterAll(async () => {
   await server?.close();
@@ -395,6 +407,16 @@ describe("ProRL's own client scripts, unchanged", { timeout: 120_000 }, () => {
     // The same label again (a trainer's next step) is a new job, not the stored one.
     const again = await post('/process', { instance: mathInstance('m-9', '2+5?', '7'), sampling_params: SAMPLING, job_id: jobId });
     expect(again.json).toMatchObject({ job_id: jobId, instance_id: 'm-9', reward: 1, critical_error: null });
+  });
+
+  it("carries a SWE result's patch as ProRL's git_patch (and the environment's model_patch)", async () => {
+    const answer = await post('/process', { instance: { env: 'patch', instance_id: 'repo__calc-1', responses_create_params: { input: 'fix calc.py' } }, sampling_params: SAMPLING });
+    expect(answer.status).toBe(200);
+    expect(answer.json).toMatchObject({ instance_id: 'repo__calc-1', resolved: true, git_patch: PATCH, model_patch: PATCH, critical_error: null });
+    expect(answer.json).not.toHaveProperty('traceback');
+    // A successful math result has neither, as ProRL's math results have none.
+    const plain = await post('/process', { instance: mathInstance('m-10', '1+1?', '2'), sampling_params: SAMPLING });
+    for (const key of ['git_patch', 'traceback']) expect(plain.json).not.toHaveProperty(key);
   });
 
   it("answers a wrong method on a ProRL route with FastAPI's 405", async () => {

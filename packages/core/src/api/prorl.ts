@@ -246,16 +246,21 @@ function prorlMessages(result: RolloutResult): Array<z.infer<typeof ProRLMessage
   const assistantAt = messages.flatMap((m, i) => (m.role === 'assistant' ? [i] : []));
   // Each turn appended one assistant message: the last turns.length of them are the turns'.
   const turnAt = new Map<number, number>(assistantAt.slice(Math.max(0, assistantAt.length - turns.length)).map((messageIndex, turn) => [messageIndex, turn]));
-  const tokenMode = turns.length > 0 && turns.every((t) => t.prompt_token_ids !== null && t.generation_token_ids !== null);
+  // Token mode: the policy gave token ids. A turn without them (a failed call) then has empty lists, never null.
+  const tokenMode = turns.some((t) => t.prompt_token_ids !== null && t.generation_token_ids !== null);
   // Context tokens before each turn's generation: what its prompt adds to the sequence so far.
   const context: number[][] = [];
   let sequence: number[] = [];
   for (const turn of tokenMode ? turns : []) {
-    const prompt = turn.prompt_token_ids!;
+    const prompt = turn.prompt_token_ids;
+    if (prompt === null || turn.generation_token_ids === null) {
+      context.push([]);
+      continue;
+    }
     let common = 0;
     while (common < sequence.length && common < prompt.length && sequence[common] === prompt[common]) common++;
     context.push(prompt.slice(common));
-    sequence = [...prompt, ...turn.generation_token_ids!];
+    sequence = [...prompt, ...turn.generation_token_ids];
   }
   const generationsAt = [...turnAt.keys()];
   return messages.map((message, i) => {
@@ -273,7 +278,7 @@ function prorlMessages(result: RolloutResult): Array<z.infer<typeof ProRLMessage
     if (!tokenMode) return base;
     if (turnIndex !== undefined) {
       const turn = turns[turnIndex]!;
-      return { ...base, token_ids: turn.generation_token_ids!, input_ids: turn.prompt_token_ids, logprobs: turn.generation_logprobs };
+      return { ...base, token_ids: turn.generation_token_ids ?? [], input_ids: turn.prompt_token_ids, logprobs: turn.generation_logprobs };
     }
     // A context message: the tokens the next generation's prompt adds go on the last message before it.
     const next = generationsAt.find((at) => at > i);
