@@ -329,6 +329,10 @@ describe("ProRL's own client scripts, unchanged", { timeout: 120_000 }, () => {
       expect(result).toMatchObject({ trajectory_id: i, reward: 1, resolved: true });
       expect(result.messages.map((m) => m.role)).toEqual(['user', 'assistant', 'tool', 'assistant']);
     }
+    // Only sampling reaches the policy: ProRL's OpenHands and tokenizer knobs stay here.
+    const sent = fake.requests.at(-1)!;
+    expect(sent).toMatchObject({ temperature: 0.6, top_p: 0.9, max_tokens: 4096 });
+    for (const key of ['max_model_len', 'custom_tokenizer', 'token_level_generation', 'max_iterations']) expect(sent).not.toHaveProperty(key);
     expect((await post('/stop')).status).toBe(200);
     expect((await post('/start')).json).toEqual({ status: 'Server started successfully' });
   });
@@ -364,7 +368,11 @@ describe("ProRL's own client scripts, unchanged", { timeout: 120_000 }, () => {
     try {
       const answer = await post('/process', { instance: counterInstance(0), sampling_params: SAMPLING, base_url: drifting.url });
       expect(answer.status).toBe(200);
-      readAsTestServerToken(answer.json as Result);
+      const result = answer.json as Result;
+      readAsTestServerToken(result);
+      // The drift is there: the last prompt is not the earlier messages' tokens.
+      const last = result.messages.at(-1)!;
+      expect(result.messages.slice(0, -1).flatMap((m) => m.token_ids!)).not.toEqual(last.input_ids);
     } finally {
       await drifting.close();
     }

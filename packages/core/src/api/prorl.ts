@@ -33,6 +33,7 @@ const OPENHANDS_ONLY = new Set([
   'native_tool_calling',
   'token_level_generation',
   'custom_tokenizer',
+  'max_model_len',
   'enable_thinking',
   'ensure_thinking_end_properly',
   'strict_loop_detector',
