@@ -252,6 +252,7 @@ describe("NeMo Gym's JSON types and names on the agent face", { timeout: 120_000
     expect(answer.reward).toEqual({ py: 'float', raw: '1.0', value: 1 });
     expect(answer.library_reward).toEqual({ py: 'float', raw: '1.0', value: 1 });
     expect(answer.response.usage.input_tokens.py).toBe('int');
+    expect(answer.response.created_at.py).toBe('float'); // NeMoGymResponse.created_at: float
     const last = answer.response.output.at(-1);
     expect(last.generation_token_ids.length).toBeGreaterThan(0);
     expect(last.generation_token_ids.every((id: PyNumber) => id.py === 'int')).toBe(true);
