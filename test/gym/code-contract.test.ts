@@ -13,6 +13,7 @@ import {
   type VerifyCase,
 } from '@rollserve/testing';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { parsePythonTyped, pythonReferenceTyped, type PyNumber } from './python-json.ts';
 
 const EXTRAS = [
   'extracted_model_output',
@@ -105,6 +106,36 @@ describe('code: corrupt unit tests', () => {
       await app.close();
     }
   });
+});
+
+describe("code: code_gen's JSON types on /verify", () => {
+  it('writes reward, reasoning_format_violation_rate and unit_tests_time_taken as floats, result as ints', async () => {
+    const app = createResourcesServer(code);
+    const running = await serveFetch(app);
+    try {
+      const reference = pythonReferenceTyped('code_gen').rows;
+      for (const { row, recorded, reference: ref } of cases) {
+        const verified = await call(running.url, 'POST', '/verify', { ...row, response: recorded.response });
+        expect(verified.status).toBe(200);
+        const ours = parsePythonTyped(verified.text) as Record<string, any>;
+        const theirs = reference.find((r) => r.recorded_rollout_index.value === ref.recorded_rollout_index)!;
+        expect(ours.reward).toEqual(theirs.reward); // 0.0 or 1.0
+        expect(ours.reasoning_format_violation_rate).toEqual(theirs.extras.reasoning_format_violation_rate); // 0.0
+        expect(ours.unit_tests_time_taken.py).toBe('float');
+        expect(ours.result).toEqual(theirs.extras.result); // ints (-2), as code_gen's List[int] prints
+        expect(verified.text).toContain('"reasoning_format_violation_rate":0.0');
+      }
+      const metrics = await call(running.url, 'POST', '/aggregate_metrics', {
+        verify_responses: cases.map(({ reference: ref }, i) => ({ _ng_task_index: i, _ng_rollout_index: 0, reward: ref.reward, ...ref.extras })),
+      });
+      const typed = parsePythonTyped(metrics.text) as { agent_metrics: Record<string, PyNumber> };
+      expect(typed.agent_metrics['mean/reasoning_format_violation_rate']).toMatchObject({ py: 'float', raw: '0.0' });
+      expect(typed.agent_metrics['max/reward']).toMatchObject({ py: 'float', raw: '1.0' });
+    } finally {
+      await running.close();
+      await app.close();
+    }
+  }, 60_000);
 });
 
 describeContract({

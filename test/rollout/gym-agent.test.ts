@@ -13,8 +13,13 @@ import {
   type ChatCompletionBody,
   type FakePolicy,
 } from '@rollserve/testing';
+import { readFileSync } from 'node:fs';
+import { outputText, type NeMoGymResponse } from '@rollserve/core';
+import stem from '@rollserve/env-stem';
+import { nemoGymFixture } from '@rollserve/testing';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { GymRunResponse, gymAgentApi } from '../../packages/core/src/api/gym-agent.ts';
+import { parsePythonTyped, pythonTypeDifferences, type PyNumber } from '../gym/python-json.ts';
 
 // The rollout service as a NeMo Gym responses_api_agents server: rollout collection (and NeMo-RL)
 // POST each materialized row to /run and, at the end, the verify responses to /aggregate_metrics.
@@ -229,6 +234,111 @@ describe('NeMo Gym agent face', { timeout: 120_000 }, () => {
     for (const path of Object.values(paths)) {
       expect(path.post!.requestBody).toBeDefined();
       expect(path.post!.responses['200']).toBeDefined();
+    }
+  });
+});
+
+/** A JSON answer with Python's number types kept (see test/gym/python-json.ts). */
+const typed = (text: string) => parsePythonTyped(text) as Record<string, any>;
+const typedReference = (server: string) => typed(readFileSync(nemoGymFixture(server, 'python_reference.json'), 'utf8'));
+
+describe("NeMo Gym's JSON types and names on the agent face", { timeout: 120_000 }, () => {
+  it('writes the verify response as simple_agent does: "reward": 1.0, library_reward 1.0, ids ints', async () => {
+    const sent = row('What is 5+6?', '11', 0, 0);
+    const ran = await call(server.url, 'POST', '/run', sent);
+    expect(ran.status).toBe(200);
+    expect(ran.text).toContain('"reward":1.0');
+    const answer = typed(ran.text);
+    expect(answer.reward).toEqual({ py: 'float', raw: '1.0', value: 1 });
+    expect(answer.library_reward).toEqual({ py: 'float', raw: '1.0', value: 1 });
+    expect(answer.response.usage.input_tokens.py).toBe('int');
+    expect(answer.response.created_at.py).toBe('float'); // NeMoGymResponse.created_at: float
+    const last = answer.response.output.at(-1);
+    expect(last.generation_token_ids.length).toBeGreaterThan(0);
+    expect(last.generation_token_ids.every((id: PyNumber) => id.py === 'int')).toBe(true);
+    expect(last.generation_log_probs.every((p: PyNumber) => p.py === 'float')).toBe(true);
+
+    // The math resources server writes the same types for the same response on /verify.
+    const verified = await call(mathRunning.url, 'POST', '/verify', { ...sent, response: (ran.json as RunAnswer).response });
+    const theirs = typed(verified.text);
+    for (const key of ['reward', 'library_reward', 'expected_answer', 'extracted_answer']) expect(answer[key]).toEqual(theirs[key]);
+
+    const wrong = await call(server.url, 'POST', '/run', row('What is 5+6?', '12', 0, 1));
+    expect(typed(wrong.text)).toMatchObject({ reward: { py: 'float', raw: '0.0' }, library_reward: { py: 'float', raw: '0.0' } });
+  });
+
+  it("answers /aggregate_metrics with python_reference.json's types and values, byte for byte", async () => {
+    const entries = referenceCases('math_with_judge').map((c, i) => ({
+      _ng_task_index: i,
+      _ng_rollout_index: 0,
+      agent_ref: AGENT_REF,
+      ...unhashReference(c.reference.extras, [String(c.row.expected_answer)]),
+      reward: c.reference.reward,
+      response: { usage: (c.recorded.response as { usage: unknown }).usage },
+    }));
+    const ours = await call(server.url, 'POST', '/aggregate_metrics', { verify_responses: entries });
+    expect(ours.status).toBe(200);
+    expect(ours.text).toContain('"mean/reward":0.4');
+    const python = typedReference('math_with_judge').aggregate_metrics;
+    expect(pythonTypeDifferences(typed(ours.text), python)).toEqual([]);
+  });
+
+  it("runs rows carrying NeMo Gym's own agent names (mcqa_simple_agent) on the environment replacing that server, on a service with a token", async () => {
+    // The policy answers each mcqa fixture row with its recorded output, so rewards and extras are Python's.
+    const cases = referenceCases('mcqa');
+    const question = (c: (typeof cases)[number]) => ((c.row.responses_create_params as { input: Array<{ content: string }> }).input[0]!.content);
+    const replay = await startFakePolicy({
+      script: (request: ChatCompletionBody) => {
+        const asked = String((request.messages[0] as { content: unknown }).content);
+        const hit = cases.find((c) => question(c) === asked);
+        return hit ? outputText(hit.recorded.response as NeMoGymResponse) : 'no idea';
+      },
+    });
+    const token = 'nemo-gym-token-1';
+    const gym = await startRolloutServer({ environments: [math, stem], llmBackends: [replay.url], defaultModel: 'fake-policy', token });
+    try {
+      // NeMo Gym's ServerClient calls http://{host}:{port}/run with no header of its own; a host
+      // configured as `rollserve:<token>@host` makes aiohttp send the URL's credentials as Basic.
+      const basic = { authorization: `Basic ${Buffer.from(`rollserve:${token}`).toString('base64')}` };
+      const reference = typedReference('mcqa').rows as Array<Record<string, any>>;
+      for (const [i, c] of cases.entries()) {
+        const sent = { ...c.row, agent_ref: { type: 'responses_api_agents', name: 'mcqa_simple_agent' }, _ng_task_index: i, _ng_rollout_index: 0 };
+        const ran = await call(gym.url, 'POST', '/run', sent, basic);
+        expect(ran.status).toBe(200);
+        const ours = typed(ran.text);
+        const theirs = reference.find((r) => r.recorded_rollout_index.value === c.reference.recorded_rollout_index)!;
+        expect(ours.reward).toEqual(theirs.reward); // 1.0 or 0.0, as mcqa writes it
+        for (const [key, value] of Object.entries(theirs.extras as Record<string, unknown>)) expect(ours[key]).toEqual(value);
+      }
+      const bearer = await call(gym.url, 'POST', '/run', { ...cases[0]!.row, agent_ref: { name: 'mcqa_simple_agent' } }, { authorization: `Bearer ${token}` });
+      expect(bearer.status).toBe(200);
+
+      const noToken = await call(gym.url, 'POST', '/run', { ...cases[0]!.row, agent_ref: { name: 'mcqa_simple_agent' } });
+      expect(noToken.status).toBe(401);
+      const wrongToken = { authorization: `Basic ${Buffer.from('rollserve:nope').toString('base64')}` };
+      expect((await call(gym.url, 'POST', '/run', { ...cases[0]!.row, agent_ref: { name: 'mcqa_simple_agent' } }, wrongToken)).status).toBe(401);
+      // Basic is the NeMo Gym and ProRL faces' only: the service's own API takes its bearer token.
+      expect((await call(gym.url, 'GET', '/v1/status', undefined, basic)).status).toBe(401);
+
+      // Its other names: the server's own (mcqa), its config's instance name with any suffix.
+      for (const name of ['mcqa', 'mcqa_agent', 'stem_simple_agent', 'math_with_judge_simple_agent']) {
+        const named = await call(gym.url, 'POST', '/aggregate_metrics', { verify_responses: [{ reward: 1, agent_ref: { name } }] }, basic);
+        expect(named.status).toBe(200);
+      }
+      const unknown = await call(gym.url, 'POST', '/run', { ...cases[0]!.row, agent_ref: { name: 'chess_simple_agent' } }, basic);
+      expect(unknown.status).toBe(422);
+    } finally {
+      await gym.close();
+      await replay.close();
+    }
+  });
+
+  it("answers a wrong method on the agent routes with FastAPI's 405", async () => {
+    for (const path of ['/run', '/aggregate_metrics', '/ng-rollout/abc/run']) {
+      const response = await fetch(`${server.url}${path}`);
+      expect(response.status).toBe(405);
+      expect(response.headers.get('allow')).toBe('POST');
+      expect(await response.text()).toBe('{"detail":"Method Not Allowed"}');
     }
   });
 });

@@ -1,11 +1,23 @@
 import { startRolloutServer, type RolloutServer } from '@rollserve/core/service';
 import math from '@rollserve/env-math';
 import { call, counterEnvironment, renderPrompt, startFakePolicy, toyLogprob, toyTokenizer, type ChatCompletionBody, type FakePolicy } from '@rollserve/testing';
+import { defineEnvironment } from '@rollserve/core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { z } from 'zod';
 import { ProcessRequest, ProRLResult, prorlApi } from '../../packages/core/src/api/prorl.ts';
 
 // ProRL Agent's API as its clients use it (NVIDIA-NeMo/ProRL-Agent-Server scripts/start_server.py and
 // its batch processor): /start, /process per instance, /stop; /add_llm_server, /clear_llm_server.
+
+/** A SWE result's shape (environments/swe's verify extras) without a repository: the patch it "made". */
+const PATCH = 'diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n';
+const patchEnvironment = defineEnvironment({
+  name: 'patch',
+  domain: 'other',
+  description: 'Answers a SWE-shaped verify (resolved, model_patch)',
+  row: z.object({}),
+  verify: () => ({ reward: 1, resolved: true, evaluation_completed: true, model_patch: PATCH }),
+});
 
 let fake: FakePolicy;
 let other: FakePolicy;
@@ -62,7 +74,7 @@ async function until(check: () => Promise<boolean>): Promise<void> {
 beforeAll(async () => {
   fake = await startFakePolicy({ script: policyScript });
   other = await startFakePolicy({ script: () => '\\boxed{7}' });
-  server = await startRolloutServer({ environments: [math, counterEnvironment], llmBackends: [fake.url], defaultModel: 'fake-policy' });
+  server = await startRolloutServer({ environments: [math, counterEnvironment, patchEnvironment], llmBackends: [fake.url], defaultModel: 'fake-policy' });
 });
 afterAll(async () => {
   await server?.close();
@@ -164,6 +176,9 @@ describe("ProRL Agent's server API", { timeout: 120_000 }, () => {
     const processed = await pending;
     expect(processed.status).toBe(200);
     expect(processed.json).toMatchObject({ instance_id: 'h-1', job_id: 'job-hang', critical_error: 'cancelled', filter: true, resolved: false, success: false });
+    // ProRL's exception results carry git_patch and traceback (utils.py initialize_exception/run_exception).
+    expect(processed.json).toMatchObject({ git_patch: null, traceback: expect.stringContaining('') });
+    expect(typeof (processed.json as Result).traceback).toBe('string');
     expect((await call(server.url, 'GET', '/status')).json).toMatchObject({ pending_jobs: 0, run: 0 });
 
     const unknown = await post('/cancel', { job_id: 'nope' });
@@ -237,8 +252,8 @@ describe("ProRL Agent's server API", { timeout: 120_000 }, () => {
     const noEnv = await post('/process', { instance: { responses_create_params: { input: '1+1' } }, sampling_params: {} });
     expect(noEnv.status).toBe(422);
     expect(JSON.stringify(noEnv.json)).toContain('served: math, counter');
-    const badJob = await post('/process', { instance: mathInstance('b-2', '1+1', '2'), sampling_params: {}, job_id: '../x' });
-    expect(badJob.json).toMatchObject({ detail: [{ loc: ['body', 'job_id'] }] });
+    const badJob = await post('/process', { instance: mathInstance('b-2', '1+1', '2'), sampling_params: {}, job_id: 7 });
+    expect(badJob.json).toMatchObject({ detail: [{ type: 'string_type', loc: ['body', 'job_id'] }] });
     expect((await post('/cancel', {})).json).toMatchObject({ detail: [{ type: 'missing', loc: ['body', 'job_id'] }] });
     const badAddress = await post('/add_llm_server', { address: 'not a url' });
     expect(badAddress.status).toBe(422);
@@ -255,5 +270,174 @@ describe("ProRL Agent's server API", { timeout: 120_000 }, () => {
     const schemas = doc.components!.schemas as Record<string, { properties?: Record<string, unknown> }>;
     expect(Object.keys(schemas.ProRLResult!.properties!)).toEqual(expect.arrayContaining(['messages', 'resolved', 'reward', 'filter', 'critical_error', 'timing']));
     expect(Object.keys(schemas.ProRLProcessRequest!.properties!).sort()).toEqual(Object.keys(ProcessRequest.shape).sort());
+  });
+});
+
+/**
+ * What ProRL's own scripts read from the answers (NVIDIA-NeMo/ProRL-Agent-Server
+ * scripts/tests/test_server.py, test_server_token.py, scripts/run_math.py), replayed over HTTP.
+ */
+describe("ProRL's own client scripts, unchanged", { timeout: 120_000 }, () => {
+  /** test_server_token.py's process_request: every message's lengths, token_ids read with len(). */
+  function readAsTestServerToken(result: Result): void {
+    for (const message of result.messages) {
+      expect(typeof message.content).toBe('string');
+      if ('tool_calls' in message && message.tool_calls !== null) expect(Array.isArray(message.tool_calls)).toBe(true);
+      if ('input_ids' in message && message.input_ids !== null) expect(Array.isArray(message.input_ids)).toBe(true);
+      expect(Array.isArray(message.token_ids)).toBe(true); // len(message['token_ids'])
+    }
+    expect(Array.isArray(result.tools)).toBe(true);
+    expect(result.critical_error).toBeNull();
+  }
+
+  /** test_server_token.py's sampling_params, verbatim but the model. */
+  const TOKEN_SAMPLING = {
+    model: 'hosted_vllm/fake-policy',
+    api_key: 'mykey',
+    modify_params: false,
+    log_completions: false,
+    native_tool_calling: true,
+    temperature: 0.6,
+    top_p: 0.9,
+    max_iterations: 35,
+    token_level_generation: true,
+    custom_tokenizer: 'Qwen/Qwen3-8B',
+    max_output_tokens: 4096,
+    max_model_len: 32768,
+  };
+
+  const counterInstance = (trajectoryId: number) => ({
+    env: 'counter',
+    instance_id: 'c-token',
+    trajectory_id: trajectoryId,
+    responses_create_params: {
+      input: 'count from 2 to 5',
+      tools: [{ type: 'function', name: 'increment_counter', parameters: { type: 'object', properties: { count: { type: 'integer' } } }, strict: true }],
+    },
+    initial_count: 2,
+    expected_count: 5,
+  });
+
+  it('test_server_token.py: /start, /status, concurrent /process, /stop; every message has a token_ids list', async () => {
+    expect((await post('/start')).status).toBe(200);
+    expect((await call(server.url, 'GET', '/status')).status).toBe(200);
+    const answers = await Promise.all([0, 1, 2].map((i) => post('/process', { instance: counterInstance(i), sampling_params: TOKEN_SAMPLING })));
+    for (const [i, answer] of answers.entries()) {
+      expect(answer.status).toBe(200);
+      const result = answer.json as Result;
+      readAsTestServerToken(result);
+      expect(result).toMatchObject({ trajectory_id: i, reward: 1, resolved: true });
+      expect(result.messages.map((m) => m.role)).toEqual(['user', 'assistant', 'tool', 'assistant']);
+    }
+    // Only sampling reaches the policy: ProRL's OpenHands and tokenizer knobs stay here.
+    const sent = fake.requests.at(-1)!;
+    expect(sent).toMatchObject({ temperature: 0.6, top_p: 0.9, max_tokens: 4096 });
+    for (const key of ['max_model_len', 'custom_tokenizer', 'token_level_generation', 'max_iterations']) expect(sent).not.toHaveProperty(key);
+    expect((await post('/stop')).status).toBe(200);
+    expect((await post('/start')).json).toEqual({ status: 'Server started successfully' });
+  });
+
+  it('drops trailing non-assistant messages as process_messages_from_agent_state does', async () => {
+    // One turn allowed: the policy calls the tool, its output is the last message, and ProRL leaves it out.
+    const answer = await post('/process', { instance: counterInstance(9), sampling_params: { ...TOKEN_SAMPLING, max_iterations: 1 } });
+    expect(answer.status).toBe(200);
+    const result = answer.json as Result;
+    readAsTestServerToken(result);
+    expect(result.messages.map((m) => m.role)).toEqual(['user', 'assistant']);
+    expect(result.messages.at(-1)!.tool_calls).toEqual([{ name: 'increment_counter', arguments: '{"count":3}' }]);
+    expect(result.messages.flatMap((m) => m.token_ids!)).toEqual([...result.messages[1]!.input_ids!, ...result.messages[1]!.token_ids!]);
+  });
+
+  it('leaves the token keys out when the policy gives no token ids, as ProRL does outside token mode', async () => {
+    const plain = await startFakePolicy({ script: policyScript, supportsReturnTokenIds: false });
+    try {
+      const answer = await post('/process', { instance: counterInstance(0), sampling_params: SAMPLING, base_url: plain.url });
+      expect(answer.status).toBe(200);
+      const result = answer.json as Result;
+      expect(result).toMatchObject({ reward: 1 });
+      for (const message of result.messages) {
+        for (const key of ['token_ids', 'input_ids', 'logprobs']) expect(message).not.toHaveProperty(key);
+      }
+    } finally {
+      await plain.close();
+    }
+  });
+
+  it('keeps a token_ids list on every message through a re-tokenisation drift', async () => {
+    const drifting = await startFakePolicy({ script: policyScript, drifting: true });
+    try {
+      const answer = await post('/process', { instance: counterInstance(0), sampling_params: SAMPLING, base_url: drifting.url });
+      expect(answer.status).toBe(200);
+      const result = answer.json as Result;
+      readAsTestServerToken(result);
+      // The drift is there: the last prompt is not the earlier messages' tokens.
+      const last = result.messages.at(-1)!;
+      expect(result.messages.slice(0, -1).flatMap((m) => m.token_ids!)).not.toEqual(last.input_ids);
+    } finally {
+      await drifting.close();
+    }
+  });
+
+  it("run_math.py: a DeepScaleR row (data_source, prompt, reward_model) goes to math; results as it writes them", async () => {
+    const row = (index: number, a: number, b: number) => ({
+      data_source: 'deepscaler',
+      prompt: [{ role: 'user', content: `${a}+${b}? Let's think step by step and output the final answer within \\boxed{}.` }],
+      ability: 'math',
+      reward_model: { ground_truth: String(a + b), style: 'rule' },
+      extra_info: { index, split: 'train' },
+      trajectory_id: index,
+    });
+    // run_math.py's DEFAULT_SAMPLING_PARAMS, verbatim but the model.
+    const params = { model: 'hosted_vllm/fake-policy', api_key: 'mykey', modify_params: false, log_completions: false, native_tool_calling: true, temperature: 0.6, top_p: 0.9, max_iterations: 35 };
+    const answers = await Promise.all([row(0, 20, 22), row(1, 1, 2)].map((inst) => post('/process', { instance: inst, sampling_params: params })));
+    const results = answers.map((a) => {
+      expect(a.status).toBe(200); // _post: resp.raise_for_status()
+      return a.json as Result;
+    });
+    expect(results.map((r) => r.resolved)).toEqual([true, true]); // sum(r.get("resolved") for r in results)
+    expect(results.map((r) => r.trajectory_id)).toEqual([0, 1]);
+    expect(results[0]).toMatchObject({ reward: 1, critical_error: null, expected_answer: '42' });
+    // Its prompt as the conversation's first message.
+    expect(results[0]!.messages[0]!.content).toContain('20+22?');
+
+    // A prompt as JSON text: ProRL's math handler takes both.
+    const asText = await post('/process', { instance: { ...row(2, 3, 4), prompt: JSON.stringify(row(2, 3, 4).prompt) }, sampling_params: params });
+    expect(asText.json).toMatchObject({ reward: 1, resolved: true });
+  });
+
+  it('takes any string job_id and cancels by it', async () => {
+    const jobId = 'step-1/traj-0';
+    const pending = post('/process', { instance: mathInstance('h-3', 'hang 3+3?', '6'), sampling_params: SAMPLING, job_id: jobId });
+    await until(async () => ((await call(server.url, 'GET', '/status')).json as { run: number }).run === 1);
+    expect((await post('/cancel', { job_id: jobId })).json).toEqual({ status: `Cancel requested for job ${jobId}` });
+    expect((await pending).json).toMatchObject({ job_id: jobId, critical_error: 'cancelled', filter: true, git_patch: null });
+
+    // The same label again (a trainer's next step) is a new job, not the stored one.
+    const again = await post('/process', { instance: mathInstance('m-9', '2+5?', '7'), sampling_params: SAMPLING, job_id: jobId });
+    expect(again.json).toMatchObject({ job_id: jobId, instance_id: 'm-9', reward: 1, critical_error: null });
+  });
+
+  it("carries a SWE result's patch as ProRL's git_patch (and the environment's model_patch)", async () => {
+    const answer = await post('/process', { instance: { env: 'patch', instance_id: 'repo__calc-1', responses_create_params: { input: 'fix calc.py' } }, sampling_params: SAMPLING });
+    expect(answer.status).toBe(200);
+    expect(answer.json).toMatchObject({ instance_id: 'repo__calc-1', resolved: true, git_patch: PATCH, model_patch: PATCH, critical_error: null });
+    expect(answer.json).not.toHaveProperty('traceback');
+    // A successful math result has neither, as ProRL's math results have none.
+    const plain = await post('/process', { instance: mathInstance('m-10', '1+1?', '2'), sampling_params: SAMPLING });
+    for (const key of ['git_patch', 'traceback']) expect(plain.json).not.toHaveProperty(key);
+  });
+
+  it("answers a wrong method on a ProRL route with FastAPI's 405", async () => {
+    for (const [method, path, allow] of [
+      ['GET', '/process', 'POST'],
+      ['POST', '/status', 'GET'],
+      ['GET', '/start', 'POST'],
+      ['PUT', '/cancel', 'POST'],
+    ] as const) {
+      const response = await fetch(`${server.url}${path}`, { method });
+      expect(response.status).toBe(405);
+      expect(response.headers.get('allow')).toBe(allow);
+      expect(await response.text()).toBe('{"detail":"Method Not Allowed"}');
+    }
   });
 });

@@ -126,6 +126,8 @@ export const codeEnvironment = defineEnvironment({
   row: CodeRow,
   config: CodeConfig,
   reverifyMode: 'stateless',
+  // CompCodingVerifyResponse's floats: 1.0 and 0.0 in the JSON, as code_gen writes them.
+  floatFields: ['reward', 'unit_tests_time_taken', 'reasoning_format_violation_rate'],
   setup: (config): CodeResources => ({
     runner: createCodeRunner({
       concurrency: config.num_processes,

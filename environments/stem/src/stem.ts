@@ -78,4 +78,6 @@ export default defineEnvironment({
   metrics: stemMetrics,
   keyMetrics: stemKeyMetrics,
   reverifyMode: 'stateless',
+  // mcqa's verify response declares reward a float: 1.0, not 1, in the JSON.
+  floatFields: ['reward'],
 });

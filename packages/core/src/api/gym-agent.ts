@@ -4,7 +4,8 @@ import type { Context } from 'hono';
 import { RolloutError } from '../errors.ts';
 import { NOT_FOUND_BODY, pydanticInt, valueError } from '../server/fastapi-errors.ts';
 import { FastApiReply, stripRolloutPrefix } from '../server/fastapi.ts';
-import { fastApiErrorHandler, parseFastApiBody } from '../server/fastapi-hono.ts';
+import { fastApiErrorHandler, fastApiJsonResponse, parseFastApiBody } from '../server/fastapi-hono.ts';
+import { aggregateMetricsFloats, verifyResponseFloats } from '../gym/float-fields.ts';
 import { computeAggregateMetrics } from '../gym/metrics.ts';
 import { ResponseCreateParams } from '../protocol/responses.ts';
 import type { VerifyEntry } from '../spec/environment.ts';
@@ -95,19 +96,35 @@ function routes(prefix: string) {
 // ---------------------------------------------------------------------------------------------
 
 /**
+ * NeMo Gym's resources servers and the environment that replaces each, so that rows and configs
+ * written for NeMo Gym (`mcqa_simple_agent` in its mcqa config) reach it.
+ */
+const NEMO_GYM_SERVERS: Readonly<Record<string, string>> = {
+  math_with_judge: 'math',
+  math_with_code: 'math',
+  mcqa: 'stem',
+  code_gen: 'code',
+  swebench: 'swe',
+};
+
+/**
  * The environment a row or verify response names in `agent_ref.name` (NeMo Gym agent instance
- * names: the environment's name, optionally with `_simple_agent`/`_agent`, or its NeMo Gym server
- * name `<env>_...`), else the only served one.
+ * names: the environment's name or the NeMo Gym server's it replaces, optionally with
+ * `_simple_agent`/`_agent` or another `_...` suffix), else the only served one.
  */
 function environmentFor(service: RolloutService, agentRef: { name: string } | undefined, loc: Array<string | number>): string {
   const served = service.environments;
   const name = agentRef?.name;
   if (name !== undefined) {
-    if (served.includes(name)) return name;
     const base = name.replace(/_(simple_)?agent$/, '');
-    if (served.includes(base)) return base;
-    const prefixed = served.filter((env) => base.startsWith(`${env}_`));
-    if (prefixed.length === 1) return prefixed[0]!;
+    for (const candidate of [name, base]) {
+      if (served.includes(candidate)) return candidate;
+      const replacing = NEMO_GYM_SERVERS[candidate];
+      if (replacing !== undefined && served.includes(replacing)) return replacing;
+    }
+    const names = [...served.map((env): [string, string] => [env, env]), ...Object.entries(NEMO_GYM_SERVERS).filter(([, env]) => served.includes(env))];
+    const prefixed = new Set(names.filter(([prefix]) => base.startsWith(`${prefix}_`)).map(([, env]) => env));
+    if (prefixed.size === 1) return [...prefixed][0]!;
   }
   if (served.length === 1) return served[0]!;
   const message = `${name === undefined ? 'no agent_ref.name' : `agent_ref.name "${name}" names none of the served environments`} (served: ${served.join(', ')}); name one, e.g. "${served[0] ?? 'math'}_simple_agent"`;
@@ -179,13 +196,15 @@ export function gymAgentApi({ service, options }: ApiContext): OpenAPIHono {
       const cause = result.error ? `${result.error.code}: ${result.error.message}` : result.state;
       throw new RolloutError({ code: 'INTERNAL', message: `rollout ${result.id} failed (${result.critical_error ?? result.state}): ${cause}` });
     }
-    return c.json({
+    const answer = {
       responses_create_params: body.responses_create_params,
       response: result.response,
       reward: result.reward,
       ...(result.reward_components ? { reward_components: result.reward_components } : {}),
       ...result.verify_extras,
-    });
+    };
+    // SimpleAgentVerifyResponse's floats as Python writes them (`"reward": 1.0`): they land in the collected JSONL.
+    return fastApiJsonResponse(c, answer, verifyResponseFloats(service.environment(env)?.floatFields));
   };
 
   const aggregate = async (c: Context) => {
@@ -198,7 +217,7 @@ export function gymAgentApi({ service, options }: ApiContext): OpenAPIHono {
     );
     const env = service.environment(environmentFor(service, entries[index]!.agent_ref, ['body', 'verify_responses', index]))!;
     const hooks = { ...(env.metrics ? { metrics: env.metrics } : {}), ...(env.keyMetrics ? { keyMetrics: env.keyMetrics } : {}) };
-    return c.json(computeAggregateMetrics(entries as VerifyEntry[], hooks));
+    return fastApiJsonResponse(c, computeAggregateMetrics(entries as VerifyEntry[], hooks), aggregateMetricsFloats(env.floatFields));
   };
 
   // The /ng-rollout/<id> prefix as NeMo Gym's RolloutContextMiddleware reads it; an id it would not
@@ -220,5 +239,9 @@ export function gymAgentApi({ service, options }: ApiContext): OpenAPIHono {
     '/ng-rollout/:rollout_id/aggregate_metrics',
     prefixed((c) => aggregate(c), '/aggregate_metrics'),
   );
+  // FastAPI answers a known path with another method 405 (Starlette's, with its Allow header).
+  for (const path of ['/run', '/aggregate_metrics', '/ng-rollout/:rollout_id/run', '/ng-rollout/:rollout_id/aggregate_metrics']) {
+    app.all(path, (c) => c.json({ detail: 'Method Not Allowed' }, 405, { allow: 'POST' }));
+  }
   return app;
 }

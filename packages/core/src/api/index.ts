@@ -1,3 +1,4 @@
+import { createHash, timingSafeEqual } from 'node:crypto';
 import { createRoute, OpenAPIHono, z } from '@hono/zod-openapi';
 import type { Context, MiddlewareHandler } from 'hono';
 import { bearerAuth } from 'hono/bearer-auth';
@@ -45,6 +46,22 @@ function fromHttpException(error: HTTPException): RolloutError {
 /** The rollout-node routes: registering, and every call of a node (listing the nodes is the trainer's). */
 const isNodeRoute = (method: string, path: string) => path.startsWith('/v1/nodes/') || (path === '/v1/nodes' && method === 'POST');
 
+const digest = (text: string) => createHash('sha256').update(text).digest();
+
+/**
+ * The password of an HTTP Basic header. NeMo Gym's and ProRL's clients send no header of their
+ * own: they call `http://{host}:{port}`, and aiohttp (as requests) sends the credentials of a URL
+ * such as `http://rollserve:TOKEN@host:port` as Basic, so a host configured as `rollserve:TOKEN@host`
+ * carries the token.
+ */
+function basicPassword(c: Context): string | undefined {
+  const match = /^Basic +([A-Za-z0-9+/]+=*) *$/i.exec(requestHeader(c, 'authorization') ?? '');
+  if (!match) return undefined;
+  const decoded = Buffer.from(match[1]!, 'base64').toString('utf8');
+  const colon = decoded.indexOf(':');
+  return colon < 0 ? undefined : decoded.slice(colon + 1);
+}
+
 function auth(token: string | undefined, nodeToken: string | undefined): MiddlewareHandler {
   // A 401 for a malformed header too (bearerAuth's own is a 400), in the one error shape.
   const body = JSON.stringify(new RolloutError({ code: 'UNAUTHORIZED', message: 'a valid bearer token is required' }).toJSON());
@@ -58,8 +75,13 @@ function auth(token: string | undefined, nodeToken: string | undefined): Middlew
     });
   const check = token ? bearer(token) : undefined;
   const checkNode = nodeToken ? bearer(nodeToken) : check;
+  const tokenDigest = token ? digest(token) : undefined;
   return (c, next) => {
     if (isPublic(c.req.path)) return next();
+    if (tokenDigest && isFastApiPath(c.req.path)) {
+      const password = basicPassword(c);
+      if (password !== undefined && timingSafeEqual(digest(password), tokenDigest)) return next();
+    }
     const guard = isNodeRoute(c.req.method, c.req.path) ? checkNode : check;
     return guard ? guard(c, next) : next();
   };

@@ -1,3 +1,4 @@
+import { randomUUID } from 'node:crypto';
 import { createRoute, OpenAPIHono, z } from '@hono/zod-openapi';
 import type { Context } from 'hono';
 import { RolloutError } from '../errors.ts';
@@ -32,6 +33,7 @@ const OPENHANDS_ONLY = new Set([
   'native_tool_calling',
   'token_level_generation',
   'custom_tokenizer',
+  'max_model_len',
   'enable_thinking',
   'ensure_thinking_end_properly',
   'strict_loop_detector',
@@ -40,7 +42,15 @@ const OPENHANDS_ONLY = new Set([
   'disable_vision',
 ]);
 
-const JOB_ID = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$/, 'ids are 1-128 of [A-Za-z0-9._:-], starting alphanumeric');
+/**
+ * ProRL's own instance rows name their handler in `data_source` (openhands/nvidia/registry.py:
+ * `deepscaler` is its math handler, `deepcoder*` and the code datasets its code handler): the
+ * served environment each one means when no served environment has that name.
+ */
+const PRORL_DATA_SOURCES: ReadonlyArray<[RegExp, string]> = [
+  [/^deepscaler$/, 'math'],
+  [/^(deepcoder.*|codecontests|apps|codeforces|taco)$/, 'code'],
+];
 
 /** ProRL's `ProcessRequest`, instances in NeMo Gym form (`responses_create_params` plus the task's fields). */
 export const ProcessRequest = z
@@ -50,11 +60,21 @@ export const ProcessRequest = z
      * it names a served environment, else the only served one. `instance_id` and `trajectory_id`
      * come back in the result.
      */
-    instance: z.looseObject({
-      env: z.string().optional(),
-      data_source: z.string().optional(),
-      responses_create_params: ResponseCreateParams,
-    }),
+    instance: z
+      .looseObject({
+        env: z.string().optional(),
+        data_source: z.string().optional(),
+        responses_create_params: ResponseCreateParams.optional(),
+        /** ProRL's own row (a DeepScaleR row): the chat prompt, a list of messages or its JSON text. */
+        prompt: z.union([z.array(z.looseObject({ role: z.string(), content: z.unknown() })), z.string()]).optional(),
+        /** ProRL's own row: `ground_truth`, the expected answer (math) or the tests (code, as JSON). */
+        reward_model: z.looseObject({ ground_truth: z.unknown().optional() }).optional(),
+      })
+      .superRefine((instance, ctx) => {
+        if (instance.responses_create_params === undefined && instance.prompt === undefined) {
+          ctx.addIssue({ code: 'invalid_type', expected: 'object', path: ['responses_create_params'], message: 'responses_create_params (or ProRL\'s prompt) is required' });
+        }
+      }),
     /**
      * ProRL's sampling params: `model` (a LiteLLM prefix such as `hosted_vllm/` is dropped),
      * `api_key`, `max_output_tokens` (the max_tokens of each call), `max_iterations` (turns), the
@@ -67,7 +87,8 @@ export const ProcessRequest = z
       max_iterations: z.number().int().positive().max(1_000).optional(),
       max_iteration: z.number().int().positive().max(1_000).optional(),
     }).default({}),
-    job_id: JOB_ID.optional(),
+    /** Any string, as ProRL takes it (`step-1/traj-0`); it names the job for /cancel, not the rollout. */
+    job_id: z.string().nullish(),
     /** rollserve's: the policy's OpenAI base URL for this job instead of the registered LLM servers. */
     base_url: z.url().optional(),
     /** rollserve's: stage time, turns and sandbox limits of this job. */
@@ -75,6 +96,10 @@ export const ProcessRequest = z
   })
   .openapi('ProRLProcessRequest');
 
+/**
+ * ProRL's message. The three token keys are there when the rollout has token ids (ProRL's
+ * `token_level_generation`), on every message, and left out otherwise, as ProRL does.
+ */
 const ProRLMessage = z
   .looseObject({
     role: z.string(),
@@ -84,14 +109,15 @@ const ProRLMessage = z
     /**
      * Assistant: the generated token ids. Other messages: the context tokens they add (the chat
      * template and tool output between two generations, on the last message before the next
-     * generation), so that every message's token_ids in order give the whole sequence; null
-     * without token ids or on re-tokenisation drift.
+     * generation; `[]` on the others), so that every message's token_ids in order give the whole
+     * sequence. After a re-tokenisation drift the context message carries the prompt's tokens past
+     * what it shares with the sequence so far (the assistant's `input_ids` is then the exact prompt).
      */
-    token_ids: z.array(z.number().int()).nullable(),
+    token_ids: z.array(z.number().int()).optional(),
     /** Assistant: the prompt token ids of that call; null otherwise. */
-    input_ids: z.array(z.number().int()).nullable(),
+    input_ids: z.array(z.number().int()).nullable().optional(),
     /** Assistant: the logprob of each generated token; null otherwise. */
-    logprobs: z.array(z.number()).nullable(),
+    logprobs: z.array(z.number()).nullable().optional(),
   })
   .openapi('ProRLMessage');
 
@@ -114,6 +140,10 @@ export const ProRLResult = z
     reward: z.number(),
     /** null, or the stage that failed: init, run, eval, timeout, cancelled. */
     critical_error: z.string().nullable(),
+    /** ProRL's name for the SWE patch (also `model_patch`, the environment's); null on an error result without one. */
+    git_patch: z.string().nullable().optional(),
+    /** Error results (init, run, eval, cancelled): what failed. rollserve has no Python traceback: the error's code and message. */
+    traceback: z.string().optional(),
     /** True: do not train on it (an infrastructure failure). */
     filter: z.boolean(),
     /** Seconds per phase, as ProRL's PausableTimer reports them ("others": queued between stages). */
@@ -205,29 +235,36 @@ function registered(backends: BackendRegistry): Array<{ id: string; baseUrl: str
 }
 
 /**
- * ProRL's messages: role, content and `tool_calls` as `{name, arguments}`; on each message the
- * token ids of its place in the sequence (see ProRLMessage).
+ * ProRL's messages (`process_messages_from_agent_state`): role, content and `tool_calls` as
+ * `{name, arguments}`, up to the last assistant message (ProRL drops what follows it); in token
+ * mode, on each message the token ids of its place in the sequence (see ProRLMessage).
  */
 function prorlMessages(result: RolloutResult): Array<z.infer<typeof ProRLMessage>> {
   const turns = result.turns;
-  const assistantAt = result.messages.flatMap((m, i) => (m.role === 'assistant' ? [i] : []));
+  let end = result.messages.length;
+  while (end > 0 && result.messages[end - 1]!.role !== 'assistant') end--;
+  const messages = result.messages.slice(0, end);
+  const assistantAt = messages.flatMap((m, i) => (m.role === 'assistant' ? [i] : []));
   // Each turn appended one assistant message: the last turns.length of them are the turns'.
-  const turnAt = new Map<number, number>(assistantAt.slice(assistantAt.length - turns.length).map((messageIndex, turn) => [messageIndex, turn]));
+  const turnAt = new Map<number, number>(assistantAt.slice(Math.max(0, assistantAt.length - turns.length)).map((messageIndex, turn) => [messageIndex, turn]));
+  // Token mode: the policy gave token ids. A turn without them (a failed call) then has empty lists, never null.
+  const tokenMode = turns.some((t) => t.prompt_token_ids !== null && t.generation_token_ids !== null);
   // Context tokens before each turn's generation: what its prompt adds to the sequence so far.
-  const context: Array<number[] | null> = [];
-  let sequence: number[] | null = [];
-  for (const turn of turns) {
+  const context: number[][] = [];
+  let sequence: number[] = [];
+  for (const turn of tokenMode ? turns : []) {
     const prompt = turn.prompt_token_ids;
-    if (sequence === null || prompt === null || turn.generation_token_ids === null || !sequence.every((id, k) => prompt[k] === id)) {
-      sequence = null;
-      context.push(null);
+    if (prompt === null || turn.generation_token_ids === null) {
+      context.push([]);
       continue;
     }
-    context.push(prompt.slice(sequence.length));
+    let common = 0;
+    while (common < sequence.length && common < prompt.length && sequence[common] === prompt[common]) common++;
+    context.push(prompt.slice(common));
     sequence = [...prompt, ...turn.generation_token_ids];
   }
   const generationsAt = [...turnAt.keys()];
-  return result.messages.map((message, i) => {
+  return messages.map((message, i) => {
     const turnIndex = turnAt.get(i);
     const toolCalls = (message.tool_calls as Array<{ function?: { name?: string; arguments?: string } }> | undefined)?.map((c) => ({
       name: String(c.function?.name ?? ''),
@@ -239,17 +276,20 @@ function prorlMessages(result: RolloutResult): Array<z.infer<typeof ProRLMessage
       ...(toolCalls && toolCalls.length > 0 ? { tool_calls: toolCalls } : {}),
       ...(typeof message.reasoning_content === 'string' ? { reasoning_content: message.reasoning_content } : {}),
     };
+    if (!tokenMode) return base;
     if (turnIndex !== undefined) {
       const turn = turns[turnIndex]!;
-      return { ...base, token_ids: turn.generation_token_ids, input_ids: turn.prompt_token_ids, logprobs: turn.generation_logprobs };
+      return { ...base, token_ids: turn.generation_token_ids ?? [], input_ids: turn.prompt_token_ids, logprobs: turn.generation_logprobs };
     }
-    // A context message: the tokens the next generation's prompt adds go on the last message before
-    // it; messages after the last generation are in no prompt.
+    // A context message: the tokens the next generation's prompt adds go on the last message before it.
     const next = generationsAt.find((at) => at > i);
-    const tokens = next === undefined ? null : (context[turnAt.get(next)!] ?? null);
-    return { ...base, token_ids: tokens === null ? null : next === i + 1 ? tokens : [], input_ids: null, logprobs: null };
+    const tokens = next !== undefined && next === i + 1 ? (context[turnAt.get(next)!] ?? []) : [];
+    return { ...base, token_ids: tokens, input_ids: null, logprobs: null };
   });
 }
+
+/** The stages whose failure ProRL answers with an exception result (`git_patch`, `traceback`). */
+const EXCEPTION_STAGES = new Set(['init', 'run', 'eval', 'cancelled']);
 
 /** ProRL's `final_result` shape for a finished rollout. */
 export function prorlResult(result: RolloutResult, instance: Record<string, unknown>, jobId: string): z.infer<typeof ProRLResult> {
@@ -258,20 +298,25 @@ export function prorlResult(result: RolloutResult, instance: Record<string, unkn
   const seconds = (ms: number) => ms / 1_000;
   const { init, run, eval: evaluation } = result.timing;
   const response = result.response as { tools?: unknown[] } | null;
+  const error = result.error ? `${result.error.code}: ${result.error.message}` : null;
+  const exceptionResult = result.critical_error !== null && EXCEPTION_STAGES.has(result.critical_error);
   return {
     ...result.verify_extras,
     instance_id: instance.instance_id ?? null,
     trajectory_id: instance.trajectory_id ?? null,
     job_id: jobId,
     messages: prorlMessages(result),
-    tools: responsesToolsToChat(response?.tools ?? (instance.responses_create_params as { tools?: unknown[] }).tools ?? []).map((t) => ({ ...t, function: { ...t.function } })),
+    tools: responsesToolsToChat(response?.tools ?? (instance.responses_create_params as { tools?: unknown[] } | undefined)?.tools ?? []).map((t) => ({ ...t, function: { ...t.function } })),
     end_properly: last !== undefined && last.malformed === null && last.finish_reason !== 'length',
     success: result.state === 'done' && result.error === null,
-    error: result.error ? `${result.error.code}: ${result.error.message}` : null,
+    error,
     finish: last !== undefined && last.tool_calls.length === 0 && !!last.text && last.finish_reason !== 'length',
     resolved,
     reward: result.reward,
     critical_error: result.critical_error,
+    // SWE results carry the patch as ProRL names it; so do error results, as ProRL's exception results.
+    ...('model_patch' in result.verify_extras || exceptionResult ? { git_patch: typeof result.verify_extras.model_patch === 'string' ? result.verify_extras.model_patch : null } : {}),
+    ...(exceptionResult ? { traceback: error ?? String(result.critical_error) } : {}),
     filter: result.filter,
     timing: {
       init_time: seconds(init.active_ms),
@@ -282,6 +327,56 @@ export function prorlResult(result: RolloutResult, instance: Record<string, unkn
       timeout_triggered: result.critical_error === 'timeout',
     },
   };
+}
+
+/** The prompt's text: ProRL's math handler reads the first message's content (`obtain_problem_statement`). */
+function promptMessages(prompt: unknown): Array<{ role: string; content: unknown }> {
+  const parsed: unknown = typeof prompt === 'string' ? JSON.parse(prompt) : prompt;
+  if (!Array.isArray(parsed)) throw new Error('prompt is not a list of messages');
+  return parsed as Array<{ role: string; content: unknown }>;
+}
+
+/** Code tests from ProRL's `reward_model.ground_truth` (JSON `{inputs, outputs, fn_name?}`, or a list of `{input, output}`). */
+function unitTests(groundTruth: unknown): Record<string, unknown> | undefined {
+  let value = groundTruth;
+  if (typeof value === 'string') {
+    try {
+      value = JSON.parse(value);
+    } catch {
+      return undefined;
+    }
+  }
+  if (Array.isArray(value)) {
+    const tests = value as Array<{ input?: unknown; output?: unknown }>;
+    if (!tests.every((t) => typeof t?.input === 'string' && typeof t.output === 'string')) return undefined;
+    return { inputs: tests.map((t) => t.input), outputs: tests.map((t) => t.output) };
+  }
+  if (typeof value === 'object' && value !== null && Array.isArray((value as { inputs?: unknown }).inputs)) return value as Record<string, unknown>;
+  return undefined;
+}
+
+/**
+ * A ProRL instance as a NeMo Gym row. ProRL's own rows (a DeepScaleR row: `data_source`, `prompt`,
+ * `reward_model: {ground_truth}`, `extra_info`) become `responses_create_params.input` (the prompt),
+ * `question` (its first message) and `expected_answer` (the ground truth), or the code tests in
+ * `verifier_metadata.unit_tests`; fields the row has already are kept.
+ */
+function prorlRow(instance: Record<string, unknown>): Record<string, unknown> {
+  if (instance.responses_create_params !== undefined || instance.prompt === undefined) return instance;
+  let messages: Array<{ role: string; content: unknown }>;
+  try {
+    messages = promptMessages(instance.prompt);
+  } catch (error) {
+    throw new FastApiReply(422, { detail: [valueError(['body', 'instance', 'prompt'], `prompt is not a list of chat messages: ${(error as Error).message}`, instance.prompt)] });
+  }
+  const groundTruth = (instance.reward_model as { ground_truth?: unknown } | undefined)?.ground_truth;
+  const derived: Record<string, unknown> = { responses_create_params: { input: messages } };
+  const first = messages[0]?.content;
+  if (typeof first === 'string') derived.question = first;
+  if (typeof groundTruth === 'string' || typeof groundTruth === 'number') derived.expected_answer = String(groundTruth);
+  const tests = unitTests(groundTruth);
+  if (tests !== undefined) derived.verifier_metadata = { unit_tests: tests };
+  return { ...derived, ...instance, responses_create_params: derived.responses_create_params };
 }
 
 /**
@@ -368,14 +463,16 @@ export function prorlApi({ service, options }: ApiContext): OpenAPIHono {
   app.post('/process', async (c: Context) => {
     const { value: request } = await parseFastApiBody(c, ProcessRequest);
     requireRunning();
-    const { env: envName, data_source: dataSource, ...row } = request.instance;
+    const { env: envName, data_source: dataSource, ...given } = request.instance;
     const served = service.environments;
-    const env = envName ?? (dataSource !== undefined && served.includes(dataSource) ? dataSource : undefined) ?? (served.length === 1 ? served[0] : undefined);
+    const fromSource = dataSource === undefined ? undefined : served.includes(dataSource) ? dataSource : PRORL_DATA_SOURCES.find(([name]) => name.test(dataSource))?.[1];
+    const env = envName ?? (fromSource !== undefined && served.includes(fromSource) ? fromSource : undefined) ?? (served.length === 1 ? served[0] : undefined);
     if (env === undefined) {
       throw new FastApiReply(422, {
         detail: [valueError(['body', 'instance', 'env'], `instance.env is required (served: ${served.join(', ')})`, envName ?? null)],
       });
     }
+    const row = prorlRow(given);
     const { model, api_key: apiKey, max_output_tokens: maxOutputTokens, max_iterations: maxIterations, max_iteration: maxIteration, ...rest } = request.sampling_params;
     const sampling = Object.fromEntries(Object.entries(rest).filter(([key]) => !OPENHANDS_ONLY.has(key)));
     if (maxOutputTokens !== undefined && sampling.max_tokens === undefined) sampling.max_tokens = maxOutputTokens;
@@ -388,7 +485,8 @@ export function prorlApi({ service, options }: ApiContext): OpenAPIHono {
     const limits = { ...request.limits, ...(turns !== undefined ? { max_turns: turns } : {}) };
     const jobId = request.job_id ?? `prorl-${Date.now().toString(36)}-${(nextJob++).toString(36)}`;
     const task = RolloutTask.parse({
-      id: jobId,
+      // A fresh task per call: ProRL's job ids are the caller's labels (reused across steps), not ids of stored work.
+      id: `prorl-${randomUUID()}`,
       env,
       row,
       policy: { model: modelName, sampling, ...(apiKey ? { api_key: apiKey } : {}), ...(request.base_url ? { base_url: request.base_url } : {}) },
@@ -398,11 +496,17 @@ export function prorlApi({ service, options }: ApiContext): OpenAPIHono {
     const rolloutId = submitted!.rolloutIds[0]!;
     jobs.set(jobId, rolloutId);
     try {
-      return c.json(prorlResult(await service.wait(rolloutId), request.instance, jobId));
+      return c.json(prorlResult(await service.wait(rolloutId), { ...request.instance, ...row }, jobId));
     } finally {
-      jobs.delete(jobId);
+      if (jobs.get(jobId) === rolloutId) jobs.delete(jobId);
     }
   });
+
+  // FastAPI answers a known path with another method 405 (Starlette's, with its Allow header).
+  for (const route of ROUTES) {
+    const allow = route.method.toUpperCase();
+    app.all(route.path, (c) => c.json({ detail: 'Method Not Allowed' }, 405, { allow }));
+  }
 
   return app;
 }

@@ -14,6 +14,8 @@ import { stripRolloutPrefix, validateBody as validate } from '../server/fastapi.
 import { fastApiErrorHandler, nodeBindings, readBodyBytes, readFastApiBody, requestDeclaredLength, requestHeader } from '../server/fastapi-hono.ts';
 import { checkToken } from '../server/bind-policy.ts';
 import { computeAggregateMetrics } from './metrics.ts';
+import { aggregateMetricsFloats, verifyResponseFloats } from './float-fields.ts';
+import { fastApiJsonResponse } from '../server/fastapi-hono.ts';
 import { DEFAULT_MAX_BODY_BYTES } from '../server/read-body.ts';
 import { SessionStore } from '../server/session-store.ts';
 
@@ -132,21 +134,10 @@ function cookieFrom(header: string | undefined, name: string): string | undefine
  * A NeMo Gym resources server for one environment, as a Hono app: every route, status code, body
  * shape and cookie rule of shared/nemo-gym/CONTRACT.md §1. Serve it with `serveFetch`.
  */
-const FLOAT_MARK = `__rollserve_float_${Math.random().toString(36).slice(2)}__`;
-
-/** JSON of a verify answer with the named top-level numbers printed as Python floats (1.0). */
-function jsonWithFloats(answer: Record<string, unknown>, fields: readonly string[]): string {
-  const marked: Record<string, unknown> = { ...answer };
-  for (const key of fields) {
-    const value = marked[key];
-    if (typeof value === 'number' && Number.isInteger(value)) marked[key] = `${FLOAT_MARK}${value}`;
-  }
-  return JSON.stringify(marked).replace(new RegExp(`"${FLOAT_MARK}(-?\\d+)"`, 'g'), '$1.0');
-}
-
 export function createResourcesServer(env: Environment<any, any, any>, options: ResourcesServerOptions = {}): ResourcesServer {
   const instanceName = options.instanceName ?? env.name;
   const cookieName = `${pascalCase(env.name)}ResourcesServer___${instanceName}`;
+  const verifyFloats = verifyResponseFloats(env.floatFields);
   const logger = options.logger ?? pino({ name: instanceName, level: process.env.ROLLSERVE_LOG_LEVEL ?? 'info' });
   const config = (env.config ? env.config.parse(options.config ?? {}) : (options.config ?? {})) as Record<string, unknown>;
   const sessions = new SessionStore({ idleTtlMs: options.sessionIdleTtlMs ?? 3_600_000, logger });
@@ -280,11 +271,10 @@ export function createResourcesServer(env: Environment<any, any, any>, options: 
       const numeric = typeof reward === 'number' && Number.isFinite(reward) ? reward : 0;
       // A judge outage: NeMo Gym's judge_failsafe answers the whole request plus the failure keys
       // (CONTRACT.md §1.6), so that collection routes the row to its failures file.
-      if ('_ng_failure_class' in extras) return c.json({ ...raw, ...extras, reward: numeric });
+      if ('_ng_failure_class' in extras) return fastApiJsonResponse(c, { ...raw, ...extras, reward: numeric }, verifyFloats);
       // Echo the two objects as they came (token ids and unknown keys intact): raw, not parsed.
       const answer = { responses_create_params: raw.responses_create_params, response: raw.response, reward: numeric, ...extras };
-      if (!env.floatFields?.length) return c.json(answer);
-      return c.body(jsonWithFloats(answer, env.floatFields), 200, { 'content-type': 'application/json' });
+      return fastApiJsonResponse(c, answer, verifyFloats);
     } finally {
       await sessions.end(sessionId);
     }
@@ -296,7 +286,7 @@ export function createResourcesServer(env: Environment<any, any, any>, options: 
       ...(env.metrics ? { metrics: env.metrics } : {}),
       ...(env.keyMetrics ? { keyMetrics: env.keyMetrics } : {}),
     };
-    return c.json(computeAggregateMetrics(request.verify_responses as VerifyEntry[], hooks));
+    return fastApiJsonResponse(c, computeAggregateMetrics(request.verify_responses as VerifyEntry[], hooks), aggregateMetricsFloats(env.floatFields));
   });
 
   for (const [name, tool] of Object.entries(env.tools)) {

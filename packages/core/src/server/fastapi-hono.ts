@@ -4,6 +4,7 @@ import { HTTPException } from 'hono/http-exception';
 import type { ContentfulStatusCode } from 'hono/utils/http-status';
 import type { z } from 'zod';
 import { bodyValue, fastApiErrorAnswer, validateBody, type FastApiErrorOptions } from './fastapi.ts';
+import { fastApiJson, type FloatFields } from './fastapi-json.ts';
 import { declaredLength, decodeRequestBodyInTurn, DEFAULT_MAX_BODY_BYTES, readNodeBody, readRequestBytes } from './read-body.ts';
 
 // The FastAPI layer (fastapi.ts) on a Hono app, served by @hono/node-server or called with
@@ -80,4 +81,9 @@ export function fastApiErrorHandler({ logger, ...options }: FastApiErrorHandlerO
     if (answer.unhandled) logger.error({ err: error, path: c.req.path }, 'request failed');
     return c.json(answer.body, answer.status as ContentfulStatusCode);
   };
+}
+
+/** A 200 JSON answer written as FastAPI writes its pydantic model: the `floats` fields as Python floats (see fastApiJson). */
+export function fastApiJsonResponse(c: Context, value: unknown, floats: FloatFields): Response {
+  return c.body(fastApiJson(value, floats), 200, { 'content-type': 'application/json' });
 }
