@@ -217,8 +217,17 @@ describe('rollout service HTTP API', () => {
     expect((nested.json as { error: { message: string } }).error.message).toContain('samplng');
     const limits = await call(server.url, 'POST', '/v1/rollouts', { ...task('typo3', '1+1', '2'), limits: { max_turn: 3 } }, auth);
     expect(limits.status).toBe(422);
+    // a typo inside sampling: vLLM would ignore it and sample at its defaults
+    const sampling = await call(server.url, 'POST', '/v1/rollouts', { tasks: [base, { ...task('typo4', '1+1', '2'), policy: { model: 'fake-policy', sampling: { temprature: 0.7, n: 4 } } }] }, auth);
+    expect(sampling.status).toBe(422);
+    expect(sampling.json).toMatchObject({ error: { code: 'UNPROCESSABLE', details: [{ code: 'unrecognized_keys', keys: ['temprature', 'n'], path: ['tasks', 1, 'policy', 'sampling'] }] } });
+    expect((sampling.json as { error: { message: string } }).error.message).toContain('"temprature" (did you mean "temperature"?), "n" (did you mean the task\'s `n`?)');
+    // vLLM's own names beyond the common ones pass
+    const vllm = await call(server.url, 'POST', '/v1/rollouts', { ...task('vllm-extras', '1+1', '2'), policy: { model: 'fake-policy', sampling: { temperature: 0, min_p: 0.05, skip_special_tokens: false } } }, auth);
+    expect(vllm.status).toBe(202);
     // nothing of those ran
     expect((await call(server.url, 'GET', '/v1/rollouts/typo', undefined, auth)).status).toBe(404);
+    expect((await call(server.url, 'GET', '/v1/rollouts/typo2', undefined, auth)).status).toBe(404);
   });
 });
 
