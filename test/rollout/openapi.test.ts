@@ -1,6 +1,7 @@
 import { createRolloutApi, startRolloutServer, type RolloutServer } from '@rollserve/core/service';
 import math from '@rollserve/env-math';
 import { counterEnvironment, startFakePolicy, type FakePolicy } from '@rollserve/testing';
+import openapiTS, { astToString } from 'openapi-typescript';
 import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { z } from 'zod';
@@ -344,6 +345,17 @@ describe('the OpenAPI document against real responses', () => {
     expect((await exercise('DELETE /v1/nodes/{node_id}', '/v1/nodes/oa-node', { headers })).json).toEqual({ released: 0 });
     expect((await exercise('DELETE /v1/nodes/{node_id}', '/v1/nodes/oa-node', { headers })).status).toBe(404);
   }, 60_000);
+
+  it('generates a typed client whose operations are the named ones (openapi-typescript)', async () => {
+    const served = (await (await request(`${server.url}/openapi.json`)).body.json()) as { paths: Record<string, Record<string, { operationId: string }>> };
+    const generated = astToString(await openapiTS(served as never));
+    const operations = generated.slice(generated.indexOf('export interface operations {'));
+    const named = [...operations.matchAll(/^ {4}(\w+): \{$/gm)].map((m) => m[1]);
+    const ids = Object.values(served.paths).flatMap((ops) => Object.values(ops).map((op) => op.operationId));
+    expect(named.sort()).toEqual([...ids].sort());
+    // a path's operation refers to its named type: `post: operations["submitRollouts"]`
+    expect(generated).toMatch(/"\/v1\/rollouts\/stream": \{[^]*?get: operations\["streamResults"\];[^]*?post: operations\["streamResultsOf"\];/);
+  });
 
   it('every operation of the document was exercised with a real request', () => {
     // (the 401 sweep above reaches every route: it does not count)
