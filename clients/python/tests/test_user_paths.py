@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import threading
 import warnings
 
 import pytest
@@ -101,3 +102,27 @@ def test_a_long_id_list_streams_through_one_post(client: rollserve.Client, prefi
     assert all(r.reward == 1 for r in results)
     groups = list(client.iter_groups(submitted))
     assert sorted(g.task_id for g in groups) == sorted(ids)
+
+
+def test_ids_alone_get_the_warning_issued_while_they_wait_then_stream_once_a_backend_is_added(prefix: str) -> None:
+    with rollserve.Client(BARE_URL, token=TOKEN, warning_check=0.2) as client:
+        with pytest.warns(rollserve.ServiceWarning):
+            client.submit(make_task("waits for a backend", id=f"{prefix}-later"))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+
+            def add_backend_once_warned() -> None:
+                # the trainer reacts to the warning: a policy server comes up
+                while not any("no policy backend" in str(w.message) for w in list(caught)):
+                    threading.Event().wait(0.05)
+                client.backends.add(os.environ["ROLLSERVE_POLICY_URL"], id=f"{prefix}-policy")
+
+            adder = threading.Thread(target=add_backend_once_warned, daemon=True)
+            adder.start()
+            # an id alone: nothing says its submit was warned, so the stream warns and waits on
+            results = list(client.iter_results(f"{prefix}-later"))
+        adder.join()
+        assert [r.reward for r in results] == [1]
+        warned = [w for w in caught if issubclass(w.category, rollserve.ServiceWarning)]
+        assert len(warned) == 1 and "no policy backend" in str(warned[0].message)
+        client.backends.remove(f"{prefix}-policy")

@@ -85,11 +85,12 @@ class AsyncClient:
         return await asyncio.to_thread(lambda: self.sync.cancel(id, wait=wait))
 
     async def _stream(self, ids: List[str], view: Optional[str] = None, watch: bool = False) -> AsyncIterator[Dict[str, Any]]:
-        """As :meth:`Client._stream`: with ``watch``, ServiceWarningError while ``/v1/status``
-        has warnings, asked at once and after every ``warning_check`` seconds without a result."""
+        """As :meth:`Client._stream`: ``/v1/status`` asked after every ``warning_check`` seconds
+        without a result (at once with ``watch``); with ``watch`` its warnings raise."""
         if watch:
             await asyncio.to_thread(self.sync._check_warnings)
         loop = asyncio.get_running_loop()
+        said: set = set()
         items: "asyncio.Queue[Tuple[str, Any]]" = asyncio.Queue()
 
         def emit(item: Tuple[str, Any]) -> None:
@@ -103,9 +104,9 @@ class AsyncClient:
         try:
             while remaining:
                 try:
-                    kind, value = await asyncio.wait_for(items.get(), self.sync.warning_check if watch else None)
+                    kind, value = await asyncio.wait_for(items.get(), self.sync.warning_check)
                 except asyncio.TimeoutError:
-                    await asyncio.to_thread(self.sync._check_warnings)
+                    await asyncio.to_thread(self.sync._check_warnings, watch, said)
                     continue
                 if kind == "result":
                     yield value

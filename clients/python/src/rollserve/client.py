@@ -171,11 +171,16 @@ class Client:
             warnings.warn(warning, ServiceWarning, stacklevel=2)
         return answer
 
-    def _check_warnings(self) -> None:
-        """Raises ServiceWarningError while ``/v1/status`` has warnings."""
+    def _check_warnings(self, fail: bool = True, said: Optional[set] = None) -> None:
+        """While ``/v1/status`` has warnings: raises ServiceWarningError with ``fail``, else
+        issues each as a ServiceWarning once (``said`` keeps those issued)."""
         held = self._t.request("GET", "/v1/status").get("warnings") or []
-        if held:
+        if held and fail:
             raise ServiceWarningError(held, method="GET", path="/v1/status")
+        for warning in held:
+            if said is not None and warning not in said:
+                said.add(warning)
+                warnings.warn(warning, ServiceWarning, stacklevel=4)
 
     def submit(self, tasks: Union[Task, Iterable[Task]], *, batch_size: int = MAX_BATCH) -> Submission:
         """Submits one task or many (``{"env", "row", "policy", "n", ...}``); answers once the
@@ -227,20 +232,23 @@ class Client:
     # streams -------------------------------------------------------------------------------
 
     def _stream(self, ids: List[str], view: Optional[str] = None, watch: bool = False) -> Iterator[Tuple[str, Any]]:
-        """The results of ``ids``. With ``watch`` (tasks whose submit was warned), ``/v1/status``
-        is asked at once and after every ``warning_check`` seconds without a result: while it
-        still has warnings, the stream would wait for ever, so it raises ServiceWarningError."""
+        """The results of ``ids``. ``/v1/status`` is asked after every ``warning_check`` seconds
+        without a result (and at once with ``watch``: tasks whose submit was warned). With
+        ``watch``, its warnings raise ServiceWarningError: the stream would wait for ever. Else
+        (ids alone do not say whether the warnings concern them) each is issued once as a
+        ServiceWarning."""
         if watch:
             self._check_warnings()
+        said: set = set()
         items: "queue.Queue[Tuple[str, Any]]" = queue.Queue()
         stream = ResultStream(self._t, ids, items.put, view).start()
         remaining = len(stream.chunks)
         try:
             while remaining:
                 try:
-                    kind, value = items.get(timeout=self.warning_check if watch else None)
+                    kind, value = items.get(timeout=self.warning_check)
                 except queue.Empty:
-                    self._check_warnings()
+                    self._check_warnings(watch, said)
                     continue
                 if kind == "result":
                     yield kind, value
