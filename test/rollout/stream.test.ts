@@ -10,6 +10,8 @@ import { z } from 'zod';
 
 let fake: FakePolicy;
 let server: RolloutServer;
+/** The default keep-alive or longer: its streams' headers can not ride on a keep-alive. */
+let quiet: RolloutServer;
 const TOKEN = 'stream-token';
 const auth = { authorization: `Bearer ${TOKEN}` };
 // short, so that the test sees a keep-alive without waiting the 15 s default
@@ -34,8 +36,10 @@ const task = (id: string, extra: Record<string, unknown> = {}) => ({
 beforeAll(async () => {
   fake = await startFakePolicy({ script: (req) => `ok ${String((req.messages.at(-1) as { content: unknown }).content).slice(4)}` });
   server = await startRolloutServer({ environments: [echo], token: TOKEN, llmBackends: [fake.url], defaultModel: 'fake-policy', streamKeepAliveMs: KEEP_ALIVE_MS });
+  quiet = await startRolloutServer({ environments: [echo], token: TOKEN, llmBackends: [fake.url], defaultModel: 'fake-policy', streamKeepAliveMs: 3_600_000 });
 });
 afterAll(async () => {
+  await quiet?.close();
   await server?.close();
   await fake?.close();
 });
@@ -54,10 +58,10 @@ describe('the result stream', () => {
   it('answers an idle stream at once: a client opens it, then submits, then reads its result', async () => {
     const controller = new AbortController();
     // resolves with the headers: before the fix, not until the first result (so never, here)
-    const stream = await request(`${server.url}/v1/rollouts/stream`, { headers: auth, signal: controller.signal });
+    const stream = await request(`${quiet.url}/v1/rollouts/stream`, { headers: auth, signal: controller.signal });
     expect(stream.statusCode).toBe(200);
     expect(stream.headers['content-type']).toBe('application/x-ndjson');
-    const submit = await call(server.url, 'POST', '/v1/rollouts', task('opened-first'), auth);
+    const submit = await call(quiet.url, 'POST', '/v1/rollouts', task('opened-first'), auth);
     expect(submit.status).toBe(202);
     const text = await readUntil(stream.body, (t) => t.includes('"opened-first"'));
     controller.abort();
@@ -65,7 +69,7 @@ describe('the result stream', () => {
     expect(JSON.parse(line)).toMatchObject({ id: 'opened-first', reward: 1 });
 
     const again = new AbortController();
-    const events = await request(`${server.url}/v1/rollouts/stream?format=sse`, { headers: auth, signal: again.signal });
+    const events = await request(`${quiet.url}/v1/rollouts/stream?format=sse`, { headers: auth, signal: again.signal });
     expect(events.statusCode).toBe(200);
     expect(events.headers['content-type']).toBe('text/event-stream');
     expect(events.headers['cache-control']).toBe('no-cache');

@@ -151,9 +151,11 @@ async function toNode(
 ): Promise<void> {
   // no-cache and no proxy buffering: each line is meant to arrive when written
   outgoing.writeHead(200, { 'content-type': framing.contentType, 'cache-control': 'no-cache', 'x-accel-buffering': 'no' });
+  // (`headersSent` is true from writeHead on, before a byte went out: this says whether they did)
+  let flushed = false;
   let sentAt = 0;
   const keepAlive = setInterval(() => {
-    if (!outgoing.headersSent || outgoing.destroyed || outgoing.writableEnded || outgoing.writableNeedDrain) return;
+    if (!flushed || outgoing.destroyed || outgoing.writableEnded || outgoing.writableNeedDrain) return;
     if (Date.now() - sentAt >= keepAliveMs) {
       outgoing.write(framing.keepAlive);
       sentAt = Date.now();
@@ -164,13 +166,15 @@ async function toNode(
     await pump(
       async (chunk, last) => {
         if (outgoing.destroyed) return;
+        flushed = true;
         sentAt = Date.now();
         if (last) outgoing.end(chunk + framing.end);
         else if (!outgoing.write(chunk)) await once(outgoing, 'drain', { signal: aborted }).catch(() => undefined);
       },
       () => {
-        if (!outgoing.headersSent && !outgoing.destroyed) {
+        if (!flushed && !outgoing.destroyed) {
           outgoing.flushHeaders();
+          flushed = true;
           sentAt = Date.now();
         }
       },
