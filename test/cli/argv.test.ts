@@ -64,4 +64,17 @@ describe('rollserve command line', () => {
     expect(lease.status).toBe(1);
     expect(lease.stderr.trim()).toBe('rollserve start: --lease-s takes a number >= 1, not "soon"');
   }, 120_000);
+
+  it('prints --help without colour codes into a pipe, and with them when asked (FORCE_COLOR)', () => {
+    // what a shell gives it: none of the variables that turn citty's colours off by themselves
+    const env = Object.fromEntries(Object.entries(process.env).filter(([k]) => !['NO_COLOR', 'FORCE_COLOR', 'TEST', 'CI', 'TERM'].includes(k)));
+    const help = (extra: Record<string, string>, ...args: string[]) => spawnSync(process.execPath, [bin, ...args], { encoding: 'utf8', env: { ...env, ...extra } });
+    for (const args of [['--help'], ['rollout', '--help'], ['start', '--help']]) {
+      const piped = help({ TERM: 'xterm-256color' }, ...args);
+      expect(piped.status).toBe(0);
+      expect(piped.stdout).toContain('USAGE');
+      expect(piped.stdout).not.toContain('\u001b[');
+    }
+    expect(help({ TERM: 'xterm-256color', FORCE_COLOR: '1' }, '--help').stdout).toContain('\u001b[');
+  });
 });

@@ -65,7 +65,7 @@ describe('rollserve start', () => {
       });
       expect(submitted.status).toBe(202);
       const stream = await request(`${urls.rollouts}/v1/rollouts/stream?ids=quick,old`);
-      const results = (await stream.body.text()).trim().split('\n').map((line) => JSON.parse(line) as { reward: number; id: string });
+      const results = (await stream.body.text()).split('\n').filter((l) => l.trim() !== '').map((line) => JSON.parse(line) as { reward: number; id: string });
       expect(results.map((r) => [r.id, r.reward]).sort()).toEqual([['old', 1], ['quick', 1]]);
       expect(await stop(first.child)).toBe(0);
     } finally {

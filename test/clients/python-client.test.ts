@@ -5,6 +5,7 @@ import { spawn } from 'node:child_process';
 import { createConnection, createServer, type Server, type Socket } from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { defineEnvironment } from '@rollserve/core';
+import { createResourcesServer, serveFetch, type RunningServer } from '@rollserve/core/gym';
 import { startRolloutServer, type RolloutServer } from '@rollserve/core/service';
 import { counterEnvironment, startFakePolicy, type FakePolicy, type FakeReply } from '@rollserve/testing';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -101,13 +102,21 @@ function run(command: string, args: string[], env: Record<string, string>): Prom
 let fake: FakePolicy;
 let server: RolloutServer;
 let proxy: Awaited<ReturnType<typeof startDroppingProxy>>;
+/** A service with no LLM backend: its submits are warned (test_warnings.py). */
+let bare: RolloutServer;
+/** An environment's resources server, where a user may point the client by mistake. */
+let environment: RunningServer;
 
 beforeAll(async () => {
   fake = await startFakePolicy({ script });
   server = await startRolloutServer({ environments: [echo, counterEnvironment], token: TOKEN, llmBackends: [fake.url], defaultModel: 'fake-policy' });
   proxy = await startDroppingProxy(new URL(server.url), 3);
+  bare = await startRolloutServer({ environments: [echo], token: TOKEN });
+  environment = await serveFetch(createResourcesServer(echo));
 });
 afterAll(async () => {
+  await environment?.close();
+  await bare?.close();
   await proxy?.close();
   await server?.close();
   await fake?.close();
@@ -120,6 +129,8 @@ describe('the Python client (clients/python)', () => {
       ROLLSERVE_TOKEN: TOKEN,
       ROLLSERVE_POLICY_URL: fake.url,
       ROLLSERVE_FLAKY_URL: proxy.url,
+      ROLLSERVE_BARE_URL: bare.url,
+      ROLLSERVE_ENV_URL: environment.url,
       PYTHONPATH: `${ROOT}clients/python/src`,
       PYTHONDONTWRITEBYTECODE: '1',
     });

@@ -23,7 +23,8 @@ const MODELS: Record<string, string> = {
   SubmittedTask: 'Submitted.properties.tasks.items',
 };
 /** Fields that are the client's own, not the service's. */
-const CLIENT_FIELDS = new Set(['raw']);
+// (SubmittedTask.warnings: the warnings of its batch's 202 that concern it, sorted out client-side)
+const CLIENT_FIELDS = new Set(['raw', 'warnings']);
 
 type Kind = { type: 'string' | 'integer' | 'number' | 'boolean' | 'object' | 'any' } | { type: 'array'; items: Kind } | { type: 'model'; name: string };
 interface PyField {

@@ -218,7 +218,7 @@ export async function submit(url: string, ids: readonly string[], headers: Recor
 /** Every result of `ids`, as the API streams them (snake_case), once all have finished. */
 export async function streamResults(url: string, ids: readonly string[]): Promise<Array<{ id: string; state: string; reward: number; error: unknown }>> {
   const response = await request(`${url}/v1/rollouts/stream?ids=${ids.join(',')}`);
-  return (await response.body.text()).trim().split('\n').map((line) => JSON.parse(line) as { id: string; state: string; reward: number; error: unknown });
+  return (await response.body.text()).split('\n').filter((l) => l.trim() !== '').map((line) => JSON.parse(line) as { id: string; state: string; reward: number; error: unknown });
 }
 
 /** A call through @rollserve/testing's `call`: a body (or `raw` text) makes it a POST; `json` is the text when the body is not JSON. */

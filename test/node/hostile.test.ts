@@ -261,7 +261,7 @@ describe('rollout nodes against a hostile party (rollserve start over HTTP)', ()
       const submitted = await getJson(url, '/v1/rollouts', { body: { tasks: [mathTask('idle-0'), mathTask('idle-1'), mathTask('idle-2')] }, headers: bearer });
       expect(submitted.status).toBe(202);
       const stream = await getJson(url, '/v1/rollouts/stream?ids=idle-0,idle-1,idle-2', { headers: bearer });
-      const results = (stream.json as string).trim().split('\n').map((line) => JSON.parse(line) as { id: string; state: string; reward: number });
+      const results = (stream.json as string).split('\n').filter((l) => l.trim() !== '').map((line) => JSON.parse(line) as { id: string; state: string; reward: number });
       expect(results.map((r) => [r.id, r.state, r.reward]).sort()).toEqual([['idle-0', 'done', 1], ['idle-1', 'done', 1], ['idle-2', 'done', 1]]);
 
       // now it claims one (limits of 1 s each: its lease lives 6 s). Asking for work (a claim answered in

@@ -63,7 +63,7 @@ describe('rollout service HTTP API', () => {
       warnings: [],
     });
     const stream = await request(`${server.url}/v1/rollouts/stream?ids=a1,a2,a3`, { headers: auth });
-    const lines = (await stream.body.text()).trim().split('\n').map((l) => JSON.parse(l) as { id: string; reward: number });
+    const lines = (await stream.body.text()).split('\n').filter((l) => l.trim() !== '').map((l) => JSON.parse(l) as { id: string; reward: number });
     expect(stream.headers['content-type']).toContain('application/x-ndjson');
     expect(lines.map((l) => l.id).sort()).toEqual(['a1', 'a2', 'a3:0', 'a3:1']);
     const one = await call(server.url, 'GET', '/v1/rollouts/a2', undefined, auth);
@@ -113,7 +113,7 @@ describe('rollout service HTTP API', () => {
     const cancelled = await call(server.url, 'DELETE', '/v1/rollouts/left-hang', undefined, auth);
     expect(cancelled.json).toMatchObject({ id: 'left-hang', state: 'cancelled' });
     const again = await request(`${server.url}/v1/rollouts/stream?ids=left-1,left-hang`, { headers: auth });
-    const lines = (await again.body.text()).trim().split('\n').map((l) => JSON.parse(l) as { id: string; state: string });
+    const lines = (await again.body.text()).split('\n').filter((l) => l.trim() !== '').map((l) => JSON.parse(l) as { id: string; state: string });
     expect(lines.map((l) => [l.id, l.state]).sort()).toEqual([
       ['left-1', 'done'],
       ['left-hang', 'cancelled'],
@@ -175,7 +175,7 @@ describe('rollout service HTTP API', () => {
     const submitted = await call(server.url, 'POST', '/v1/rollouts', { tasks: [task('grp-a', '1+1', '2', { n: 3 }), task('grp-b', '2+2', '4', { n: 2 })] }, auth);
     expect(submitted.status).toBe(202);
     const response = await request(`${server.url}/v1/rollouts/groups/stream?ids=grp-a,grp-b`, { headers: auth });
-    const groups = (await response.body.text()).trim().split('\n').map((l) => JSON.parse(l) as { task_id: string; results: Array<{ task_id: string; advantage: number | null }> });
+    const groups = (await response.body.text()).split('\n').filter((l) => l.trim() !== '').map((l) => JSON.parse(l) as { task_id: string; results: Array<{ task_id: string; advantage: number | null }> });
     expect(groups.map((g) => g.task_id).sort()).toEqual(['grp-a', 'grp-b']);
     for (const group of groups) {
       expect(group.results).toHaveLength(group.task_id === 'grp-a' ? 3 : 2);
@@ -187,7 +187,7 @@ describe('rollout service HTTP API', () => {
   it('streams training views (view=training) of results and of whole groups, as GET ?view=training gives them', async () => {
     const submitted = await call(server.url, 'POST', '/v1/rollouts', { tasks: [task('tv-a', '3+4', '7', { n: 2 }), task('tv-b', '1+2', '3')] }, auth);
     expect(submitted.status).toBe(202);
-    const lines = async (path: string) => (await (await request(`${server.url}${path}`, { headers: auth })).body.text()).trim().split('\n').map((l) => JSON.parse(l) as Record<string, any>);
+    const lines = async (path: string) => (await (await request(`${server.url}${path}`, { headers: auth })).body.text()).split('\n').filter((l) => l.trim() !== '').map((l) => JSON.parse(l) as Record<string, any>);
     const single = await lines('/v1/rollouts/stream?ids=tv-b&view=training');
     expect(single).toHaveLength(1);
     expect(single[0]).toMatchObject({ id: 'tv-b', task_id: 'tv-b', reward: 1, sequence_error: null });
@@ -217,8 +217,17 @@ describe('rollout service HTTP API', () => {
     expect((nested.json as { error: { message: string } }).error.message).toContain('samplng');
     const limits = await call(server.url, 'POST', '/v1/rollouts', { ...task('typo3', '1+1', '2'), limits: { max_turn: 3 } }, auth);
     expect(limits.status).toBe(422);
+    // a typo inside sampling: vLLM would ignore it and sample at its defaults
+    const sampling = await call(server.url, 'POST', '/v1/rollouts', { tasks: [base, { ...task('typo4', '1+1', '2'), policy: { model: 'fake-policy', sampling: { temprature: 0.7, n: 4 } } }] }, auth);
+    expect(sampling.status).toBe(422);
+    expect(sampling.json).toMatchObject({ error: { code: 'UNPROCESSABLE', details: [{ code: 'unrecognized_keys', keys: ['temprature', 'n'], path: ['tasks', 1, 'policy', 'sampling'] }] } });
+    expect((sampling.json as { error: { message: string } }).error.message).toContain('"temprature" (did you mean "temperature"?), "n" (did you mean the task\'s `n`?)');
+    // vLLM's own names beyond the common ones pass
+    const vllm = await call(server.url, 'POST', '/v1/rollouts', { ...task('vllm-extras', '1+1', '2'), policy: { model: 'fake-policy', sampling: { temperature: 0, min_p: 0.05, skip_special_tokens: false } } }, auth);
+    expect(vllm.status).toBe(202);
     // nothing of those ran
     expect((await call(server.url, 'GET', '/v1/rollouts/typo', undefined, auth)).status).toBe(404);
+    expect((await call(server.url, 'GET', '/v1/rollouts/typo2', undefined, auth)).status).toBe(404);
   });
 });
 
@@ -252,7 +261,7 @@ describe('a submission with no usable policy backend', () => {
     expect((await call(bare.url, 'POST', '/v1/llm-backends', { base_url: fake.url })).status).toBe(201);
     expect((await call(bare.url, 'GET', '/v1/status')).json).toMatchObject({ warnings: [] });
     const stream = await request(`${bare.url}/v1/rollouts/stream?ids=nb1,nb2,own-url`);
-    const results = (await stream.body.text()).trim().split('\n').map((l) => JSON.parse(l) as { id: string; reward: number });
+    const results = (await stream.body.text()).split('\n').filter((l) => l.trim() !== '').map((l) => JSON.parse(l) as { id: string; reward: number });
     expect(results.map((r) => [r.id, r.reward]).sort()).toEqual([['nb1', 1], ['nb2:0', 1], ['nb2:1', 1], ['own-url', 1]]);
     expect((await call(bare.url, 'GET', '/v1/status')).json).toMatchObject({ warnings: [] });
   });

@@ -232,6 +232,17 @@ describe('rollserve rollout', () => {
       expect(metrics!.agent_metrics['mean/reward']).toBe(0.5);
     }, 60_000);
 
+    it('streams 1,500 tasks of one run from the service (their ids in a POST body: a query string that long is an HTTP 431)', async () => {
+      const input = rowsFile('many.jsonl', Array.from({ length: 1_500 }, (_, i): [string, string] => (i % 2 === 0 ? ['1+1', '2'] : ['2+2', '4'])));
+      const output = join(dir, 'many-out.jsonl');
+      const result = await run(['--service', server.url, '--token', TOKEN, '--env', 'math', '--input', input, '--output', output, '--model', 'fake-policy']);
+      expect(result.code, result.stderr).toBe(0);
+      expect(result.stdout).toContain('1500 rollouts: 1500 written');
+      const lines = readLines(output);
+      expect(lines.map((l) => l._ng_task_index)).toEqual(Array.from({ length: 1_500 }, (_, i) => i));
+      expect(lines.map((l) => l.reward)).toEqual(Array.from({ length: 1_500 }, (_, i) => (i % 2 === 0 ? 1 : 0)));
+    }, 300_000);
+
     it('a wrong token is one clear line', async () => {
       const input = rowsFile('token.jsonl', [['1+1', '2']]);
       const result = await run(['--service', server.url, '--token', 'wrong-token', '--env', 'math', '--input', input, '--output', join(dir, 'token-out.jsonl'), '--model', 'fake-policy']);

@@ -1,6 +1,7 @@
 import { createRolloutApi, startRolloutServer, type RolloutServer } from '@rollserve/core/service';
 import math from '@rollserve/env-math';
 import { counterEnvironment, startFakePolicy, type FakePolicy } from '@rollserve/testing';
+import openapiTS, { astToString } from 'openapi-typescript';
 import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { z } from 'zod';
@@ -138,6 +139,19 @@ describe('the OpenAPI document against real responses', () => {
     documentOps = Object.entries(openapi.paths).flatMap(([path, ops]) => Object.keys(ops).filter((k) => k !== 'parameters').map((m) => `${m.toUpperCase()} ${path}`));
     expect(documentOps.sort()).toEqual([...declared.keys()].sort());
     expect(documentOps.length).toBeGreaterThan(15);
+    // a generated client's functions: every operation named once, tagged with a declared tag
+    const document = doc.json as { servers?: Array<{ url: string }>; tags?: Array<{ name: string }>; paths: Record<string, Record<string, { operationId?: string; tags?: string[] }>> };
+    const operations = Object.values(document.paths).flatMap((ops) => Object.values(ops));
+    const names = operations.map((op) => op.operationId);
+    expect(names.every((name) => typeof name === 'string' && /^[a-z][A-Za-z0-9]+$/.test(name)), JSON.stringify(names)).toBe(true);
+    expect(new Set(names).size).toBe(names.length);
+    const tags = new Set(document.tags?.map((t) => t.name));
+    expect(operations.every((op) => op.tags?.length === 1 && tags.has(op.tags[0]!))).toBe(true);
+    expect(document.paths['/v1/rollouts']!.post!.tags).toEqual(['Rollouts']);
+    expect(document.paths['/v1/nodes/{node_id}/claim']!.post!.tags).toEqual(['Rollout nodes']);
+    expect(document.paths['/process']!.post!.tags).toEqual(['ProRL Agent']);
+    expect(document.paths['/run']!.post!.tags).toEqual(['NeMo Gym agent']);
+    expect(document.servers).toEqual([{ url: './', description: expect.any(String) }]);
   });
 
   it('/health, /openapi.json and /docs answer without the token; every other route answers 401 without it', async () => {
@@ -163,6 +177,11 @@ describe('the OpenAPI document against real responses', () => {
       const answer = await exercise('GET /docs/{asset}', url.pathname, { token: false });
       expect(answer.status, asset).toBe(200);
     }
+    // with a trailing slash, as a browser's completion types it: sent to the page
+    expect((await exercise('GET /docs/', '/docs/', { token: false })).status).toBe(308);
+    const slash = await request(`${server.url}/docs/`);
+    await slash.body.dump();
+    expect(new URL(String(slash.headers.location), `${server.url}/docs/`).href).toBe(`${server.url}/docs`);
     const init = await request(`${server.url}/docs/init.js`);
     expect(await init.body.text()).toContain("'openapi.json'");
     expect((await exercise('GET /docs/{asset}', '/docs/nope.js', { token: false })).status).toBe(404);
@@ -206,6 +225,18 @@ describe('the OpenAPI document against real responses', () => {
     expect((await exercise('GET /v1/rollouts/groups/stream', '/v1/rollouts/groups/stream?ids=nope')).status).toBe(404);
     expect((await exercise('GET /v1/rollouts/groups/stream', '/v1/rollouts/groups/stream')).status).toBe(422);
     expect((await exercise('GET /v1/rollouts/groups/stream', '/v1/rollouts/groups/stream?ids=o1&format=xml')).status).toBe(400);
+    // the ids in a body: any number of them
+    const posted = await exercise('POST /v1/rollouts/stream', '/v1/rollouts/stream', { body: { ids: ['o1', 'o2'] } });
+    expect((posted.json as Array<{ id: string }>).map((r) => r.id).sort()).toEqual(['o1:0', 'o1:1', 'o2']);
+    const postedSse = await exercise('POST /v1/rollouts/stream', '/v1/rollouts/stream', { body: { ids: ['o2'], format: 'sse', view: 'training' } });
+    expect((postedSse.json as Array<{ event: string }>).map((e) => e.event)).toEqual(['result', 'end']);
+    expect((await exercise('POST /v1/rollouts/stream', '/v1/rollouts/stream', { body: { ids: ['nope'] } })).status).toBe(404);
+    expect((await exercise('POST /v1/rollouts/stream', '/v1/rollouts/stream', { body: { ids: [] } })).status).toBe(422);
+    expect((await exercise('POST /v1/rollouts/stream', '/v1/rollouts/stream', { raw: '{nope' })).status).toBe(400);
+    const postedGroups = await exercise('POST /v1/rollouts/groups/stream', '/v1/rollouts/groups/stream', { body: { ids: ['o1', 'o2'], view: 'training' } });
+    expect((postedGroups.json as Array<{ task_id: string }>).map((g) => g.task_id).sort()).toEqual(['o1', 'o2']);
+    expect((await exercise('POST /v1/rollouts/groups/stream', '/v1/rollouts/groups/stream', { body: { ids: ['nope'] } })).status).toBe(404);
+    expect((await exercise('POST /v1/rollouts/groups/stream', '/v1/rollouts/groups/stream', { body: { ids: ['o1'], format: 'xml' } })).status).toBe(422);
 
     const page = await exercise('GET /v1/rollouts', '/v1/rollouts?limit=2&state=done');
     expect((page.json as { items: unknown[]; next_cursor: string | null }).items).toHaveLength(2);
@@ -315,11 +346,24 @@ describe('the OpenAPI document against real responses', () => {
     expect((await exercise('DELETE /v1/nodes/{node_id}', '/v1/nodes/oa-node', { headers })).status).toBe(404);
   }, 60_000);
 
+  it('generates a typed client whose operations are the named ones (openapi-typescript)', async () => {
+    const served = (await (await request(`${server.url}/openapi.json`)).body.json()) as { paths: Record<string, Record<string, { operationId: string }>> };
+    const generated = astToString(await openapiTS(served as never));
+    const operations = generated.slice(generated.indexOf('export interface operations {'));
+    const named = [...operations.matchAll(/^ {4}(\w+): \{$/gm)].map((m) => m[1]);
+    const ids = Object.values(served.paths).flatMap((ops) => Object.values(ops).map((op) => op.operationId));
+    expect(named.sort()).toEqual([...ids].sort());
+    // a path's operation refers to its named type: `post: operations["submitRollouts"]`
+    expect(generated).toMatch(/"\/v1\/rollouts\/stream": \{[^]*?get: operations\["streamResults"\];[^]*?post: operations\["streamResultsOf"\];/);
+  });
+
   it('every operation of the document was exercised with a real request', () => {
     // (the 401 sweep above reaches every route: it does not count)
     const missing = documentOps.filter((op) => ![...(exercised.get(op) ?? [])].some((s) => s !== 401));
     expect(missing, 'documented routes without a real request in this file').toEqual([]);
-    const noSuccess = documentOps.filter((op) => ![...exercised.get(op)!].some((s) => s >= 200 && s < 300));
+    // its declared success: a 2xx, for GET /docs/ its redirect
+    const success = (op: string, s: number) => (op === 'GET /docs/' ? s === 308 : s >= 200 && s < 300);
+    const noSuccess = documentOps.filter((op) => ![...exercised.get(op)!].some((s) => success(op, s)));
     expect(noSuccess, 'documented routes never answered 2xx here').toEqual([]);
   });
 });

@@ -95,7 +95,7 @@ describe('submitting to a sandboxed environment', () => {
     // The restart runs what the first process had accepted, by itself.
     const second = await startChild({ store, llm: fake.url }, sandboxDir);
     const stream = await request(`${second.url}/v1/rollouts/stream?ids=${ids.join(',')}`);
-    const results = (await stream.body.text()).trim().split('\n').map((line) => JSON.parse(line) as RolloutResult);
+    const results = (await stream.body.text()).split('\n').filter((l) => l.trim() !== '').map((line) => JSON.parse(line) as RolloutResult);
     expect(results.map((r) => r.id).sort()).toEqual([...ids].sort());
     for (const result of results) expect({ id: result.id, state: result.state, reward: result.reward, error: result.error }).toEqual({ id: result.id, state: 'done', reward: 1, error: null });
     // Resubmitting the batch starts nothing new.

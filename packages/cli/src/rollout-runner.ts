@@ -46,9 +46,21 @@ function failure(url: string, statusCode: number, text: string): RolloutError {
   return new RolloutError({ code: statusCode === 401 ? 'UNAUTHORIZED' : 'UNAVAILABLE', message: `${url}: HTTP ${statusCode}: ${message}` });
 }
 
+/** Longer id lists go in a POST body: a query string past 16 KiB of headers is an HTTP 431. */
+const MAX_QUERY_IDS_CHARS = 4_000;
+
+/** The NDJSON stream of `ids`' results: GET with a short list (as every release serves), else POST. */
+function openStream(base: string, headers: Record<string, string>, ids: readonly string[]) {
+  const query = encodeURIComponent(ids.join(','));
+  // no idle limits: a rollout may take its whole time limit before the next line comes
+  const options = { headers, headersTimeout: 0, bodyTimeout: 0 };
+  if (query.length <= MAX_QUERY_IDS_CHARS) return request(`${base}/v1/rollouts/stream?format=ndjson&ids=${query}`, options);
+  return request(`${base}/v1/rollouts/stream`, { ...options, method: 'POST', body: JSON.stringify({ ids, format: 'ndjson' }) });
+}
+
 /**
- * A running rollout service: `POST /v1/rollouts`, then `GET /v1/rollouts/stream?ids=<task ids>`
- * (NDJSON) until every rollout has come; a stream cut short is opened again for the rest.
+ * A running rollout service: `POST /v1/rollouts`, then the stream of their task ids (NDJSON)
+ * until every rollout has come; a stream cut short is opened again for the rest.
  */
 export function httpRunner(serviceUrl: string, token: string | undefined): RolloutRunner {
   const base = serviceUrl.replace(/\/+$/, '');
@@ -68,8 +80,7 @@ export function httpRunner(serviceUrl: string, token: string | undefined): Rollo
       const taskIds = accepted.tasks.map((task) => task.task_id);
       for (let attempt = 0; remaining.size > 0; attempt++) {
         if (attempt === 5) throw new RolloutError({ code: 'UNAVAILABLE', message: `${base}/v1/rollouts/stream kept ending with ${remaining.size} rollouts to come` });
-        // no idle limits: a rollout may take its whole time limit before the next line comes
-        const stream = await request(`${base}/v1/rollouts/stream?format=ndjson&ids=${encodeURIComponent(taskIds.join(','))}`, { headers, headersTimeout: 0, bodyTimeout: 0 });
+        const stream = await openStream(base, headers, taskIds);
         if (stream.statusCode !== 200) throw failure(`${base}/v1/rollouts/stream`, stream.statusCode, await stream.body.text());
         try {
           for await (const line of createInterface({ input: stream.body, crlfDelay: Infinity })) {

@@ -3,7 +3,7 @@ Standard library only."""
 
 from .aio import AsyncClient
 from .client import Client
-from .errors import RolloutServiceError, ServiceConnectionError
+from .errors import RolloutServiceError, ServiceConnectionError, ServiceWarning, ServiceWarningError
 from .models import Group, Page, Result, Rollout, Submission, SubmittedTask, TaskRollouts, TrainingView
 
 __version__ = "0.1.0"
@@ -17,6 +17,8 @@ __all__ = [
     "Rollout",
     "RolloutServiceError",
     "ServiceConnectionError",
+    "ServiceWarning",
+    "ServiceWarningError",
     "Submission",
     "SubmittedTask",
     "TaskRollouts",

@@ -18,15 +18,27 @@ _STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError,
 _NETWORK = (OSError, http.client.HTTPException)
 
 
-def _error_from(status: int, data: bytes, method: str, path: str) -> RolloutServiceError:
+def _error_from(status: int, data: bytes, method: str, path: str, url: str = "") -> RolloutServiceError:
     try:
         body = json.loads(data)
         err = body["error"] if isinstance(body, dict) and isinstance(body.get("error"), dict) else None
     except ValueError:
-        err = None
+        body, err = None, None
     if err is None:
+        # Not the rollout service's error shape: say where the answer came from, and what it
+        # likely is (FastAPI's {"detail": ...}: an environment's resources server, a NeMo Gym or
+        # ProRL server, on the port meant for the rollout service).
         text = data.decode("utf-8", "replace").strip()[:500] or http.client.responses.get(status, "")
-        return RolloutServiceError(status, f"HTTP_{status}", text, method=method, path=path)
+        where = f" from {url.rstrip('/')}{path}" if url else ""
+        hint = ""
+        if isinstance(body, dict) and "detail" in body:
+            hint = (
+                f"; {url or 'this URL'} answers as a FastAPI server (an environment's resources server, NeMo Gym or ProRL?),"
+                " not as the rollserve rollout service: point the client at the service (`rollserve start` serves it, port 8100 by default)"
+            )
+        elif status == 404:
+            hint = f"; is {url or 'this URL'} the rollserve rollout service (`rollserve start`, port 8100 by default)?"
+        return RolloutServiceError(status, f"HTTP_{status}", f"{text}{where}{hint}", method=method, path=path)
     return RolloutServiceError(
         status,
         str(err.get("code", f"HTTP_{status}")),
@@ -169,7 +181,7 @@ class Transport:
                 attempt += 1
                 continue
             if status >= 400:
-                raise _error_from(status, data, method, path)
+                raise _error_from(status, data, method, path, self.url)
             if not data:
                 return None
             try:
@@ -178,14 +190,22 @@ class Transport:
                 raise RolloutServiceError(status, "PROTOCOL", f"the answer is not JSON: {data[:200]!r}", method=method, path=path) from error
 
     def open_stream(self, ids: Sequence[str], view: Optional[str] = None) -> Tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-        """One attempt at ``GET /v1/rollouts/stream?ids=...&format=ndjson[&view=...]``; the caller retries."""
-        query = {"ids": ",".join(ids), "format": "ndjson", **({"view": view} if view else {})}
-        target = self.path("/v1/rollouts/stream", query)
+        """One attempt at the NDJSON stream of ``ids``; the caller retries. A short list goes
+        in the query string (``GET /v1/rollouts/stream?ids=...``); a long one in a JSON body
+        (``POST /v1/rollouts/stream``), which takes any number of ids where a query string past
+        the server's header limit is refused (HTTP 431)."""
         conn = self.new_connection(self.stream_timeout)
         headers = dict(self.headers)
         headers["accept"] = "application/x-ndjson"
+        joined = ",".join(ids)
+        if len(quote(joined, safe=",:")) <= MAX_IDS_CHARS:
+            method, target, payload = "GET", self.path("/v1/rollouts/stream", {"ids": joined, "format": "ndjson", **({"view": view} if view else {})}), None
+        else:
+            body = {"ids": list(ids), "format": "ndjson", **({"view": view} if view else {})}
+            method, target, payload = "POST", self.path("/v1/rollouts/stream"), json.dumps(body, separators=(",", ":")).encode()
+            headers["content-type"] = "application/json"
         try:
-            conn.request("GET", target, headers=headers)
+            conn.request(method, target, body=payload, headers=headers)
             response = conn.getresponse()
         except BaseException:
             conn.close()
@@ -193,39 +213,24 @@ class Transport:
         if response.status != 200:
             data = response.read()
             conn.close()
-            raise _error_from(response.status, data, "GET", "/v1/rollouts/stream")
+            raise _error_from(response.status, data, method, "/v1/rollouts/stream", self.url)
         return conn, response
 
 
 # The stream ----------------------------------------------------------------------------------
 
-# Ids go in the query string; Node's default header limit is 16 KiB, so long id lists are split
-# over several streams read side by side.
+# Ids up to this many characters go in the query string (Node's default header limit is 16 KiB);
+# more go in a POST body.
 MAX_IDS_CHARS = 6000
 
 Emit = Callable[[Tuple[str, Any]], None]
 
 
-def split_ids(ids: Sequence[str], limit: int = MAX_IDS_CHARS) -> List[List[str]]:
-    chunks: List[List[str]] = []
-    current: List[str] = []
-    size = 0
-    for id_ in ids:
-        cost = len(quote(id_, safe=":")) + 1
-        if current and size + cost > limit:
-            chunks.append(current)
-            current, size = [], 0
-        current.append(id_)
-        size += cost
-    if current:
-        chunks.append(current)
-    return chunks
-
-
 class ResultStream:
-    """Reads results of ``ids`` (rollout or task ids) from one or more NDJSON streams, each in a
-    thread of its own, and hands each result once to ``emit`` as ``("result", dict)``; then
-    ``("done", None)`` per stream once the service has ended it, or ``("error", exc)``.
+    """Reads results of ``ids`` (rollout or task ids) from an NDJSON stream, in a thread of its
+    own, and hands each result once to ``emit`` as ``("result", dict)``; then ``("done", None)``
+    once the service has ended it, or ``("error", exc)``. Blank lines (the service's keep-alives
+    on an idle stream) are skipped.
     A dropped connection is reopened (with backoff; ``retries`` failures in a row without a new
     result give up) and results seen before are skipped."""
 
@@ -236,7 +241,7 @@ class ResultStream:
         unique = list(dict.fromkeys(ids))
         if not unique:
             raise ValueError("iter_results needs at least one id")
-        self.chunks = split_ids(unique)
+        self.chunks = [unique]
         self.seen: Set[str] = set()
         self.reconnects = 0
         self._lock = threading.Lock()

@@ -9,7 +9,7 @@ from typing import Any, AsyncIterator, Dict, Iterable, List, Optional, Tuple, Un
 
 from ._transport import ResultStream
 from .client import Client, Grouper, Ids, Task
-from .models import Group, Page, Result, Rollout, Submission, TaskRollouts, TrainingView, as_id_list
+from .models import Group, Page, Result, Rollout, Submission, TaskRollouts, TrainingView, as_id_list, materialize, warned
 
 
 class AsyncBackends:
@@ -84,8 +84,13 @@ class AsyncClient:
     async def cancel(self, id: str, *, wait: bool = True) -> Union[Rollout, TaskRollouts]:
         return await asyncio.to_thread(lambda: self.sync.cancel(id, wait=wait))
 
-    async def _stream(self, ids: List[str], view: Optional[str] = None) -> AsyncIterator[Dict[str, Any]]:
+    async def _stream(self, ids: List[str], view: Optional[str] = None, watch: bool = False) -> AsyncIterator[Dict[str, Any]]:
+        """As :meth:`Client._stream`: ``/v1/status`` asked after every ``warning_check`` seconds
+        without a result (at once with ``watch``); with ``watch`` its warnings raise."""
+        if watch:
+            await asyncio.to_thread(self.sync._check_warnings)
         loop = asyncio.get_running_loop()
+        said: set = set()
         items: "asyncio.Queue[Tuple[str, Any]]" = asyncio.Queue()
 
         def emit(item: Tuple[str, Any]) -> None:
@@ -98,7 +103,11 @@ class AsyncClient:
         remaining = len(stream.chunks)
         try:
             while remaining:
-                kind, value = await items.get()
+                try:
+                    kind, value = await asyncio.wait_for(items.get(), self.sync.warning_check)
+                except asyncio.TimeoutError:
+                    await asyncio.to_thread(self.sync._check_warnings, watch, said)
+                    continue
                 if kind == "result":
                     yield value
                 elif kind == "done":
@@ -111,7 +120,8 @@ class AsyncClient:
 
     async def iter_results(self, ids: Ids) -> AsyncIterator[Result]:
         """As :meth:`Client.iter_results`, without blocking the loop."""
-        async for raw in self._stream(as_id_list(ids)):
+        ids = materialize(ids)
+        async for raw in self._stream(as_id_list(ids), None, warned(ids)):
             yield Result.from_json(raw)
 
     async def wait(self, ids: Ids) -> List[Result]:
@@ -123,7 +133,8 @@ class AsyncClient:
 
     async def iter_training(self, ids: Ids) -> AsyncIterator[TrainingView]:
         """As :meth:`Client.iter_training`, without blocking the loop."""
-        async for raw in self._stream(as_id_list(ids), "training"):
+        ids = materialize(ids)
+        async for raw in self._stream(as_id_list(ids), "training", warned(ids)):
             yield TrainingView.from_json(raw)
 
     def iter_training_groups(self, tasks: Ids, *, refresh: bool = True) -> AsyncIterator[Group]:
@@ -135,8 +146,9 @@ class AsyncClient:
         return self._groups(tasks, refresh, None)
 
     async def _groups(self, tasks: Ids, refresh: bool, view: Optional[str]) -> AsyncIterator[Group]:
+        tasks = materialize(tasks)
         grouper = Grouper(await asyncio.to_thread(self.sync._members, tasks))
-        async for raw in self._stream(list(grouper.members), view):
+        async for raw in self._stream(list(grouper.members), view, warned(tasks)):
             group = grouper.add(TrainingView.from_json(raw) if view else Result.from_json(raw))
             if group is None:
                 continue

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import queue
 import uuid
+import warnings
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
 
 from ._transport import ResultStream, Transport
-from .models import Group, Page, Result, Rollout, Submission, SubmittedTask, TaskRollouts, TrainingView, as_id_list
+from .errors import RolloutServiceError, ServiceWarning, ServiceWarningError
+from .models import Group, Page, Result, Rollout, Submission, SubmittedTask, TaskRollouts, TrainingView, as_id_list, materialize, warned
 
 Task = Mapping[str, Any]
 Ids = Union[str, SubmittedTask, Iterable[Union[str, SubmittedTask]]]
@@ -118,7 +120,9 @@ class Client:
 
     ``timeout`` bounds each request/response call (seconds; the result stream has none unless
     ``stream_timeout``); ``retries`` and ``backoff`` govern the retries of calls safe to repeat
-    (connection errors, timeouts, 5xx).
+    (connection errors, timeouts, 5xx). ``warning_check``: how often (seconds) a result stream
+    waiting on tasks whose submit was warned (e.g. no policy backend) asks ``/v1/status``
+    whether the warning still holds; it then raises :class:`ServiceWarningError`.
     """
 
     def __init__(
@@ -130,9 +134,11 @@ class Client:
         retries: int = 5,
         backoff: float = 0.25,
         stream_timeout: Optional[float] = None,
+        warning_check: float = 5.0,
     ) -> None:
         self._t = Transport(url, token, timeout, retries=retries, backoff=backoff, stream_timeout=stream_timeout)
         self.url = url
+        self.warning_check = warning_check
         self.backends = Backends(self._t)
         #: Reconnections of result streams so far (dropped connections).
         self.reconnects = 0
@@ -149,11 +155,32 @@ class Client:
     # calls ---------------------------------------------------------------------------------
 
     def health(self) -> bool:
-        return self._t.request("GET", "/health").get("status") == "ok"
+        """Whether the service answers ``/health`` (False when it is down or something else
+        answers; tried once, no retries)."""
+        try:
+            answer = self._t.request("GET", "/health", retry=False)
+        except RolloutServiceError:
+            return False
+        return isinstance(answer, dict) and answer.get("status") == "ok"
 
     def status(self) -> Dict[str, Any]:
-        """Per stage queued/active/pool, rollouts, environments and LLM backends."""
-        return self._t.request("GET", "/v1/status")
+        """Per stage queued/active/pool, rollouts, environments, LLM backends and ``warnings``
+        (each also issued as a :class:`ServiceWarning`)."""
+        answer = self._t.request("GET", "/v1/status")
+        for warning in answer.get("warnings") or []:
+            warnings.warn(warning, ServiceWarning, stacklevel=2)
+        return answer
+
+    def _check_warnings(self, fail: bool = True, said: Optional[set] = None) -> None:
+        """While ``/v1/status`` has warnings: raises ServiceWarningError with ``fail``, else
+        issues each as a ServiceWarning once (``said`` keeps those issued)."""
+        held = self._t.request("GET", "/v1/status").get("warnings") or []
+        if held and fail:
+            raise ServiceWarningError(held, method="GET", path="/v1/status")
+        for warning in held:
+            if said is not None and warning not in said:
+                said.add(warning)
+                warnings.warn(warning, ServiceWarning, stacklevel=4)
 
     def submit(self, tasks: Union[Task, Iterable[Task]], *, batch_size: int = MAX_BATCH) -> Submission:
         """Submits one task or many (``{"env", "row", "policy", "n", ...}``); answers once the
@@ -165,8 +192,14 @@ class Client:
         for start in range(0, len(prepared), batch_size):
             batch = prepared[start : start + batch_size]
             answer = self._t.request("POST", "/v1/rollouts", {"tasks": batch})
-            for item in answer["tasks"]:
-                submission.append(SubmittedTask(task_id=item["task_id"], rollout_ids=list(item["rollout_ids"]), existing=bool(item.get("existing", False))))
+            said = [str(w) for w in answer.get("warnings") or []]
+            for warning in said:
+                warnings.warn(warning, ServiceWarning, stacklevel=2)
+            submission.warnings.extend(said)
+            for task, item in zip(batch, answer["tasks"]):
+                # the service's warnings are of tasks that use its backends (no policy.base_url)
+                concern = said if said and not (task.get("policy") or {}).get("base_url") else []
+                submission.append(SubmittedTask(task_id=item["task_id"], rollout_ids=list(item["rollout_ids"]), existing=bool(item.get("existing", False)), warnings=list(concern)))
         return submission
 
     def get(self, id: str) -> Union[Rollout, TaskRollouts]:
@@ -198,13 +231,25 @@ class Client:
 
     # streams -------------------------------------------------------------------------------
 
-    def _stream(self, ids: List[str], view: Optional[str] = None) -> Iterator[Tuple[str, Any]]:
+    def _stream(self, ids: List[str], view: Optional[str] = None, watch: bool = False) -> Iterator[Tuple[str, Any]]:
+        """The results of ``ids``. ``/v1/status`` is asked after every ``warning_check`` seconds
+        without a result (and at once with ``watch``: tasks whose submit was warned). With
+        ``watch``, its warnings raise ServiceWarningError: the stream would wait for ever. Else
+        (ids alone do not say whether the warnings concern them) each is issued once as a
+        ServiceWarning."""
+        if watch:
+            self._check_warnings()
+        said: set = set()
         items: "queue.Queue[Tuple[str, Any]]" = queue.Queue()
         stream = ResultStream(self._t, ids, items.put, view).start()
         remaining = len(stream.chunks)
         try:
             while remaining:
-                kind, value = items.get()
+                try:
+                    kind, value = items.get(timeout=self.warning_check)
+                except queue.Empty:
+                    self._check_warnings(watch, said)
+                    continue
                 if kind == "result":
                     yield kind, value
                 elif kind == "done":
@@ -219,7 +264,8 @@ class Client:
         """Results of rollouts or tasks (ids, a SubmittedTask or a Submission) as they finish,
         those already finished first, each once; ends when all are finished. A dropped stream
         is reopened and the results seen before are skipped."""
-        for _, raw in self._stream(as_id_list(ids)):
+        ids = materialize(ids)
+        for _, raw in self._stream(as_id_list(ids), None, warned(ids)):
             yield Result.from_json(raw)
 
     def wait(self, ids: Ids) -> List[Result]:
@@ -248,7 +294,8 @@ class Client:
     def iter_training(self, ids: Ids) -> Iterator[TrainingView]:
         """As :meth:`iter_results`, as training views: what a loss needs, each token id once (a
         Result repeats the conversation in every turn; at working sizes most of its bytes)."""
-        for _, raw in self._stream(as_id_list(ids), "training"):
+        ids = materialize(ids)
+        for _, raw in self._stream(as_id_list(ids), "training", warned(ids)):
             yield TrainingView.from_json(raw)
 
     def iter_training_groups(self, tasks: Ids, *, refresh: bool = True) -> Iterator[Group]:
@@ -259,12 +306,15 @@ class Client:
         """Whole groups (all n samples of a task) as each task's last sample finishes. Task
         ids or SubmittedTasks (a Submission: no extra call to learn each task's n). With
         ``refresh``, a group whose streamed samples lack advantages is read again from the
-        service (which fills them once the group is complete); else it is yielded as is."""
+        service (which fills them once the group is complete); else it is yielded as is.
+        Tasks whose submit was warned (no policy backend) raise ServiceWarningError while the
+        warning holds, instead of waiting for ever."""
         return self._groups(tasks, refresh, None)
 
     def _groups(self, tasks: Ids, refresh: bool, view: Optional[str]) -> Iterator[Group]:
+        tasks = materialize(tasks)
         grouper = Grouper(self._members(tasks))
-        for _, raw in self._stream(list(grouper.members), view):
+        for _, raw in self._stream(list(grouper.members), view, warned(tasks)):
             group = grouper.add(TrainingView.from_json(raw) if view else Result.from_json(raw))
             if group is None:
                 continue

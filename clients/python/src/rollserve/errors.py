@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 
 class RolloutServiceError(Exception):
@@ -42,3 +42,18 @@ class ServiceConnectionError(RolloutServiceError):
 
     def __init__(self, message: str, *, method: Optional[str] = None, path: Optional[str] = None) -> None:
         super().__init__(None, "CONNECTION", message, retryable=True, method=method, path=path)
+
+
+class ServiceWarning(UserWarning):
+    """A warning the service gave (a submit's 202, ``/v1/status``): something will keep rollouts
+    from running, e.g. no LLM backend to run the policy on. Issued with :func:`warnings.warn`."""
+
+
+class ServiceWarningError(RolloutServiceError):
+    """A result stream waited on rollouts that the service says cannot run (``/v1/status``
+    warnings, e.g. no policy backend), instead of waiting for ever. Fix the cause (add a backend)
+    and iterate again: the rollouts are still there. ``warnings`` are the service's."""
+
+    def __init__(self, warnings: List[str], *, method: Optional[str] = None, path: Optional[str] = None) -> None:
+        super().__init__(None, "SERVICE_WARNING", "; ".join(warnings), retryable=True, method=method, path=path)
+        self.warnings = list(warnings)

@@ -194,10 +194,17 @@ class SubmittedTask:
     task_id: str
     rollout_ids: List[str]
     existing: bool
+    #: The service's warnings of the submit that concern this task (e.g. no policy backend).
+    warnings: List[str] = field(default_factory=list)
 
 
 class Submission(List[SubmittedTask]):
-    """What ``submit`` answers: the submitted tasks, in the order given."""
+    """What ``submit`` answers: the submitted tasks, in the order given, and ``warnings``: what
+    the service said will keep them from running (also issued as :class:`ServiceWarning`)."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.warnings: List[str] = []
 
     @property
     def task_ids(self) -> List[str]:
@@ -264,3 +271,17 @@ def as_id_list(ids: Any) -> List[str]:
 
 
 __all__: Sequence[str] = ["Result", "Rollout", "TaskRollouts", "SubmittedTask", "Submission", "Group", "Page"]
+
+
+def warned(ids: Any) -> bool:
+    """Whether any SubmittedTask among ``ids`` came back with warnings."""
+    if isinstance(ids, SubmittedTask):
+        return bool(ids.warnings)
+    if isinstance(ids, str):
+        return False
+    return any(isinstance(item, SubmittedTask) and bool(item.warnings) for item in ids)
+
+
+def materialize(ids: Any) -> Any:
+    """``ids`` as given, a one-shot iterable made a list (it is read more than once)."""
+    return ids if isinstance(ids, (str, SubmittedTask, list, tuple)) else list(ids)

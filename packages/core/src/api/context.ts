@@ -26,7 +26,15 @@ export interface RolloutApiOptions {
    * @default DEFAULT_MAX_BODY_BYTES (64 MiB)
    */
   maxBodyBytes?: number;
+  /**
+   * How long a result stream may stay silent before it sends a keep-alive (NDJSON: an empty line;
+   * SSE: a `: keep-alive` comment), so that proxies and clients with idle time-outs keep it open.
+   * @default DEFAULT_STREAM_KEEP_ALIVE_MS (15 s)
+   */
+  streamKeepAliveMs?: number;
 }
+
+export const DEFAULT_STREAM_KEEP_ALIVE_MS = 15_000;
 
 /** What every route module of the rollout API is built from. */
 export interface ApiContext {

@@ -65,6 +65,14 @@ const pageRoute = createRoute({
   responses: { 200: { description: 'An HTML page', content: { 'text/html': { schema: z.string() } } } },
 });
 
+const slashRoute = createRoute({
+  method: 'get',
+  path: '/docs/',
+  summary: 'Redirects to /docs',
+  security: [],
+  responses: { 308: { description: 'To /docs (`Location: ../docs`)' } },
+});
+
 const assetRoute = createRoute({
   method: 'get',
   path: '/docs/{asset}',
@@ -84,6 +92,8 @@ const assetRoute = createRoute({
 export function docsApi(): OpenAPIHono {
   const app = new OpenAPIHono();
   app.openapi(pageRoute, (c) => c.html(PAGE, 200));
+  // The page's URLs are relative to /docs; from /docs/ they would miss. Relative, so also under a prefix.
+  app.openapi(slashRoute, (c) => c.redirect('../docs', 308));
   app.openapi(assetRoute, async (c) => {
     const { asset } = c.req.valid('param');
     if (asset === 'init.js') return c.body(INIT, 200, { 'content-type': 'text/javascript; charset=utf-8' });

@@ -9,7 +9,7 @@ import { bodyTooLargeBody } from '../server/fastapi-errors.ts';
 import { stripRolloutPrefix } from '../server/fastapi.ts';
 import { nodeBindings, readBodyBytes, requestHeader } from '../server/fastapi-hono.ts';
 import { BodyTooLargeError, decodeInTurn, DEFAULT_MAX_BODY_BYTES, LARGE_BODY_BYTES } from '../server/read-body.ts';
-import { rolloutOpenApi } from './openapi.ts';
+import { operationOf, rolloutOpenApi } from './openapi.ts';
 import type { RolloutService } from '../service/service.ts';
 import { backendsApi } from './backends.ts';
 import type { ApiContext, RolloutApiOptions } from './context.ts';
@@ -198,14 +198,18 @@ export function createRolloutApi(service: RolloutService, options: RolloutApiOpt
   app.route('/', prorlApi(ctx));
   app.route('/', gymAgentApi(ctx));
   app.route('/', nodesApi(ctx));
+  let document: z.infer<typeof OpenApiDocument> | undefined; // generated once, on first request: every module is mounted by then
+  app.openapi(documentRoute, (c) => c.json((document ??= rolloutOpenApi(app) as z.infer<typeof OpenApiDocument>), 200));
 
   // bearerAuth guards every route but the public ones, so each of them answers 401 too; and every
-  // route that takes a body answers 413 for one above the cap, in its face's shape.
+  // route that takes a body answers 413 for one above the cap, in its face's shape. Each gets its
+  // stable operationId and tag (api/openapi.ts).
   const unauthorized = errorResponses(401)[401];
   const tooLargeRollout = errorResponses(413)[413];
   const tooLargeFastApi = { description: tooLargeRollout.description, content: { 'application/json': { schema: BodyTooLargeDetail } } };
   for (const def of app.openAPIRegistry.definitions) {
     if (def.type !== 'route') continue;
+    def.route = { ...def.route, ...operationOf(def.route.method, def.route.path) };
     if (!isPublic(def.route.path) && !def.route.responses[401]) def.route = { ...def.route, responses: { ...def.route.responses, 401: unauthorized } };
     if (def.route.request?.body && !def.route.responses[413]) {
       const tooLarge = isFastApiPath(def.route.path.replace(/\{(\w+)\}/g, 'x')) ? tooLargeFastApi : tooLargeRollout;
@@ -213,7 +217,5 @@ export function createRolloutApi(service: RolloutService, options: RolloutApiOpt
     }
   }
 
-  let document: z.infer<typeof OpenApiDocument> | undefined; // generated once, on first request: every module is mounted by then
-  app.openapi(documentRoute, (c) => c.json((document ??= rolloutOpenApi(app) as z.infer<typeof OpenApiDocument>), 200));
   return app;
 }

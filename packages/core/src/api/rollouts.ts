@@ -2,9 +2,9 @@ import { createRoute, OpenAPIHono, z } from '@hono/zod-openapi';
 import { RolloutError } from '../errors.ts';
 import type { SubmittedTask } from '../service/service.ts';
 import { trainingView } from '../protocol/training-view.ts';
-import { RolloutState, RolloutTask, RolloutView, SubmitBatch, SubmitRequest } from '../protocol/rollout.ts';
+import { RolloutState, RolloutTask, RolloutView, SubmitBatch, SubmitRequest, VLLM_SAMPLING_KEYS } from '../protocol/rollout.ts';
 import type { ApiContext } from './context.ts';
-import { parse } from './parse.ts';
+import { parse, suggest } from './parse.ts';
 import { errorResponses, TrainingView, ViewParam, wantsTrainingView } from './wire.ts';
 
 const NO_BACKEND = 'add one with POST /v1/llm-backends or --llm';
@@ -131,6 +131,29 @@ const deleteRoute = createRoute({
   },
 });
 
+const SAMPLING_KEYS = new Set(VLLM_SAMPLING_KEYS);
+
+/**
+ * A 422 for a sampling name that is not vLLM's (`temprature`): passed through, a typo would be
+ * ignored by the policy server and the run sampled at its defaults. Checked here, on the trainer's
+ * route only: ProRL's and NeMo Gym's faces take their clients' knobs as those servers do.
+ */
+function checkSampling(tasks: readonly RolloutTask[], batch: boolean): void {
+  const issues = tasks.flatMap((task, i) => {
+    const unknown = Object.keys(task.policy.sampling).filter((key) => !SAMPLING_KEYS.has(key));
+    if (unknown.length === 0) return [];
+    const path = [...(batch ? ['tasks', i] : []), 'policy', 'sampling'];
+    const named = unknown.map((key) => {
+      const meant = key === 'n' || key === 'best_of' ? "the task's `n`" : suggest(key, VLLM_SAMPLING_KEYS);
+      return `"${key}"${meant ? ` (did you mean ${meant.startsWith('the') ? meant : `"${meant}"`}?)` : ''}`;
+    });
+    return [{ code: 'unrecognized_keys', keys: unknown, path, message: `not a sampling parameter: ${named.join(', ')}; the names taken are vLLM's SamplingParams and its OpenAI server's extras` }];
+  });
+  if (issues.length === 0) return;
+  const message = issues.map((issue) => `${issue.message}\n  → at ${issue.path.join('.')}`).join('\n');
+  throw new RolloutError({ code: 'UNPROCESSABLE', message: `✖ ${message}`, details: issues });
+}
+
 /** POST/GET/DELETE /v1/rollouts[/:id]. */
 export function rolloutsApi({ service }: ApiContext, warnings: BackendWarnings): OpenAPIHono {
   const app = new OpenAPIHono();
@@ -141,6 +164,7 @@ export function rolloutsApi({ service }: ApiContext, warnings: BackendWarnings):
     async (c) => {
       const request = c.req.valid('json');
       const tasks = 'tasks' in request ? request.tasks : [request];
+      checkSampling(tasks, 'tasks' in request);
       const submitted = await service.submit(tasks);
       return c.json(
         { tasks: submitted.map((t) => ({ task_id: t.taskId, rollout_ids: t.rolloutIds, existing: t.existing })), warnings: warnings.submitted(tasks, submitted) },

@@ -40,6 +40,8 @@ export interface RolloutServerOptions {
    * larger one is a 413, refused before it is read whole. @default 64 MiB
    */
   maxBodyBytes?: number;
+  /** Silence after which a result stream sends a keep-alive. @default 15 s */
+  streamKeepAliveMs?: number;
 }
 
 export interface RolloutServer {
@@ -78,6 +80,7 @@ export async function startRolloutServer(options: RolloutServerOptions): Promise
     ...(options.nodeToken ? { nodeToken: options.nodeToken } : {}),
     ...(options.defaultModel ? { defaultModel: options.defaultModel } : {}),
     ...(options.maxBodyBytes !== undefined ? { maxBodyBytes: options.maxBodyBytes } : {}),
+    ...(options.streamKeepAliveMs !== undefined ? { streamKeepAliveMs: options.streamKeepAliveMs } : {}),
   });
   const running = await serveFetch(app, { host, port: options.port ?? 0 });
   return {

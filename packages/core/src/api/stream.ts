@@ -4,11 +4,11 @@ import type { HttpBindings } from '@hono/node-server';
 import { RESPONSE_ALREADY_SENT } from '@hono/node-server/utils/response';
 import { createRoute, OpenAPIHono, z } from '@hono/zod-openapi';
 import type { Context } from 'hono';
-import { stream, streamSSE } from 'hono/streaming';
+import { stream } from 'hono/streaming';
 import { RolloutError } from '../errors.ts';
 import type { RolloutService } from '../service/service.ts';
 import { RolloutGroup, RolloutResult } from '../protocol/rollout.ts';
-import type { ApiContext } from './context.ts';
+import { DEFAULT_STREAM_KEEP_ALIVE_MS, type ApiContext } from './context.ts';
 import { trainingView } from '../protocol/training-view.ts';
 import { errorResponses, toTrainingGroup, TrainingGroup, TrainingView, ViewParam, wantsTrainingView } from './wire.ts';
 
@@ -17,19 +17,43 @@ const Format = z
   .optional()
   .openapi({ enum: ['ndjson', 'sse'], description: 'NDJSON by default, SSE with `sse` or `Accept: text/event-stream`' });
 
+const Ids = z.string().openapi({ description: 'Comma-separated rollout or task ids (a long list: POST the ids in a JSON body instead; a query string has a size limit)' });
+
+/** The ids in a JSON body: as many as the body limit takes (a query string is cut at 16 KiB of headers). */
+const StreamRequest = z
+  .strictObject({
+    ids: z.array(z.string().min(1)).min(1).openapi({ description: 'Rollout or task ids (a task id stands for all its samples)' }),
+    format: z.enum(['ndjson', 'sse']).optional().openapi({ description: 'NDJSON by default, SSE with `sse` or `Accept: text/event-stream`' }),
+    view: ViewParam,
+  })
+  .openapi('StreamRequest');
+
+const KEEP_ALIVE =
+  'The headers are sent at once, before any result; an idle stream gets a keep-alive after 15 s of silence: an empty line in NDJSON (skip blank lines), a `: keep-alive` comment in SSE.';
+const RESULTS_200 = {
+  description: `One RolloutResult (with \`view=training\`: one TrainingView) per line (NDJSON) or per \`result\` event (SSE; an \`end\` event closes it). ${KEEP_ALIVE}`,
+  content: { 'application/x-ndjson': { schema: z.union([RolloutResult, TrainingView]) }, 'text/event-stream': { schema: z.string() } },
+};
+const GROUPS_200 = {
+  description: `One RolloutGroup (with \`view=training\`: its results as TrainingViews) per line (NDJSON) or per \`group\` event (SSE; an \`end\` event closes it). ${KEEP_ALIVE}`,
+  content: { 'application/x-ndjson': { schema: z.union([RolloutGroup, TrainingGroup]) }, 'text/event-stream': { schema: z.string() } },
+};
+
 const streamRoute = createRoute({
   method: 'get',
   path: '/v1/rollouts/stream',
   summary:
     'Results as they complete: NDJSON (default) or SSE (`format=sse` or Accept: text/event-stream). With `ids`, the stream includes those already finished and ends when all are.',
-  request: { query: z.object({ ids: z.string().optional().openapi({ description: 'Comma-separated rollout or task ids' }), format: Format, view: ViewParam }) },
-  responses: {
-    200: {
-      description: 'One RolloutResult (with `view=training`: one TrainingView) per line (NDJSON) or per `result` event (SSE; an `end` event closes it)',
-      content: { 'application/x-ndjson': { schema: z.union([RolloutResult, TrainingView]) }, 'text/event-stream': { schema: z.string() } },
-    },
-    ...errorResponses(400, 401, 404, 422),
-  },
+  request: { query: z.object({ ids: Ids.optional(), format: Format, view: ViewParam }) },
+  responses: { 200: RESULTS_200, ...errorResponses(400, 401, 404, 422) },
+});
+
+const streamPostRoute = createRoute({
+  method: 'post',
+  path: '/v1/rollouts/stream',
+  summary: 'As GET /v1/rollouts/stream with `ids`, the ids in a JSON body: any number of them (a trainer streaming thousands of rollouts)',
+  request: { body: { required: true, content: { 'application/json': { schema: StreamRequest } } } },
+  responses: { 200: RESULTS_200, ...errorResponses(400, 401, 404, 422) },
 });
 
 const groupsRoute = createRoute({
@@ -37,14 +61,16 @@ const groupsRoute = createRoute({
   path: '/v1/rollouts/groups/stream',
   summary:
     'Whole groups as they complete: each task once all its samples have finished, advantages and credit filled. NDJSON (default) or SSE; ends when every task named was sent.',
-  request: { query: z.object({ ids: z.string().min(1).openapi({ description: 'Comma-separated task ids' }), format: Format, view: ViewParam }) },
-  responses: {
-    200: {
-      description: 'One RolloutGroup (with `view=training`: its results as TrainingViews) per line (NDJSON) or per `group` event (SSE; an `end` event closes it)',
-      content: { 'application/x-ndjson': { schema: z.union([RolloutGroup, TrainingGroup]) }, 'text/event-stream': { schema: z.string() } },
-    },
-    ...errorResponses(400, 401, 404, 422),
-  },
+  request: { query: z.object({ ids: Ids.min(1).openapi({ description: 'Comma-separated task ids (many: POST them)' }), format: Format, view: ViewParam }) },
+  responses: { 200: GROUPS_200, ...errorResponses(400, 401, 404, 422) },
+});
+
+const groupsPostRoute = createRoute({
+  method: 'post',
+  path: '/v1/rollouts/groups/stream',
+  summary: 'As GET /v1/rollouts/groups/stream, the task ids in a JSON body: any number of them',
+  request: { body: { required: true, content: { 'application/json': { schema: StreamRequest } } } },
+  responses: { 200: GROUPS_200, ...errorResponses(400, 401, 404, 422) },
 });
 
 function formatOf(c: Context, query: string | undefined): 'ndjson' | 'sse' {
@@ -83,28 +109,86 @@ function clientGone(c: Context): AbortSignal {
   return controller.signal;
 }
 
+/** What a stream's writer is told by its pump. */
+interface Sink<T> {
+  /** Writes one item; `last`: the stream ends with it. */
+  emit(item: T, last: boolean): Promise<void>;
+  /** Nothing to send for now: the pump waits for the next result. */
+  idle(): void;
+}
+
+/** How one format frames an item, a keep-alive and the end. */
+interface Framing {
+  contentType: string;
+  item(event: string, id: string, data: string): string;
+  keepAlive: string;
+  end: string;
+}
+const NDJSON: Framing = { contentType: 'application/x-ndjson', item: (_event, _id, data) => `${data}\n`, keepAlive: '\n', end: '' };
+const SSE: Framing = {
+  contentType: 'text/event-stream',
+  // in the order hono's writeSSE wrote them
+  item: (event, id, data) => `event: ${event}\ndata: ${data}\nid: ${id}\n\n`,
+  keepAlive: ': keep-alive\n\n',
+  end: 'event: end\ndata: {}\n\n',
+};
+
 /**
- * NDJSON written straight to Node's response: a line per result, the last one ending the response
- * in the same write as its headers when nothing was sent yet (a rollout's stream opened after it
- * finished is one write). Through hono's `stream()` each line went through a TransformStream and
- * @hono/node-server's reader, which waits a timer for a second chunk before sending the headers.
+ * A stream written straight to Node's response. The last item ends the response in the same write
+ * as its headers when nothing was sent yet (a rollout's stream opened after it finished is one
+ * write); else the headers go out as soon as the pump first has nothing to send, so that a client
+ * that opens the stream before it submits is answered at once, and an idle stream gets a
+ * keep-alive every `keepAliveMs` (proxies and clients drop connections silent for long). Through
+ * hono's `stream()` each line went through a TransformStream and @hono/node-server's reader, which
+ * waits for a first chunk before sending the headers.
  */
-async function ndjsonToNode(outgoing: ServerResponse, pump: (write: (line: string, last: boolean) => Promise<void>) => Promise<void>, aborted: AbortSignal): Promise<void> {
-  outgoing.writeHead(200, { 'content-type': 'application/x-ndjson' });
+async function toNode(
+  outgoing: ServerResponse,
+  framing: Framing,
+  keepAliveMs: number,
+  pump: (write: (chunk: string, last: boolean) => Promise<void>, idle: () => void) => Promise<void>,
+  aborted: AbortSignal,
+): Promise<void> {
+  // no-cache and no proxy buffering: each line is meant to arrive when written
+  outgoing.writeHead(200, { 'content-type': framing.contentType, 'cache-control': 'no-cache', 'x-accel-buffering': 'no' });
+  // (`headersSent` is true from writeHead on, before a byte went out: this says whether they did)
+  let flushed = false;
+  let sentAt = 0;
+  const keepAlive = setInterval(() => {
+    if (!flushed || outgoing.destroyed || outgoing.writableEnded || outgoing.writableNeedDrain) return;
+    if (Date.now() - sentAt >= keepAliveMs) {
+      outgoing.write(framing.keepAlive);
+      sentAt = Date.now();
+    }
+  }, keepAliveMs);
+  keepAlive.unref();
   try {
-    await pump(async (line, last) => {
-      if (outgoing.destroyed) return;
-      if (last) outgoing.end(line);
-      else if (!outgoing.write(line)) await once(outgoing, 'drain', { signal: aborted }).catch(() => undefined);
-    });
-    if (!outgoing.destroyed && !outgoing.writableEnded) outgoing.end();
+    await pump(
+      async (chunk, last) => {
+        if (outgoing.destroyed) return;
+        flushed = true;
+        sentAt = Date.now();
+        if (last) outgoing.end(chunk + framing.end);
+        else if (!outgoing.write(chunk)) await once(outgoing, 'drain', { signal: aborted }).catch(() => undefined);
+      },
+      () => {
+        if (!flushed && !outgoing.destroyed) {
+          outgoing.flushHeaders();
+          flushed = true;
+          sentAt = Date.now();
+        }
+      },
+    );
+    if (!outgoing.destroyed && !outgoing.writableEnded) outgoing.end(framing.end);
   } catch (error) {
     outgoing.destroy(error as Error);
+  } finally {
+    clearInterval(keepAlive);
   }
 }
 
 /** Results of `wanted` (all results when empty) as they complete; ends once all of `wanted` were written. */
-async function pumpResults(service: RolloutService, wanted: Set<string>, write: (result: RolloutResult, last: boolean) => Promise<void>, aborted: AbortSignal): Promise<void> {
+async function pumpResults(service: RolloutService, wanted: Set<string>, sink: Sink<RolloutResult>, aborted: AbortSignal): Promise<void> {
   const queue: RolloutResult[] = [];
   const signal = waiter();
   const unsubscribe = service.onResult((result) => {
@@ -121,12 +205,13 @@ async function pumpResults(service: RolloutService, wanted: Set<string>, write: 
     while (!aborted.aborted) {
       const next = queue.shift();
       if (!next) {
+        sink.idle();
         await signal.wait();
         continue;
       }
       if (!remaining.delete(next.id) && wanted.size > 0) continue;
       const last = wanted.size > 0 && remaining.size === 0;
-      await write(next, last);
+      await sink.emit(next, last);
       if (last) return;
     }
   } finally {
@@ -139,7 +224,7 @@ async function pumpResults(service: RolloutService, wanted: Set<string>, write: 
 async function pumpGroups(
   service: RolloutService,
   tasks: Map<string, string[]>,
-  write: (group: RolloutGroup, last: boolean) => Promise<void>,
+  sink: Sink<RolloutGroup>,
   aborted: AbortSignal,
 ): Promise<void> {
   const byRollout = new Map<string, string>();
@@ -163,6 +248,7 @@ async function pumpGroups(
     while (!aborted.aborted && tasks.size > 0) {
       const taskId = ready.shift();
       if (taskId === undefined) {
+        sink.idle();
         await signal.wait();
         continue;
       }
@@ -172,7 +258,7 @@ async function pumpGroups(
       // read back from the store: the group's credit was added when its last sample was stored
       const stored = await service.results(members);
       const results = members.map((id) => stored.get(id)!);
-      await write({ task_id: taskId, results }, tasks.size === 0);
+      await sink.emit({ task_id: taskId, results }, tasks.size === 0);
     }
   } finally {
     aborted.removeEventListener('abort', signal.wake);
@@ -181,67 +267,93 @@ async function pumpGroups(
 }
 
 /**
- * Answers with what `pump` emits, each item in its wire shape: NDJSON straight to Node's response
- * when served by Node (else through hono's stream), or SSE events closed by an `end` event.
+ * Answers with what `pump` emits, each item in its wire shape: straight to Node's response when
+ * served by Node (else through hono's stream), NDJSON lines or SSE events closed by an `end` event.
  */
 function send<T>(
   c: Context,
   format: 'ndjson' | 'sse',
+  keepAliveMs: number,
   aborted: AbortSignal,
   shape: { event: string; id: (item: T) => string; wire: (item: T) => unknown },
-  pump: (emit: (item: T, last: boolean) => Promise<void>) => Promise<void>,
+  pump: (sink: Sink<T>) => Promise<void>,
 ): Response {
+  const framing = format === 'sse' ? SSE : NDJSON;
+  const frame = (item: T) => framing.item(shape.event, shape.id(item), JSON.stringify(shape.wire(item)));
   const outgoing = nodeResponse(c);
-  if (format === 'ndjson' && outgoing) {
-    void ndjsonToNode(outgoing, (write) => pump((item, last) => write(`${JSON.stringify(shape.wire(item))}\n`, last)), aborted);
+  if (outgoing) {
+    void toNode(outgoing, framing, keepAliveMs, (write, idle) => pump({ emit: (item, last) => write(frame(item), last), idle }), aborted);
     return RESPONSE_ALREADY_SENT;
   }
-  if (format === 'sse') {
-    return streamSSE(c, async (sse) => {
-      await pump((item) => sse.writeSSE({ event: shape.event, id: shape.id(item), data: JSON.stringify(shape.wire(item)) }));
-      await sse.writeSSE({ event: 'end', data: '{}' });
-    });
-  }
-  c.header('content-type', 'application/x-ndjson');
+  // under `app.request` (no socket to keep alive)
+  c.header('content-type', framing.contentType);
   return stream(c, async (s) => {
-    await pump((item) => s.write(`${JSON.stringify(shape.wire(item))}\n`).then(() => undefined));
+    await pump({ emit: (item) => s.write(frame(item)).then(() => undefined), idle: () => undefined });
+    if (framing.end) await s.write(framing.end);
   });
 }
 
-/** GET /v1/rollouts/stream and /v1/rollouts/groups/stream (NDJSON or SSE). */
-export function streamApi({ service }: ApiContext): OpenAPIHono {
+/** The rollout ids of `ids` (rollout or task ids). */
+async function resultsOf(service: RolloutService, ids: readonly string[]): Promise<Set<string>> {
+  const wanted = new Set<string>();
+  for (const id of ids) {
+    const members = (await service.taskRollouts(id)) ?? ((await service.get(id)) ? [id] : undefined);
+    if (!members) throw new RolloutError({ code: 'NOT_FOUND', message: `no rollout or task "${id}"` });
+    members.forEach((m) => wanted.add(m));
+  }
+  return wanted;
+}
+
+/** Each task of `ids` with its rollout ids. */
+async function groupsOf(service: RolloutService, ids: readonly string[]): Promise<Map<string, string[]>> {
+  const tasks = new Map<string, string[]>();
+  for (const id of ids) {
+    const members = await service.taskRollouts(id);
+    if (!members) throw new RolloutError({ code: 'NOT_FOUND', message: `no task "${id}"` });
+    tasks.set(id, members);
+  }
+  if (tasks.size === 0) throw new RolloutError({ code: 'UNPROCESSABLE', message: 'ids: the task ids whose groups to stream' });
+  return tasks;
+}
+
+const splitIds = (ids: string | undefined) => (ids ?? '').split(',').filter(Boolean);
+
+/** GET and POST /v1/rollouts/stream and /v1/rollouts/groups/stream (NDJSON or SSE). */
+export function streamApi({ service, options }: ApiContext): OpenAPIHono {
   const app = new OpenAPIHono();
+  const keepAliveMs = options.streamKeepAliveMs ?? DEFAULT_STREAM_KEEP_ALIVE_MS;
 
   // `ids` (rollout or task ids) narrows the stream and ends it once all of them are finished,
   // results already finished included.
-  app.openapi(streamRoute, async (c) => {
-    const query = c.req.valid('query');
-    const format = formatOf(c, query.format);
-    const wire = wantsTrainingView(query.view) ? trainingView : (result: RolloutResult) => result;
-    const wanted = new Set<string>();
-    for (const id of (query.ids ?? '').split(',').filter(Boolean)) {
-      const members = (await service.taskRollouts(id)) ?? ((await service.get(id)) ? [id] : undefined);
-      if (!members) throw new RolloutError({ code: 'NOT_FOUND', message: `no rollout or task "${id}"` });
-      members.forEach((m) => wanted.add(m));
-    }
+  const results = async (c: Context, ids: readonly string[], format: 'ndjson' | 'sse', view: string | undefined) => {
+    const wire = wantsTrainingView(view) ? trainingView : (result: RolloutResult) => result;
+    const wanted = await resultsOf(service, ids);
     const aborted = clientGone(c);
-    return send(c, format, aborted, { event: 'result', id: (result) => result.id, wire }, (emit) => pumpResults(service, wanted, emit, aborted));
+    return send(c, format, keepAliveMs, aborted, { event: 'result', id: (result) => result.id, wire }, (sink) => pumpResults(service, wanted, sink, aborted));
+  };
+  app.openapi(streamRoute, (c) => {
+    const query = c.req.valid('query');
+    return results(c, splitIds(query.ids), formatOf(c, query.format), query.view);
+  });
+  app.openapi(streamPostRoute, (c) => {
+    const body = c.req.valid('json');
+    return results(c, body.ids, formatOf(c, body.format), body.view);
   });
 
   // Whole groups, with the group's advantages and credit filled in (what a GRPO/GTPO trainer consumes).
-  app.openapi(groupsRoute, async (c) => {
-    const query = c.req.valid('query');
-    const format = formatOf(c, query.format);
-    const wire = wantsTrainingView(query.view) ? toTrainingGroup : (group: RolloutGroup) => group;
-    const tasks = new Map<string, string[]>();
-    for (const id of query.ids.split(',').filter(Boolean)) {
-      const members = await service.taskRollouts(id);
-      if (!members) throw new RolloutError({ code: 'NOT_FOUND', message: `no task "${id}"` });
-      tasks.set(id, members);
-    }
-    if (tasks.size === 0) throw new RolloutError({ code: 'UNPROCESSABLE', message: 'ids: the task ids whose groups to stream' });
+  const groups = async (c: Context, ids: readonly string[], format: 'ndjson' | 'sse', view: string | undefined) => {
+    const wire = wantsTrainingView(view) ? toTrainingGroup : (group: RolloutGroup) => group;
+    const tasks = await groupsOf(service, ids);
     const aborted = clientGone(c);
-    return send(c, format, aborted, { event: 'group', id: (group) => group.task_id, wire }, (emit) => pumpGroups(service, tasks, emit, aborted));
+    return send(c, format, keepAliveMs, aborted, { event: 'group', id: (group) => group.task_id, wire }, (sink) => pumpGroups(service, tasks, sink, aborted));
+  };
+  app.openapi(groupsRoute, (c) => {
+    const query = c.req.valid('query');
+    return groups(c, splitIds(query.ids), formatOf(c, query.format), query.view);
+  });
+  app.openapi(groupsPostRoute, (c) => {
+    const body = c.req.valid('json');
+    return groups(c, body.ids, formatOf(c, body.format), body.view);
   });
 
   return app;

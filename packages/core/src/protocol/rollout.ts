@@ -2,6 +2,25 @@ import { z } from 'zod';
 import { TURN_REWARD_COMPONENTS, TURN_REWARD_NAMES, type TurnRewardName } from './reward-components.ts';
 import { integerArray, numberArray } from './number-arrays.ts';
 
+/**
+ * The sampling names a task may give (`POST /v1/rollouts` refuses any other, so that a typo such as
+ * `temprature` is not silently ignored): vLLM's SamplingParams, and the extras its OpenAI-compatible
+ * server takes beside them. Not `n`/`best_of` (a task's `n` is its samples, each its own
+ * rollout), nor what the runner sets itself (`messages`, `model`, `tools`, `stream`).
+ */
+export const VLLM_SAMPLING_KEYS: readonly string[] = [
+  // vllm.SamplingParams
+  'presence_penalty', 'frequency_penalty', 'repetition_penalty', 'temperature', 'top_p', 'top_k', 'min_p', 'seed', 'stop', 'stop_token_ids',
+  'bad_words', 'ignore_eos', 'max_tokens', 'min_tokens', 'logprobs', 'prompt_logprobs', 'detokenize', 'skip_special_tokens',
+  'spaces_between_special_tokens', 'logits_processors', 'include_stop_str_in_output', 'truncate_prompt_tokens', 'guided_decoding',
+  'structured_outputs', 'logit_bias', 'allowed_token_ids', 'extra_args', 'use_beam_search', 'length_penalty', 'early_stopping',
+  // vLLM's OpenAI-compatible chat and completion requests
+  'top_logprobs', 'max_completion_tokens', 'response_format', 'echo', 'add_generation_prompt', 'continue_final_message', 'add_special_tokens',
+  'chat_template', 'chat_template_kwargs', 'mm_processor_kwargs', 'guided_json', 'guided_regex', 'guided_choice', 'guided_grammar',
+  'guided_decoding_backend', 'guided_whitespace_pattern', 'priority', 'return_tokens_as_token_ids', 'return_token_ids', 'cache_salt',
+  'kv_transfer_params', 'vllm_xargs', 'reasoning_effort', 'include_reasoning', 'parallel_tool_calls', 'tool_choice', 'user',
+];
+
 /** Sampling parameters passed through to the policy's chat completions (vLLM names). */
 export const SamplingParams = z.looseObject({
   temperature: z.number().min(0).optional(),
