@@ -1,18 +1,8 @@
-import { distance } from 'fastest-levenshtein';
+import { suggest } from '@rollserve/core';
 
 /** What argv-check needs of a citty command: its argument definitions. */
 export interface CheckedCommand {
   args?: Record<string, { type?: string; alias?: string | string[]; required?: boolean; description?: string }>;
-}
-
-/** The closest of `candidates` to `word`, when it is close enough to be what was meant. */
-export function suggest(word: string, candidates: readonly string[]): string | undefined {
-  // fewest edits first; among equals, one that starts as the word does (--nn meant --n, not --env)
-  const ranked = candidates
-    .map((candidate) => ({ candidate, edits: distance(word, candidate), sameStart: candidate[0] === word[0] ? 0 : 1 }))
-    .sort((a, b) => a.edits - b.edits || a.sameStart - b.sameStart);
-  const best = ranked[0];
-  return best !== undefined && best.edits <= Math.max(2, Math.floor(best.candidate.length / 3)) ? best.candidate : undefined;
 }
 
 /**

@@ -1,3 +1,5 @@
+import { distance } from 'fastest-levenshtein';
+
 /**
  * The one error type of rollserve. Every HTTP error body of the rollout service is built from it
  * (see `toHttpBody`), and every failure crossing a package boundary is one of these codes.
@@ -75,4 +77,14 @@ export class RolloutError extends Error {
       },
     };
   }
+}
+
+/** The closest of `candidates` to `word`, when it is close enough to be what was meant. */
+export function suggest(word: string, candidates: readonly string[]): string | undefined {
+  // fewest edits first; among equals, one that starts as the word does (--nn meant --n, not --env)
+  const ranked = candidates
+    .map((candidate) => ({ candidate, edits: distance(word, candidate), sameStart: candidate[0] === word[0] ? 0 : 1 }))
+    .sort((a, b) => a.edits - b.edits || a.sameStart - b.sameStart);
+  const best = ranked[0];
+  return best !== undefined && best.edits <= Math.max(2, Math.floor(best.candidate.length / 3)) ? best.candidate : undefined;
 }

@@ -2,7 +2,7 @@
 // the built-in tools), the error type, Responses API helpers, Python-compatible string functions
 // and NeMo Gym's metric helpers. Loading it loads neither the service, its store drivers nor a
 // server. The other doors: `./sandbox`, `./gym`, `./service`, and `./internal` for the rest.
-export { ERROR_CODES, RolloutError, type RolloutErrorCode, type RolloutErrorOptions } from './errors.ts';
+export { ERROR_CODES, RolloutError, suggest, type RolloutErrorCode, type RolloutErrorOptions } from './errors.ts';
 export { invalidInputError } from './server/fastapi-errors.ts';
 export type { EnvironmentContext, Session } from './spec/context.ts';
 export {

@@ -1,4 +1,3 @@
-import { distance } from 'fastest-levenshtein';
 import { z } from 'zod';
 import { RolloutError } from '../errors.ts';
 
@@ -22,9 +21,3 @@ export function parse<T extends z.ZodType>(schema: T, value: unknown): z.output<
   return result.data;
 }
 
-/** The closest of `candidates` to `word`, when it is close enough to be what was meant. */
-export function suggest(word: string, candidates: readonly string[]): string | undefined {
-  const ranked = candidates.map((candidate) => ({ candidate, edits: distance(word, candidate) })).sort((a, b) => a.edits - b.edits);
-  const best = ranked[0];
-  return best !== undefined && best.edits <= Math.max(2, Math.floor(best.candidate.length / 3)) ? best.candidate : undefined;
-}

@@ -4,7 +4,8 @@ import type { SubmittedTask } from '../service/service.ts';
 import { trainingView } from '../protocol/training-view.ts';
 import { RolloutState, RolloutTask, RolloutView, SubmitBatch, SubmitRequest, VLLM_SAMPLING_KEYS } from '../protocol/rollout.ts';
 import type { ApiContext } from './context.ts';
-import { parse, suggest } from './parse.ts';
+import { suggest } from '../errors.ts';
+import { parse } from './parse.ts';
 import { errorResponses, TrainingView, ViewParam, wantsTrainingView } from './wire.ts';
 
 const NO_BACKEND = 'add one with POST /v1/llm-backends or --llm';
