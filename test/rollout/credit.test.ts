@@ -86,6 +86,8 @@ describe('turn-level credit through the rollout service', () => {
     expect(response.status).toBe(200);
     const view = (await response.json()) as TrainingView;
     expect(view.sequence_error).toBeNull();
+    // its tool calls' executions in the results' casing (issue 27: they kept exitCode/timedOut)
+    expect(view.turns[1]!.tool_calls[0]!.execution).toEqual({ exit_code: 0, timed_out: false, exception: null });
     expect(view.prompt_ids).toEqual(f2!.turns[0]!.prompt_token_ids);
     const n = view.response_ids!.length;
     expect([view.response_mask!.length, view.response_logprobs!.length, view.response_turn!.length]).toEqual([n, n, n]);
