@@ -196,7 +196,11 @@ describe.skipIf(skip !== undefined)('images on bwrap', () => {
     const image = await resolveImage(`squashfs:${file}`, { cacheDir: cache, lockTimeoutMs: 60_000 });
     expect(image.unpacked).toBe(true);
     expect(readFileSync(join(image.rootfs, 'data/marker'), 'utf8')).toBe('from the image\n');
-    expect(readdirSync(cache).sort()).toEqual(['.sources', entry]);
+    // beside the entry: the digests of image files, the entry's (released) uses and the unpack slots, none held
+    expect(readdirSync(cache).sort()).toEqual(['.sources', '.unpacks', '.uses', entry]);
+    expect(readdirSync(join(cache, '.unpacks'))).toEqual([]);
+    expect(readdirSync(join(cache, '.uses'))).toEqual([entry]);
+    expect(readdirSync(join(cache, '.uses', entry))).toEqual([]);
   });
 
   it('refuses a missing, corrupt or unreadable image with a clear 4xx', async () => {
