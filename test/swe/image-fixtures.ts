@@ -185,8 +185,39 @@ export function makeSweRootfs(root: string, testbed?: SweFixture): SweImageRootf
     symlinkSync('python', join(bin, 'python3'));
     writeFileSync(join(bin, 'pytest'), `#!${CONDA_ENV}/bin/python\nimport sys\nfrom pytest import console_main\nsys.exit(console_main())\n`, { mode: 0o755 });
   }
+  return measureRootfs(root);
+}
+
+function measureRootfs(root: string): SweImageRootfs {
   const [bytes, files] = execFileSync('sh', ['-c', 'du -sb "$1" | cut -f1; find "$1" -type f | wc -l', 'sh', root], { encoding: 'utf8' }).trim().split('\n').map(Number);
   return { bytes: bytes!, files: files! };
+}
+
+/** Bulk that makes the image the size of a SWE-bench one (`pnpm bench swe`): files of Python-like text. */
+export interface SwePadding {
+  /** Files added to /testbed (committed by seeding's fresh repository, as a large repository's are). */
+  repoFiles: number;
+  /** Files added to the conda env's site-packages (its libraries). */
+  envFiles: number;
+  /** Bytes of each file. */
+  fileBytes: number;
+}
+
+function padSweRootfs(root: string, padding: SwePadding): void {
+  const text = (seed: number): string => {
+    let out = '';
+    for (let i = 0; out.length < padding.fileBytes; i++) out += `def function_${seed}_${i}(value, other=${(seed * 31 + i) % 997}):\n    return value * other + ${i}\n\n`;
+    return out.slice(0, padding.fileBytes);
+  };
+  const add = (dir: string, count: number, prefix: string): void => {
+    for (let i = 0; i < count; i++) {
+      const sub = join(dir, `pkg_${Math.floor(i / 100)}`);
+      if (i % 100 === 0) mkdirSync(sub, { recursive: true });
+      writeFileSync(join(sub, `${prefix}_${i}.py`), text(i));
+    }
+  };
+  add(join(root, 'testbed', 'padding'), padding.repoFiles, 'module');
+  add(join(root, CONDA_ENV, 'lib', 'site-packages-padding'), padding.envFiles, 'lib');
 }
 
 /** A squashfs of `root` (uncompressed: mksquashfs and unsquashfs are fastest so). */
@@ -217,7 +248,7 @@ export interface SweImages {
  * carrying what a hostile image would under /hostile (HOSTILE_ENTRIES: device nodes, a fifo,
  * setuid/setgid files, world-writable ones), which sealing must keep from every sandbox.
  */
-export function buildSweImages(testbed: SweFixture): SweImages {
+export function buildSweImages(testbed: SweFixture, options: { padding?: SwePadding } = {}): SweImages {
   const dir = mkdtempSync(join(tmpdir(), 'rollserve-swe-images-'));
   try {
     chmodSync(dir, 0o755);
@@ -228,7 +259,11 @@ export function buildSweImages(testbed: SweFixture): SweImages {
       const value = run();
       return [value, Math.round(performance.now() - started) / 1000];
     };
-    const [rootfs, rootfsTime] = time(() => makeSweRootfs(rootDir, testbed));
+    const [rootfs, rootfsTime] = time(() => {
+      makeSweRootfs(rootDir, testbed);
+      if (options.padding !== undefined) padSweRootfs(rootDir, options.padding);
+      return measureRootfs(rootDir);
+    });
     const ociLayout = join(dir, 'oci');
     const [, ociTime] = time(() => makeOciLayout(rootDir, ociLayout, { tag: name, env: ['PATH=/opt/miniconda3/bin:/usr/local/bin:/usr/bin:/bin', 'LANG=C.UTF-8'], workdir: '/testbed', extraLayers: [makeTar(HOSTILE_ENTRIES)] }));
     const squashfs = join(dir, `${name}.sqfs`);
