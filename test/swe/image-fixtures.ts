@@ -195,7 +195,7 @@ function measureRootfs(root: string): SweImageRootfs {
 
 /** Bulk that makes the image the size of a SWE-bench one (`pnpm bench swe`): files of Python-like text. */
 export interface SwePadding {
-  /** Files added to /testbed (committed by seeding's fresh repository, as a large repository's are). */
+  /** Files added to /testbed and committed in its repository, as a large repository's are. */
   repoFiles: number;
   /** Files added to the conda env's site-packages (its libraries). */
   envFiles: number;
@@ -217,6 +217,10 @@ function padSweRootfs(root: string, padding: SwePadding): void {
     }
   };
   add(join(root, 'testbed', 'padding'), padding.repoFiles, 'module');
+  // tracked, as a large repository's files are (its HEAD then is a commit after base_commit)
+  const git = (...args: string[]) => execFileSync('git', ['-C', join(root, 'testbed'), '-c', 'user.name=padding', '-c', 'user.email=padding@localhost', ...args], { stdio: 'ignore', env: { ...process.env, GIT_CONFIG_NOSYSTEM: '1', HOME: root } });
+  git('add', 'padding');
+  git('commit', '-q', '-m', 'padding');
   add(join(root, CONDA_ENV, 'lib', 'site-packages-padding'), padding.envFiles, 'lib');
 }
 
