@@ -13,10 +13,11 @@ import type { ImageConfig, ParsedImageReference, ResolvedImage, ResolveImageOpti
 /*
  * The cache: `<cacheDir>/<digest>/` holds `rootfs/` and `image.json` (the digest, the config and
  * the seal). An entry is unpacked into `<cacheDir>/.tmp-*` and renamed into place complete, so a
- * half-unpacked image is never used; `<entry>.lock` (O_EXCL, holding the pid) makes processes
- * unpack an image once, and in one process concurrent first uses share one promise.
- * `<cacheDir>/.sources/` remembers the sha256 of image files by path, size, mtime and inode, so a
- * second resolve reads no image file.
+ * half-unpacked image is never used; `<entry>.lock` (a lock file naming its holder: cache.ts)
+ * makes processes unpack an image once, and in one process concurrent first uses share one
+ * promise. `<cacheDir>/.sources/` remembers the sha256 of image files by path, size, mtime and
+ * inode, so a second resolve reads no image file. The cap, the uses that keep an entry from
+ * eviction (`.uses/`) and the host's unpack slots (`.unpacks/`) are cache.ts's.
  *
  * The cache is the service's alone: the directory is mode 0700 and everything in it belongs to
  * the service's user (nothing is handed to a sandbox uid); sandboxes see an image root only
