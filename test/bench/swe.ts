@@ -43,7 +43,8 @@ let imageCacheDir: string | undefined;
 let imageTmpDir: string | undefined;
 registerSandboxProvider('swe-bench-image', () => createBwrapProvider({ ...(imageCacheDir === undefined ? {} : { imageCacheDir }), ...(imageTmpDir === undefined ? {} : { tmpDir: imageTmpDir }) }));
 
-async function imageBench(): Promise<void> {
+/** The image part alone (`tsx --conditions=@rollserve/source -e "import('./test/bench/swe.ts').then((m) => m.imageBench())"`). */
+export async function imageBench(): Promise<void> {
   const built = buildSweFixtures();
   const calc = built.fixtures[0]!;
   const images = buildSweImages(calc, { padding: { repoFiles: 3000, envFiles: 12_000, fileBytes: 12_000 } });

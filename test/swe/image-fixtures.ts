@@ -221,6 +221,8 @@ function padSweRootfs(root: string, padding: SwePadding): void {
   const git = (...args: string[]) => execFileSync('git', ['-C', join(root, 'testbed'), '-c', 'user.name=padding', '-c', 'user.email=padding@localhost', ...args], { stdio: 'ignore', env: { ...process.env, GIT_CONFIG_NOSYSTEM: '1', HOME: root } });
   git('add', 'padding');
   git('commit', '-q', '-m', 'padding');
+  // packed, as a clone's objects are
+  git('repack', '-a', '-d', '-q');
   add(join(root, CONDA_ENV, 'lib', 'site-packages-padding'), padding.envFiles, 'lib');
 }
 
