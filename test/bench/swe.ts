@@ -1,14 +1,23 @@
+import { execFileSync } from 'node:child_process';
+import { chmodSync, mkdirSync, rmSync } from 'node:fs';
+import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import swe from '@rollserve/env-swe';
+import { createBwrapProvider, registerSandboxProvider } from '@rollserve/core/sandbox';
 import { createResourcesServer, serveFetch } from '@rollserve/core/gym';
 import { call, cookieHeader, makeResponse } from '@rollserve/testing';
 import { buildSweFixtures, type SweFixture } from '../swe/fixtures.ts';
+import { buildSweImages, sweImageName } from '../swe/image-fixtures.ts';
 import { heading, latencyLine } from './stats.ts';
 
 // `pnpm bench swe`: the SWE environment on bwrap over its NeMo Gym face, on the three fixture
 // repositories: seed and verify time per instance (the gold fix made through str_replace_editor),
 // then 32 SWE sandboxes at once (32 seeds, 32 edits, 32 verifies, each verify starting its own
-// fresh eval sandbox).
+// fresh eval sandbox). Then a ~200 MB SWE-bench-like image (image-fixtures.ts, padded: /testbed a
+// clone with history plus 3,000 files, a conda env of 12,000 more): the first seed on an empty cache
+// (unpack, seal, sandbox, repository reset) beside `umoci unpack` / `unsquashfs` of the same image
+// in the same run, and the seed on the cached image (sandbox start and repository reset: removing
+// /testbed/.git, a fresh one-commit repository of the tree).
 
 const REPEATS = 5;
 const CONCURRENT = 32;
@@ -23,6 +32,96 @@ interface Timed {
 }
 
 export default async function bench(): Promise<void> {
+  await fixtureBench();
+  await imageBench();
+}
+
+const IMAGE_FIRST_USES = 2;
+const IMAGE_CACHED_SEEDS = 10;
+
+let imageCacheDir: string | undefined;
+let imageTmpDir: string | undefined;
+registerSandboxProvider('swe-bench-image', () => createBwrapProvider({ ...(imageCacheDir === undefined ? {} : { imageCacheDir }), ...(imageTmpDir === undefined ? {} : { tmpDir: imageTmpDir }) }));
+
+/** The image part alone (`tsx --conditions=@rollserve/source -e "import('./test/bench/swe.ts').then((m) => m.imageBench())"`). */
+export async function imageBench(): Promise<void> {
+  const built = buildSweFixtures();
+  const calc = built.fixtures[0]!;
+  const images = buildSweImages(calc, { padding: { repoFiles: 3000, envFiles: 12_000, fileBytes: 12_000 } });
+  const scratch = join(images.dir, 'scratch');
+  imageTmpDir = join(images.dir, 'sandboxes');
+  mkdirSync(imageTmpDir, { mode: 0o755 });
+  chmodSync(imageTmpDir, 0o755);
+  const tag = sweImageName(String(calc.row.instance_id));
+  const { repo_path: _host, ...imageRow } = calc.row;
+  const timeMs = (run: () => void): number => {
+    const t = performance.now();
+    run();
+    return performance.now() - t;
+  };
+  try {
+    heading(`swe: a ${(images.rootfs.bytes / 1e6).toFixed(0)} MB image (${images.rootfs.files} files): first-use seed vs the unpack tool, cached seed (bwrap)`);
+    for (const kind of [
+      { name: 'OCI layout', image: `oci:${images.ociLayout}:${tag}`, tools: [
+        { name: 'umoci unpack --rootless', run: (out: string) => execFileSync('umoci', ['unpack', '--rootless', '--image', `${images.ociLayout}:${tag}`, out], { stdio: 'ignore' }) },
+        { name: 'umoci raw unpack --rootless', run: (out: string) => execFileSync('umoci', ['raw', 'unpack', '--rootless', '--image', `${images.ociLayout}:${tag}`, out], { stdio: 'ignore' }) },
+      ] },
+      { name: 'squashfs', image: `squashfs:${images.squashfs}`, tools: [
+        { name: 'unsquashfs', run: (out: string) => execFileSync('unsquashfs', ['-no-progress', '-d', out, images.squashfs], { stdio: 'ignore' }) },
+      ] },
+    ]) {
+      const row = { ...imageRow, image: kind.image };
+      const toolMs = new Map<string, number[]>(kind.tools.map((t) => [t.name, []]));
+      const firstMs: number[] = [];
+      const cachedMs: number[] = [];
+      const cachedSeedS: number[] = [];
+      for (let i = 0; i < IMAGE_FIRST_USES; i++) {
+        for (const tool of kind.tools) {
+          rmSync(scratch, { recursive: true, force: true });
+          toolMs.get(tool.name)!.push(timeMs(() => tool.run(scratch)));
+          rmSync(scratch, { recursive: true, force: true });
+        }
+        // a new cache (and a server whose provider uses it): the first seed unpacks
+        imageCacheDir = join(images.dir, `cache-${kind.name.replace(/\W/g, '')}-${i}`);
+        const app = createResourcesServer(swe, { config: { sandbox_provider: 'swe-bench-image', images_root: images.dir } });
+        const server = await serveFetch(app);
+        try {
+          const seedOnce = async (): Promise<{ ms: number; seedS: number }> => {
+            const t = performance.now();
+            const seeded = await call(server.url, 'POST', '/seed_session', row);
+            const ms = performance.now() - t;
+            if (seeded.status !== 200) throw new Error(`seed failed: ${seeded.text}`);
+            // an empty patch: the session ends without an eval sandbox
+            const verified = await call(server.url, 'POST', '/verify', { ...row, response: makeResponse([]) }, { cookie: cookieHeader(seeded.setCookies) });
+            return { ms, seedS: (verified.json as { seed_time: number }).seed_time };
+          };
+          firstMs.push((await seedOnce()).ms);
+          if (i === 0) {
+            for (let j = 0; j < IMAGE_CACHED_SEEDS; j++) {
+              const { ms, seedS } = await seedOnce();
+              cachedMs.push(ms);
+              cachedSeedS.push(seedS * 1000);
+            }
+          }
+        } finally {
+          await server.close();
+          await app.close();
+          rmSync(imageCacheDir, { recursive: true, force: true });
+        }
+      }
+      console.log(`${kind.name.padEnd(11)} first-use seed      ${latencyLine(firstMs)}`);
+      for (const [name, ms] of toolMs) console.log(`${''.padEnd(11)} ${name.padEnd(28)} ${latencyLine(ms)}`);
+      console.log(`${''.padEnd(11)} cached seed         ${latencyLine(cachedMs)}  (seed_time ${latencyLine(cachedSeedS)})`);
+    }
+  } finally {
+    imageCacheDir = undefined;
+    imageTmpDir = undefined;
+    images.close();
+    built.close();
+  }
+}
+
+async function fixtureBench(): Promise<void> {
   const built = buildSweFixtures();
   const app = createResourcesServer(swe, { config: { repos_root: built.root } });
   const server = await serveFetch(app);

@@ -196,7 +196,11 @@ describe.skipIf(skip !== undefined)('images on bwrap', () => {
     const image = await resolveImage(`squashfs:${file}`, { cacheDir: cache, lockTimeoutMs: 60_000 });
     expect(image.unpacked).toBe(true);
     expect(readFileSync(join(image.rootfs, 'data/marker'), 'utf8')).toBe('from the image\n');
-    expect(readdirSync(cache).sort()).toEqual(['.sources', entry]);
+    // beside the entry: the digests of image files, the entry's (released) uses and the unpack slots, none held
+    expect(readdirSync(cache).sort()).toEqual(['.sources', '.unpacks', '.uses', entry]);
+    expect(readdirSync(join(cache, '.unpacks'))).toEqual([]);
+    expect(readdirSync(join(cache, '.uses'))).toEqual([entry]);
+    expect(readdirSync(join(cache, '.uses', entry))).toEqual([]);
   });
 
   it('refuses a missing, corrupt or unreadable image with a clear 4xx', async () => {
@@ -224,7 +228,9 @@ describe.skipIf(skip !== undefined)('images on bwrap', () => {
     expect(readdirSync(cacheDir).filter((name) => name.startsWith('.tmp-') || name.endsWith('.lock'))).toEqual([]);
   });
 
-  it('mounts the overlay layer with either setup (perl calling mount(2), or sh with util-linux mount)', () => {
+  // removing a directory of the image that holds files (testbed/) takes the overlay's userxattr in a
+  // user namespace: without it, EIO ("overlayfs: failed to set xattr on upper")
+  it('mounts the overlay layer with either setup (perl calling mount(2), or sh with util-linux mount); a directory of the image can be removed and made again empty', () => {
     for (const mounter of ['perl', 'mount'] as const) {
       const layer = mkdtempSync(join(dir, `layer-${mounter}-`));
       const root = overlayRoot(layer);
@@ -232,11 +238,13 @@ describe.skipIf(skip !== undefined)('images on bwrap', () => {
         ...overlayPrefix(join(dir, 'rootfs'), layer, 1 << 20, mounter),
         '/bin/sh',
         '-c',
-        `cat ${root}/data/marker; echo changed > ${root}/data/marker; cat ${root}/data/marker; head -c 2000000 /dev/zero > ${root}/big || echo layer-full`,
+        `cat ${root}/data/marker; echo changed > ${root}/data/marker; cat ${root}/data/marker; head -c 2000000 /dev/zero > ${root}/big || echo layer-full; ` +
+          `rm -rf ${root}/testbed && echo removed; mkdir ${root}/testbed && ls -A ${root}/testbed | wc -l`,
       ];
       const out = execFileSync(argv[0]!, argv.slice(1), { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] });
-      expect(out, mounter).toBe('from the image\nchanged\nlayer-full\n');
+      expect(out, mounter).toBe('from the image\nchanged\nlayer-full\nremoved\n0\n');
       expect(readFileSync(join(dir, 'rootfs/data/marker'), 'utf8')).toBe('from the image\n');
+      expect(readFileSync(join(dir, 'rootfs/testbed/setup.txt'), 'utf8')).toBe('repo\n');
       expect(readdirSync(layer)).toEqual([]);
     }
   });

@@ -10,8 +10,10 @@ import type { SweFixture } from './fixtures.ts';
  * shells and tools the SWE scripts and tools run (sh, bash, stty, tar, git, patch, a few
  * coreutils), Debian's python3 with the modules of its standard library and dist-packages that
  * `python3 -m pytest` loads (found by running it on the host), each binary's and extension
- * module's shared libraries as `ldd` names them, and a repository's tree at /testbed as
- * SWE-bench's images have it. Packed as an OCI image layout and as a squashfs.
+ * module's shared libraries as `ldd` names them, and a repository at /testbed as SWE-bench's
+ * images have it: a clone with its whole history (the fix commit after base_commit included, in
+ * the reflog) reset to base_commit, and a conda-style env at /opt/miniconda3/envs/testbed whose
+ * bin/ (python, pytest) is not on the image's PATH. Packed as an OCI image layout and as a squashfs.
  */
 
 const PYTHON = '/usr/bin/python3';
@@ -19,6 +21,8 @@ const TOOLS = ['dash', 'bash', 'stty', 'cat', 'ls', 'mkdir', 'rm', 'cp', 'mv', '
 /** The module whose presence shows that `python3` is the image's. */
 export const IMAGE_MARKER_MODULE = 'rollserve_image_marker';
 export const IMAGE_MARKER = 'python from the SWE test image';
+/** Where SWE-bench's images keep the repository's environment (`conda activate testbed`). */
+export const CONDA_ENV = '/opt/miniconda3/envs/testbed';
 
 // A probe run by the host's python: tests that pass, fail (ints and strings, so that pytest's
 // diffs run), raise, are parametrized, in a class and a unittest.TestCase, reported with -rA.
@@ -160,11 +164,66 @@ export function makeSweRootfs(root: string, testbed?: SweFixture): SweImageRootf
   writeFileSync(join(root, 'etc/passwd'), 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n');
   writeFileSync(join(root, 'etc/group'), 'root:x:0:\nnogroup:x:65534:\n');
   if (testbed !== undefined) {
-    const tree = execFileSync('git', ['-C', testbed.repoPath, 'archive', '--format=tar', `${testbed.baseCommit}^{tree}`], { maxBuffer: 256 << 20 });
-    execFileSync('tar', ['-x', '-f', '-', '-C', join(root, 'testbed')], { input: tree });
+    // as SWE-bench's images make /testbed: a clone (the whole history, the fix commit after base
+    // included), reset to base_commit, the remote removed; the fix stays in the reflog and objects
+    rmSync(join(root, 'testbed'), { recursive: true });
+    const git = (...args: string[]) => execFileSync('git', args, { stdio: 'ignore', env: { ...process.env, GIT_CONFIG_NOSYSTEM: '1', HOME: root } });
+    git('clone', '-q', '--no-hardlinks', '-o', 'origin', testbed.repoPath, join(root, 'testbed'));
+    git('-C', join(root, 'testbed'), 'reset', '-q', '--hard', testbed.baseCommit);
+    git('-C', join(root, 'testbed'), 'remote', 'remove', 'origin');
+    // SWE-bench's conda env, not on the image's PATH: its eval script activates it (`pytest` only
+    // there), the repository installed in it in development mode (pip's .pth); here a venv of the
+    // image's python that sees its packages
+    const env = join(root, CONDA_ENV);
+    const bin = join(env, 'bin');
+    const sitePackages = join(env, 'lib', basename(interpreter), 'site-packages');
+    mkdirSync(bin, { recursive: true });
+    mkdirSync(sitePackages, { recursive: true });
+    writeFileSync(join(env, 'pyvenv.cfg'), 'home = /usr/bin\ninclude-system-site-packages = true\n');
+    writeFileSync(join(sitePackages, '__editable__.testbed.pth'), '/testbed\n');
+    symlinkSync(`/usr/bin/${basename(interpreter)}`, join(bin, 'python'));
+    symlinkSync('python', join(bin, 'python3'));
+    writeFileSync(join(bin, 'pytest'), `#!${CONDA_ENV}/bin/python\nimport sys\nfrom pytest import console_main\nsys.exit(console_main())\n`, { mode: 0o755 });
   }
+  return measureRootfs(root);
+}
+
+function measureRootfs(root: string): SweImageRootfs {
   const [bytes, files] = execFileSync('sh', ['-c', 'du -sb "$1" | cut -f1; find "$1" -type f | wc -l', 'sh', root], { encoding: 'utf8' }).trim().split('\n').map(Number);
   return { bytes: bytes!, files: files! };
+}
+
+/** Bulk that makes the image the size of a SWE-bench one (`pnpm bench swe`): files of Python-like text. */
+export interface SwePadding {
+  /** Files added to /testbed and committed in its repository, as a large repository's are. */
+  repoFiles: number;
+  /** Files added to the conda env's site-packages (its libraries). */
+  envFiles: number;
+  /** Bytes of each file. */
+  fileBytes: number;
+}
+
+function padSweRootfs(root: string, padding: SwePadding): void {
+  const text = (seed: number): string => {
+    let out = '';
+    for (let i = 0; out.length < padding.fileBytes; i++) out += `def function_${seed}_${i}(value, other=${(seed * 31 + i) % 997}):\n    return value * other + ${i}\n\n`;
+    return out.slice(0, padding.fileBytes);
+  };
+  const add = (dir: string, count: number, prefix: string): void => {
+    for (let i = 0; i < count; i++) {
+      const sub = join(dir, `pkg_${Math.floor(i / 100)}`);
+      if (i % 100 === 0) mkdirSync(sub, { recursive: true });
+      writeFileSync(join(sub, `${prefix}_${i}.py`), text(i));
+    }
+  };
+  add(join(root, 'testbed', 'padding'), padding.repoFiles, 'module');
+  // tracked, as a large repository's files are (its HEAD then is a commit after base_commit)
+  const git = (...args: string[]) => execFileSync('git', ['-C', join(root, 'testbed'), '-c', 'user.name=padding', '-c', 'user.email=padding@localhost', ...args], { stdio: 'ignore', env: { ...process.env, GIT_CONFIG_NOSYSTEM: '1', HOME: root } });
+  git('add', 'padding');
+  git('commit', '-q', '-m', 'padding');
+  // packed, as a clone's objects are
+  git('repack', '-a', '-d', '-q');
+  add(join(root, CONDA_ENV, 'lib', 'site-packages-padding'), padding.envFiles, 'lib');
 }
 
 /** A squashfs of `root` (uncompressed: mksquashfs and unsquashfs are fastest so). */
@@ -195,7 +254,7 @@ export interface SweImages {
  * carrying what a hostile image would under /hostile (HOSTILE_ENTRIES: device nodes, a fifo,
  * setuid/setgid files, world-writable ones), which sealing must keep from every sandbox.
  */
-export function buildSweImages(testbed: SweFixture): SweImages {
+export function buildSweImages(testbed: SweFixture, options: { padding?: SwePadding } = {}): SweImages {
   const dir = mkdtempSync(join(tmpdir(), 'rollserve-swe-images-'));
   try {
     chmodSync(dir, 0o755);
@@ -206,9 +265,13 @@ export function buildSweImages(testbed: SweFixture): SweImages {
       const value = run();
       return [value, Math.round(performance.now() - started) / 1000];
     };
-    const [rootfs, rootfsTime] = time(() => makeSweRootfs(rootDir, testbed));
+    const [rootfs, rootfsTime] = time(() => {
+      makeSweRootfs(rootDir, testbed);
+      if (options.padding !== undefined) padSweRootfs(rootDir, options.padding);
+      return measureRootfs(rootDir);
+    });
     const ociLayout = join(dir, 'oci');
-    const [, ociTime] = time(() => makeOciLayout(rootDir, ociLayout, { tag: name, env: ['PATH=/usr/local/bin:/usr/bin:/bin', 'LANG=C.UTF-8'], workdir: '/testbed', extraLayers: [makeTar(HOSTILE_ENTRIES)] }));
+    const [, ociTime] = time(() => makeOciLayout(rootDir, ociLayout, { tag: name, env: ['PATH=/opt/miniconda3/bin:/usr/local/bin:/usr/bin:/bin', 'LANG=C.UTF-8'], workdir: '/testbed', extraLayers: [makeTar(HOSTILE_ENTRIES)] }));
     const squashfs = join(dir, `${name}.sqfs`);
     const [, squashfsTime] = time(() => makeUncompressedSquashfs(rootDir, squashfs));
     rmSync(rootDir, { recursive: true, force: true });

@@ -1,5 +1,5 @@
 import { execFileSync, spawnSync } from 'node:child_process';
-import { chmodSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
@@ -56,6 +56,34 @@ describe('sandbox scripts', () => {
     const diff = sh(dir, diffScript(sha));
     expect(diff.code).toBe(0);
     expect(patchedFiles(diff.out)).toEqual(['a.txt', 'new.txt']);
+  });
+
+  it("freshRepoScript on a clone reset to base: HEAD's tree is reused (its objects packed, nothing else of the history), the working tree's changes committed", () => {
+    const dir = scratch({ 'a.txt': 'one\ntwo\nthree\n', 'b.txt': 'bee\n' });
+    const git = (...args: string[]) => execFileSync('git', ['-c', 'user.name=x', '-c', 'user.email=x@x', ...args], { cwd: dir, encoding: 'utf8' }).trim();
+    git('init', '-q');
+    git('add', '-A');
+    git('commit', '-q', '-m', 'base');
+    const baseTree = git('rev-parse', 'HEAD^{tree}');
+    writeFileSync(join(dir, 'a.txt'), 'the future\n');
+    git('commit', '-q', '-am', 'future');
+    const future = git('rev-parse', 'HEAD');
+    const futureBlob = git('rev-parse', 'HEAD:a.txt');
+    git('reset', '-q', '--hard', 'HEAD~1');
+    // the image's tree at base, plus what a setup script left: an untracked file, a removed one
+    writeFileSync(join(dir, 'setup.txt'), 'made by setup\n');
+    rmSync(join(dir, 'b.txt'));
+    const fresh = sh(dir, freshRepoScript());
+    expect(fresh.code, fresh.out).toBe(0);
+    const sha = fresh.out.trim();
+    expect(git('log', '--all', '--format=%H')).toBe(sha);
+    expect(git('ls-tree', '--name-only', 'HEAD').split('\n')).toEqual(['a.txt', 'setup.txt']);
+    expect(git('status', '--short', '--untracked-files=all')).toBe('');
+    // base's objects came as a pack; the future commit and its blob did not come at all
+    expect(git('count-objects', '-v')).toMatch(/^in-pack: [1-9]/m);
+    for (const object of [future, futureBlob]) expect(sh(dir, `git cat-file -e ${object}`).code).not.toBe(0);
+    expect(sh(dir, `git cat-file -e ${baseTree}`).code).toBe(0);
+    expect(readdirSync(dir).filter((name) => name.startsWith('.rollserve-pack'))).toEqual([]);
   });
 
   it.skipIf(process.getuid?.() !== 0)('works in a repository another user owns (a root-owned /testbed in an image)', () => {

@@ -18,13 +18,30 @@ const GIT_EXPORTS = `export ${Object.entries(GIT_ENV).map(([k, v]) => `${k}=${sh
 /**
  * Makes the repository a fresh git repository whose one commit is the current tree: the agent sees
  * no history past (or before) base_commit, and the diff is taken against that commit. Prints its sha.
+ *
+ * A repository that has a HEAD (an image's /testbed, a clone reset to base_commit) hands the new
+ * one the objects of HEAD's tree alone, as a pack and as the index: `git add -A` then only hashes
+ * the files and writes the objects of what differs from HEAD. pack-objects reuses a clone's packed
+ * objects and deltas as they are, and searches no new deltas and compresses nothing (`--window=0
+ * --compression=0`: on 3,000 loose objects its default delta search took 13 s). Measured on the
+ * host, 3,000 files of 12 KB: 0.34 s from a clone's pack against 0.95 s writing every file as a
+ * loose object; from loose objects 0.76 s against 0.60 s. Nothing outside that tree is copied (no
+ * commit, no future object). The pack is made inside the repository (the same file system as the
+ * new .git); if any of it fails the tree is added from the files, as without HEAD.
  */
 export function freshRepoScript(): string {
   return [
     'set -e',
     GIT_EXPORTS,
+    // (this repository's own HEAD, never that of a repository around it)
+    "if [ -e .git ]; then base=$(git rev-parse -q --verify 'HEAD^{tree}' 2>/dev/null) || base=''; else base=''; fi",
+    'pack=.rollserve-pack-$$',
+    'rm -rf "$pack"',
+    'if [ -n "$base" ] && mkdir "$pack" && git rev-list --objects "$base" | git pack-objects -q --window=0 --compression=0 "$pack/pack" >/dev/null 2>&1; then :; else base=""; fi',
     'rm -rf .git',
     'git -c init.defaultBranch=main init -q',
+    'if [ -n "$base" ] && mv "$pack"/pack-* .git/objects/pack/ && git read-tree "$base" 2>/dev/null; then :; else git read-tree --empty; fi',
+    'rm -rf "$pack"',
     'git config user.name rollserve',
     'git config user.email rollserve@localhost',
     'git config commit.gpgsign false',

@@ -8,7 +8,7 @@ import { removeStaleCgroups } from './cgroup.ts';
 const OWNER_FILE = 'owner';
 
 /** A process as "<pid> <start time>": a pid reused by another process does not match. */
-function processIdentity(pid: number | 'self'): string | undefined {
+export function processIdentity(pid: number | 'self'): string | undefined {
   try {
     const stat = readFileSync(`/proc/${pid}/stat`, 'latin1');
     // the fields after the command's name (which may hold spaces and parentheses); start time is field 22

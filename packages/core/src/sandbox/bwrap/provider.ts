@@ -36,6 +36,13 @@ export interface BwrapProviderOptions {
    * only through their overlay. @default $ROLLSERVE_IMAGE_CACHE, else `<os.tmpdir()>/rollserve-images`
    */
   imageCacheDir?: string;
+  /**
+   * The image cache's cap in bytes: least recently used images go, never one a sandbox runs on
+   * (see `resolveImage`'s maxCacheBytes). @default $ROLLSERVE_IMAGE_CACHE_MAX, else no cap
+   */
+  imageCacheMaxBytes?: number;
+  /** First uses (unpacks) of images at once on this host. @default $ROLLSERVE_IMAGE_UNPACKS, else 2 */
+  maxConcurrentUnpacks?: number;
   /** Top-level host directories bound read-only when the spec has no image. */
   hostRootDirs?: string[];
   /**
@@ -115,10 +122,27 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
     let spec = requested;
     if (spec.image !== undefined && isImageReference(spec.image)) {
       // (as root the unpack tools run as the sandbox uid: no more privilege than the sandbox has)
-      image = await resolveImage(spec.image, { ...(options.imageCacheDir === undefined ? {} : { cacheDir: options.imageCacheDir }), ...(user === undefined ? {} : { unpackAs: user }) });
+      // held while the sandbox runs on it: no eviction removes it (released when the sandbox closes)
+      image = await resolveImage(spec.image, {
+        hold: true,
+        ...(options.imageCacheDir === undefined ? {} : { cacheDir: options.imageCacheDir }),
+        ...(options.imageCacheMaxBytes === undefined ? {} : { maxCacheBytes: options.imageCacheMaxBytes }),
+        ...(options.maxConcurrentUnpacks === undefined ? {} : { maxConcurrentUnpacks: options.maxConcurrentUnpacks }),
+        ...(user === undefined ? {} : { unpackAs: user }),
+      });
       // the image's Env under the spec's, so that exec and entering processes (PTY, kernel) have it
       spec = { ...spec, env: { ...image.config.env, ...spec.env } };
     }
+    try {
+      return await startOn(spec, image, openFiles);
+    } catch (error) {
+      image?.release?.();
+      throw error;
+    }
+  }
+
+  /** Starts the sandbox on the resolved spec (and image, held: the sandbox releases it when it closes). */
+  async function startOn(spec: ResolvedSandboxSpec, image: ResolvedImage | undefined, openFiles: number): Promise<BwrapSandbox> {
     const id = `rs-${randomBytes(6).toString('hex')}`;
     const base = join(options.tmpDir ?? tmpdir(), `rollserve-${id}`);
     const workdir = spec.workdir ?? image?.config.workdir ?? DEFAULT_WORKDIR;
@@ -246,7 +270,7 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
       stdio: ['pipe', 'pipe', 'pipe', 'pipe', 'ignore', 'pipe'],
       ...(user === undefined || image !== undefined || rootInput ? {} : { uid: user.uid, gid: user.gid }),
     });
-    const sandbox = new BwrapSandbox(id, workdir, { ...spec, resources: { ...resources, maxOpenFiles: openFiles } }, init, user, cgroup, { host: inputHost, mounted: mountTmpfs }, [base]);
+    const sandbox = new BwrapSandbox(id, workdir, { ...spec, resources: { ...resources, maxOpenFiles: openFiles } }, init, user, cgroup, { host: inputHost, mounted: mountTmpfs }, [base], image?.release);
     try {
       // bwrap waits for its options: it makes the sandbox's namespaces once it is in the cgroup,
       // so the cgroup namespace's root is the sandbox's cgroup and /proc/self/cgroup inside

@@ -148,6 +148,8 @@ export class BwrapSandbox extends CommandSandbox {
     /** The input directory's host path; `mounted`: the prefix mounted a tmpfs on it (see `started`). */
     private readonly input: { host: string; mounted: boolean },
     tempDirs: string[],
+    /** Ends the sandbox's use of its image (the cache may evict it then). */
+    private readonly releaseImage?: () => void,
   ) {
     // the host path of the channel directory is known once the sandbox runs (started)
     super(workdir, { host: '', sandbox: SOCKET_MOUNT }, spec, tempDirs, id);
@@ -432,6 +434,7 @@ export class BwrapSandbox extends CommandSandbox {
   }
 
   protected override async released(): Promise<void> {
+    this.releaseImage?.();
     if (this.cgroup !== undefined) await removeCgroup(this.cgroup);
   }
 

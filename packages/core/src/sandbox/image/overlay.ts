@@ -13,6 +13,16 @@ import { RolloutError } from '../../errors.ts';
  * where the syscall numbers are known: one process instead of unshare, sh, mount, mkdir and mount
  * again, each costing milliseconds of the start (`pnpm bench images`). Elsewhere it is util-linux's
  * unshare, sh and util-linux's mount.
+ *
+ * `userxattr`: overlayfs keeps what it knows of a merged directory (opaque, whiteouts cleared,
+ * redirects) in `trusted.overlay.*` xattrs of the upper layer, which a user namespace may not set;
+ * without the option, removing a directory of the image that held files (`rm -rf /testbed/.git`,
+ * the agent's `rm -rf build/`) fails with EIO ("overlayfs: failed to set xattr on upper ... try
+ * mounting with 'userxattr'" in the kernel log). With it the same xattrs are `user.overlay.*`,
+ * which tmpfs holds since Linux 6.6; the kernel then forces redirect_dir=nofollow and metacopy=off
+ * (a directory of the image is renamed by copying, as across file systems), so no xattr an image
+ * carries is followed out of its single lower layer. test/swe/image-e2e.test.ts removes
+ * /testbed/.git of an image with history, as root and as uid 65534.
  */
 const SH_SETUP = [
   'set -e',
@@ -22,7 +32,7 @@ const SH_SETUP = [
   'mount -t tmpfs -o "size=$3,mode=0755" rs-layer "$2"',
   'cd "$2"',
   'mkdir upper work root',
-  'mount -t overlay rs-image -o "lowerdir=/proc/self/fd/4,upperdir=upper,workdir=work" root',
+  'mount -t overlay rs-image -o "lowerdir=/proc/self/fd/4,upperdir=upper,workdir=work,userxattr" root',
   'exec 4<&-',
   'cd /',
   'shift 3',
@@ -56,7 +66,7 @@ const perlSetup = (nr: Syscalls): string =>
     'mnt("rs-layer", $b, "tmpfs", 0, "size=$size,mode=0755");',
     'chdir($b) or die "rs-overlay: chdir: $!\\n";',
     'for my $d ("upper", "work", "root") { mkdir($d) or die "rs-overlay: mkdir $d: $!\\n" }',
-    'mnt("rs-image", "root", "overlay", 0, "lowerdir=/proc/self/fd/" . fileno($low) . ",upperdir=upper,workdir=work");',
+    'mnt("rs-image", "root", "overlay", 0, "lowerdir=/proc/self/fd/" . fileno($low) . ",upperdir=upper,workdir=work,userxattr");',
     'closedir($low); chdir("/");',
     'exec { $ARGV[0] } @ARGV or die "rs-overlay: cannot run $ARGV[0]: $!\\n";',
   ].join('\n');

@@ -6,16 +6,18 @@ import { basename, join } from 'node:path';
 import { RolloutError } from '../../errors.ts';
 import { IMAGE_KINDS } from './kinds/index.ts';
 import { parseImageReference } from './reference.ts';
+import { evictToCap, holdEntry, measureBytes, parseSize, takeUnpackSlot, touchEntry, tryLock, unlock } from './cache.ts';
 import { imageError, run, tool } from './tools.ts';
 import type { ImageConfig, ParsedImageReference, ResolvedImage, ResolveImageOptions } from './types.ts';
 
 /*
  * The cache: `<cacheDir>/<digest>/` holds `rootfs/` and `image.json` (the digest, the config and
  * the seal). An entry is unpacked into `<cacheDir>/.tmp-*` and renamed into place complete, so a
- * half-unpacked image is never used; `<entry>.lock` (O_EXCL, holding the pid) makes processes
- * unpack an image once, and in one process concurrent first uses share one promise.
- * `<cacheDir>/.sources/` remembers the sha256 of image files by path, size, mtime and inode, so a
- * second resolve reads no image file.
+ * half-unpacked image is never used; `<entry>.lock` (a lock file naming its holder: cache.ts)
+ * makes processes unpack an image once, and in one process concurrent first uses share one
+ * promise. `<cacheDir>/.sources/` remembers the sha256 of image files by path, size, mtime and
+ * inode, so a second resolve reads no image file. The cap, the uses that keep an entry from
+ * eviction (`.uses/`) and the host's unpack slots (`.unpacks/`) are cache.ts's.
  *
  * The cache is the service's alone: the directory is mode 0700 and everything in it belongs to
  * the service's user (nothing is handed to a sandbox uid); sandboxes see an image root only
@@ -28,6 +30,17 @@ import type { ImageConfig, ParsedImageReference, ResolvedImage, ResolveImageOpti
  * staging directory, list nothing), every entry 0700; only when the tools are done does the
  * service take the files (chown), seal them and rename the entry into place.
  */
+
+/** The cache's cap: `$ROLLSERVE_IMAGE_CACHE_MAX` (`200G`, `500M`, bytes), else none. */
+export function defaultMaxCacheBytes(): number | undefined {
+  return parseSize(process.env.ROLLSERVE_IMAGE_CACHE_MAX, 'ROLLSERVE_IMAGE_CACHE_MAX');
+}
+
+/** Unpacks at once on this host per cache: `$ROLLSERVE_IMAGE_UNPACKS`, else 2. */
+export function defaultMaxConcurrentUnpacks(): number {
+  const fromEnv = Number(process.env.ROLLSERVE_IMAGE_UNPACKS);
+  return Number.isInteger(fromEnv) && fromEnv > 0 ? fromEnv : 2;
+}
 
 export function defaultImageCacheDir(): string {
   const fromEnv = process.env.ROLLSERVE_IMAGE_CACHE;
@@ -42,6 +55,8 @@ interface CacheRecord {
   sealed?: number;
   /** What sealing removed or changed, for the log. */
   sealReport?: SealReport;
+  /** Bytes the entry takes on disk (du), for the cache's cap. */
+  bytes?: number;
 }
 
 /** What sealRootfs did to an unpacked root. */
@@ -84,51 +99,96 @@ export function createImageResolver(): ImageResolver {
   const running = new Set<Promise<unknown>>();
   let closed = false;
 
+  const track = <T>(work: Promise<T>): Promise<T> => {
+    running.add(work);
+    const forget = () => void running.delete(work);
+    work.then(forget, forget);
+    return work;
+  };
+  /** Bytes of entries whose record does not say, measured once. */
+  const measured = new Map<string, number>();
+  const sizeOf = async (entry: string): Promise<number> => {
+    try {
+      const bytes = (JSON.parse(readFileSync(join(entry, 'image.json'), 'utf8')) as CacheRecord).bytes;
+      if (bytes !== undefined) return bytes;
+    } catch {
+      // not a whole entry: measured like the others
+    }
+    let bytes = measured.get(entry);
+    if (bytes === undefined) measured.set(entry, (bytes = await measureBytes(entry).catch(() => 0)));
+    return bytes;
+  };
+  /** Brings the cache under its cap; the evicted entries' files are removed in the background (close waits). */
+  const evict = async (cacheDir: string, maxBytes: number): Promise<void> => {
+    const report = await evictToCap(cacheDir, maxBytes, sizeOf).catch(() => undefined);
+    if (report !== undefined) void track(report.removed.catch(() => undefined));
+  };
+
   const resolveOnce = async (reference: string, options: ResolveImageOptions): Promise<ResolvedImage> => {
     const parsed = parseImageReference(reference);
     const cacheDir = options.cacheDir ?? defaultImageCacheDir();
+    const maxBytes = options.maxCacheBytes ?? defaultMaxCacheBytes();
     const stamp = sourceStamp(reference, parsed);
     const memoKey = `${cacheDir}\0${reference}`;
     const memo = remembered.get(memoKey);
-    // at every use the entry is checked against the source's digest (the cache key) and its seal
-    if (memo !== undefined && memo.stamp === stamp && readRecord(memo.entry, memo.record.digest) !== undefined) {
-      return { reference, digest: memo.record.digest, rootfs: join(memo.entry, 'rootfs'), config: memo.record.config, unpacked: false };
-    }
-    if (!checkedDirs.has(cacheDir)) {
-      ensureCacheDir(cacheDir);
-      checkedDirs.add(cacheDir);
-    }
-    const digest = await imageDigest(reference, parsed, cacheDir, stamp);
-    const entry = join(cacheDir, digest.replace(':', '-'));
-    let unpacked = false;
-    let record = readRecord(entry, digest);
-    if (record === undefined) {
-      let pending = inFlight.get(entry);
-      if (pending === undefined) {
-        const unpackAs = process.getuid?.() === 0 ? (options.unpackAs ?? DEFAULT_UNPACK_USER) : undefined;
-        const started = unpackOnce(reference, parsed, digest, cacheDir, entry, options.lockTimeoutMs ?? 600_000, unpackAs);
-        pending = started.then((outcome) => outcome.record);
-        inFlight.set(entry, pending);
-        pending.then(
-          () => inFlight.delete(entry),
-          () => inFlight.delete(entry),
-        );
-        unpacked = (await started).fresh;
+    let digest: string;
+    let entry: string;
+    if (memo !== undefined && memo.stamp === stamp) {
+      ({ entry } = memo);
+      digest = memo.record.digest;
+    } else {
+      if (!checkedDirs.has(cacheDir)) {
+        ensureCacheDir(cacheDir);
+        checkedDirs.add(cacheDir);
+        // a cap lowered since the cache last grew
+        if (maxBytes !== undefined) await evict(cacheDir, maxBytes);
       }
-      record = await pending;
+      digest = await imageDigest(reference, parsed, cacheDir, stamp);
+      entry = join(cacheDir, digest.replace(':', '-'));
     }
-    remembered.set(memoKey, { stamp, entry, record });
-    return { reference, digest, rootfs: join(entry, 'rootfs'), config: record.config, unpacked };
+    // the use is taken before the entry is read, and kept while it is read (and unpacked, and the
+    // cache evicted after): an evictor sees it, or this finds the entry gone (cache.ts)
+    const release = holdEntry(cacheDir, basename(entry));
+    try {
+      let unpacked = false;
+      // at every use the entry is checked against the source's digest (the cache key) and its seal
+      let record = readRecord(entry, digest);
+      if (record === undefined) {
+        let pending = inFlight.get(entry);
+        if (pending === undefined) {
+          const unpackAs = process.getuid?.() === 0 ? (options.unpackAs ?? DEFAULT_UNPACK_USER) : undefined;
+          const slots = options.maxConcurrentUnpacks ?? defaultMaxConcurrentUnpacks();
+          const started = unpackOnce(reference, parsed, digest, cacheDir, entry, options.lockTimeoutMs ?? 600_000, unpackAs, slots);
+          pending = started.then((outcome) => outcome.record);
+          inFlight.set(entry, pending);
+          pending.then(
+            () => inFlight.delete(entry),
+            () => inFlight.delete(entry),
+          );
+          unpacked = (await started).fresh;
+        }
+        record = await pending;
+      }
+      remembered.set(memoKey, { stamp, entry, record });
+      // the cache grew: back under its cap (this entry is held meanwhile)
+      if (unpacked && maxBytes !== undefined) await evict(cacheDir, maxBytes);
+      const resolved: ResolvedImage = { reference, digest, rootfs: join(entry, 'rootfs'), config: record.config, unpacked };
+      if (options.hold !== true) {
+        touchEntry(cacheDir, basename(entry));
+        release();
+        return resolved;
+      }
+      return { ...resolved, release };
+    } catch (error) {
+      release();
+      throw error;
+    }
   };
 
   return {
     resolve: async (reference, options = {}) => {
       if (closed) throw new RolloutError({ code: 'SANDBOX', message: `image ${JSON.stringify(reference)}: the image resolver is closed` });
-      const work = resolveOnce(reference, options);
-      running.add(work);
-      const forget = () => void running.delete(work);
-      work.then(forget, forget);
-      return work;
+      return track(resolveOnce(reference, options));
     },
     close: async () => {
       closed = true;
@@ -238,31 +298,19 @@ async function unpackOnce(
   entry: string,
   lockTimeoutMs: number,
   unpackAs: { uid: number; gid: number } | undefined,
+  slots: number,
 ): Promise<{ record: CacheRecord; fresh: boolean }> {
-  const lock = `${entry}.lock`;
+  const lockFile = `${entry}.lock`;
   const deadline = Date.now() + lockTimeoutMs;
   for (;;) {
     const done = readRecord(entry, digest);
     if (done !== undefined) return { record: done, fresh: false };
-    try {
-      closeSync(openSync(lock, 'wx', 0o644));
-      writeFileSync(lock, String(process.pid));
-      break;
-    } catch (error) {
-      if ((error as NodeJS.ErrnoException).code !== 'EEXIST') throw error;
-    }
-    if (lockHolderGone(lock)) {
-      try {
-        unlinkSync(lock);
-      } catch {
-        // another waiter took it away first
-      }
-      continue;
-    }
     // (a holder that died left its temp directory: removed by the next one to take the lock)
-    if (Date.now() > deadline) throw new RolloutError({ code: 'UNAVAILABLE', message: `image ${reference}: still being unpacked by another process (${lock})`, retryable: true });
+    if (tryLock(lockFile)) break;
+    if (Date.now() > deadline) throw new RolloutError({ code: 'UNAVAILABLE', message: `image ${reference}: still being unpacked by another process (${lockFile})`, retryable: true });
     await new Promise((resolve) => setTimeout(resolve, 100));
   }
+  let slot: string | undefined;
   const tempPrefix = `.tmp-${basename(entry)}-`;
   const temp = join(cacheDir, `${tempPrefix}${randomBytes(6).toString('hex')}`);
   try {
@@ -274,6 +322,8 @@ async function unpackOnce(
     if (done !== undefined) return { record: done, fresh: false };
     // an entry without a valid sealed record is not one of ours (entries appear complete, by rename)
     await rm(entry, { recursive: true, force: true });
+    // first uses of different images on this host (every process sharing the cache) are bounded
+    slot = await takeUnpackSlot(cacheDir, slots, deadline, `image ${reference}`);
     mkdirSync(temp, { mode: 0o700 });
     if (unpackAs !== undefined) chownSync(temp, unpackAs.uid, unpackAs.gid);
     const rootfs = join(temp, 'rootfs');
@@ -283,17 +333,14 @@ async function unpackOnce(
     chmodSync(temp, 0o700);
     const config = readConfig(rootfs);
     const sealReport = await sealRootfs(reference, rootfs);
-    const record: CacheRecord = { reference, digest, config, sealed: SEAL_VERSION, sealReport };
+    const record: CacheRecord = { reference, digest, config, sealed: SEAL_VERSION, sealReport, bytes: await measureBytes(temp) };
     writeFileSync(join(temp, 'image.json'), JSON.stringify(record, null, 2));
     renameSync(temp, entry);
     return { record, fresh: true };
   } finally {
     await rm(temp, { recursive: true, force: true });
-    try {
-      unlinkSync(lock);
-    } catch {
-      // already gone
-    }
+    if (slot !== undefined) unlock(slot);
+    unlock(lockFile);
   }
 }
 
@@ -323,27 +370,4 @@ async function sealRootfs(reference: string, rootfs: string): Promise<SealReport
   const left = await find(['(', '-type', 'b', '-o', '-type', 'c', '-o', '-type', 'p', '-o', '-type', 's', '-o', '(', '!', '-type', 'l', '-perm', '/6022', ')', ')', '-print0'], 'checking the seal');
   if (left.length > 0) throw imageError(reference, `cannot seal the image: ${left.slice(0, 5).map((p) => p.slice(rootfs.length)).join(', ')} still unsafe`);
   return { removed: removed.slice(0, 100).map((path) => path.slice(rootfs.length) || '/'), setid: setid.length, writable: writable.length };
-}
-
-function lockHolderGone(lock: string): boolean {
-  let pid: number;
-  try {
-    pid = Number(readFileSync(lock, 'utf8'));
-  } catch {
-    return false;
-  }
-  if (!Number.isInteger(pid) || pid <= 0) {
-    // written between open and write: give it a moment, unless it has been like this long
-    try {
-      return Date.now() - statSync(lock).mtimeMs > 10_000;
-    } catch {
-      return false;
-    }
-  }
-  try {
-    process.kill(pid, 0);
-    return false;
-  } catch (error) {
-    return (error as NodeJS.ErrnoException).code === 'ESRCH';
-  }
 }

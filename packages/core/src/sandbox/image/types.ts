@@ -50,6 +50,11 @@ export interface ResolvedImage {
   config: ImageConfig;
   /** True when this call unpacked the image (false when the cache already held it). */
   unpacked: boolean;
+  /**
+   * With `hold`: ends this use of the entry (a sandbox on it closed); until then no eviction
+   * removes it, in this process or another sharing the cache. Idempotent.
+   */
+  release?: () => void;
 }
 
 export interface ResolveImageOptions {
@@ -67,4 +72,22 @@ export interface ResolveImageOptions {
    * provider's default sandbox user)
    */
   unpackAs?: { uid: number; gid: number };
+  /**
+   * The cache's cap in bytes (du of the entries). After an unpack, and at the first resolve in a
+   * cache, entries least recently used go until the cache is under it, never one in use (held, by
+   * any process sharing the cache) nor one being unpacked; an image in use may keep the cache over
+   * it. @default $ROLLSERVE_IMAGE_CACHE_MAX (`200G`, `512M`, bytes), else no cap
+   */
+  maxCacheBytes?: number;
+  /**
+   * First uses (unpacks) of different images at once, on this host, across every process sharing
+   * the cache (lock files of the cache). @default $ROLLSERVE_IMAGE_UNPACKS, else 2
+   */
+  maxConcurrentUnpacks?: number;
+  /**
+   * Hold the entry for the caller (a sandbox running on it) until `release()` of the result: no
+   * eviction removes it meanwhile. Without it, a resolve marks the entry used and holds nothing.
+   * @default false
+   */
+  hold?: boolean;
 }
