@@ -1,5 +1,5 @@
-import { existsSync, readFileSync, readdirSync, readlinkSync, writeFileSync } from 'node:fs';
-import { join, resolve } from 'node:path';
+import { existsSync, mkdirSync, readFileSync, readdirSync, readlinkSync, writeFileSync } from 'node:fs';
+import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { slurmMissing, startTestSlurm, type TestSlurm } from '@rollserve/testing';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -153,6 +153,36 @@ describe.skipIf(missing !== undefined)('single-host Slurm test cluster', () => {
       await slurm.cancel(id);
       await slurm.waitFor('4 nodes to leave on SIGTERM', () => fake.lines('term').length === 4, { timeoutMs: 60_000 });
       await slurm.waitFor('the array to end', async () => (await slurm.jobs(id)).every((t) => t.state === 'CANCELLED'), { timeoutMs: 60_000 });
+    }, 240_000);
+
+    it("rollserve-nodes.sbatch as the README submits it (no ROLLSERVE_BIN, rollserve not on PATH): runs the checkout's CLI, or fails saying so", async () => {
+      // a checkout whose CLI is a stand-in that records how it was started (node runs it, as it runs the real one)
+      const checkout = join(slurm.jobsDir, 'checkout');
+      const log = join(slurm.jobsDir, 'checkout-cli.log');
+      mkdirSync(join(checkout, 'packages', 'cli', 'bin'), { recursive: true });
+      writeFileSync(log, '');
+      writeFileSync(join(checkout, 'packages', 'cli', 'bin', 'rollserve.js'), [
+        "import { appendFileSync } from 'node:fs';",
+        `appendFileSync(${JSON.stringify(log)}, \`start \${process.argv.slice(2).join(' ')}\\n\`);`,
+        "process.on('SIGTERM', () => process.exit(0));",
+        'setInterval(() => {}, 1000);',
+        '',
+      ].join('\n'));
+      writeFileSync(join(checkout, 'package.json'), '{"type":"module"}\n');
+      const path = `${dirname(process.execPath)}:/usr/bin:/bin`; // node, and no rollserve
+      const base = { ROLLSERVE_SERVICE: 'http://127.0.0.1:9/', ROLLSERVE_NODE_ARGS: '--init 1', PATH: path };
+      const id = await slurm.sbatch(['--array=1-1', '-D', checkout, '-o', '/dev/null', join(repoRoot, 'deploy/slurm/rollserve-nodes.sbatch')], { env: base });
+      await slurm.waitFor("the checkout's CLI started", () => readFileSync(log, 'utf8').includes('start '), { timeoutMs: 120_000 });
+      expect(readFileSync(log, 'utf8').trim()).toBe('start node --service http://127.0.0.1:9/ --init 1');
+      await slurm.cancel(id);
+
+      // elsewhere, the task fails at once and its output says what to set
+      const elsewhere = join(slurm.jobsDir, 'not-a-checkout');
+      mkdirSync(elsewhere, { recursive: true });
+      const out = join(elsewhere, 'task.out');
+      const failed = await slurm.sbatch(['-D', elsewhere, '-o', out, join(repoRoot, 'deploy/slurm/rollserve-nodes.sbatch')], { env: base });
+      await slurm.waitFor('the task to fail', async () => (await slurm.jobs(failed)).every((t) => t.state === 'FAILED'), { timeoutMs: 120_000 });
+      expect(readFileSync(out, 'utf8')).toMatch(/rollserve is not on PATH .* set ROLLSERVE_BIN/);
     }, 240_000);
 
     it('nodes-in-allocation.sh: a step per host, so a failed host ends only its own node', async () => {
