@@ -1,4 +1,5 @@
 import { spawn } from 'node:child_process';
+import { availableParallelism } from 'node:os';
 import { join } from 'node:path';
 import type { Environment } from '@rollserve/core';
 import { serveFetch } from '@rollserve/core/gym';
@@ -107,7 +108,9 @@ describe('rollserve node', () => {
     const sandboxes = await sandboxDir(resources);
     const cli = startCli(['--id', 'orphan-to-be', '--run', '1', '--service-lost-s', '2'], { ROLLSERVE_SERVICE: service.url, ROLLSERVE_TOKEN: TOKEN, TMPDIR: sandboxes });
     await until(() => cli.out.stdout.includes('registered') || cli.child.exitCode !== null);
-    expect(cli.out.stdout).toMatch(/^node orphan-to-be registered/);
+    // pools not given are sized to this host's cores (README, "HPC": size a node's pools to its cores)
+    const cores = availableParallelism();
+    expect(cli.out.stdout).toMatch(new RegExp(`^node orphan-to-be registered with .* \\(init ${Math.min(64, 4 * cores)}, run 1, eval ${Math.min(32, 2 * cores)};`));
     await service.stop();
     expect(await cli.exited).toEqual({ code: 3, signal: null });
     expect(cli.out.stderr).toMatch(/^rollserve node: the service at .* has not answered for \d+ s .*; exiting$/m);

@@ -1,3 +1,4 @@
+import { availableParallelism } from 'node:os';
 import { defineCommand } from 'citty';
 import { pino } from 'pino';
 import { RolloutError } from '@rollserve/core';
@@ -14,9 +15,9 @@ export default defineCommand({
     service: { type: 'string', description: 'The central rollout service, http://host:8100 (also ROLLSERVE_SERVICE)' },
     token: { type: 'string', description: 'Its bearer token: its --node-token when it has one, else its --token (also ROLLSERVE_TOKEN)' },
     id: { type: 'string', description: 'Node id, kept across re-registrations (default: <host>-<SLURM_JOB_ID or pid>-<random>)' },
-    init: { type: 'string', description: 'INIT worker slots (sandbox start-up)', default: '64' },
-    run: { type: 'string', description: 'RUN worker slots (agent loops)', default: '512' },
-    eval: { type: 'string', description: 'EVAL worker slots (verification)', default: '32' },
+    init: { type: 'string', description: 'INIT worker slots (sandbox start-up; default: 4 per core, at most 64)' },
+    run: { type: 'string', description: 'RUN worker slots (agent loops; default: 64 per core, at most 512)' },
+    eval: { type: 'string', description: 'EVAL worker slots (verification; default: 2 per core, at most 32)' },
     'max-rollouts': { type: 'string', description: 'Rollouts held at once (default: --init + --run)' },
     'host-label': { type: 'string', description: 'Host name to register with (default: this host\'s name)' },
     'service-lost-s': { type: 'string', description: 'Exit (status 3, sandboxes killed) when the service has not answered for this long', default: '300' },
@@ -28,10 +29,13 @@ export default defineCommand({
     const installed = listInstalledEnvironments();
     if (installed.length === 0) throw new Error('no environments installed');
     const environments = await Promise.all(installed.map((env) => loadEnvironment(env.dir)));
+    // Pools sized to this host's cores unless given: a sandbox with a Python kernel costs ~0.4 s of
+    // CPU to start, and a node starved of CPU past the node timeout cannot heartbeat (README, "HPC").
+    const cores = availableParallelism();
     const pools = {
-      init: numberFlag('init', args.init, { integer: true, min: 1 })!,
-      run: numberFlag('run', args.run, { integer: true, min: 1 })!,
-      eval: numberFlag('eval', args.eval, { integer: true, min: 1 })!,
+      init: numberFlag('init', args.init, { integer: true, min: 1 }) ?? Math.min(64, 4 * cores),
+      run: numberFlag('run', args.run, { integer: true, min: 1 }) ?? Math.min(512, 64 * cores),
+      eval: numberFlag('eval', args.eval, { integer: true, min: 1 }) ?? Math.min(32, 2 * cores),
     };
     const maxRollouts = numberFlag('max-rollouts', args['max-rollouts'], { integer: true, min: 1 });
     const serviceLostMs = numberFlag('service-lost-s', args['service-lost-s'], { min: 0.1 })! * 1000;
