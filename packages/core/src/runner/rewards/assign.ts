@@ -86,5 +86,7 @@ export function assignSampleCredit(result: RolloutResult, settings: CreditSettin
   const final = result.filter || success || groupSize < 2 || settings.shaping.alpha === 0;
   scoreTurns(result.turns, result.reward, settings, final ? 0 : null);
   result.credit = creditRecord(settings);
+  // a group of one is whole already: its shaping is the 0 its turns say, not unknown
+  if (groupSize < 2) result.credit.shaping = { value: 0, similarity: null, successes: success && !result.filter ? 1 : 0 };
   for (const turn of result.turns) turn.normalized_return = null;
 }

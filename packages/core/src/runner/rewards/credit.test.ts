@@ -181,6 +181,15 @@ describe('group credit (GTPO)', () => {
     expect(s.credit!.stats).toEqual([{ turn: null, count: 2, mean: expect.closeTo(0.75, 10), std: expect.closeTo(0.25, 10) }]);
   });
 
+  it('gives a group of one the shaping its turns say: 0, with its own success counted (issue 27: it said null)', async () => {
+    const alone = ranThenAnswered('a', 1, 'x = 1');
+    const failed = ranThenAnswered('b', 0, 'x = 1');
+    for (const r of [alone, failed]) assignSampleCredit(r, CreditConfig.parse({}), 1);
+    expect(alone.credit!.shaping).toEqual({ value: 0, similarity: null, successes: 1 });
+    expect(failed.credit!.shaping).toEqual({ value: 0, similarity: null, successes: 0 });
+    expect(failed.turns.at(-1)!.rewards.shaping).toBe(0);
+  });
+
   it('records a clear error and gives no advantages when the similarity fails', async () => {
     const down: CodeSimilarity = {
       matrix: () => Promise.reject(new Error('embeddings endpoint http://127.0.0.1:9/v1/embeddings: unreachable (ECONNREFUSED)')),
