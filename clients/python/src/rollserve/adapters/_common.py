@@ -3,7 +3,7 @@ sample in the caller's order."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional
 
 from ..aio import AsyncClient
 from ..models import Submission, TrainingView
@@ -57,7 +57,3 @@ def usable(view: TrainingView) -> Optional[str]:
     if view.response_ids is None or view.prompt_ids is None:
         return f"rollout {view.id} has no token sequence: {view.sequence_error}"
     return None
-
-
-def first(values: Sequence[Any], default: Any = None) -> Any:
-    return values[0] if values else default

@@ -78,6 +78,8 @@ class RolloutServiceGenerator(GeneratorInterface):
         self.rewards = rewards
         self.unusable = unusable
         self.pad_token_id = pad_token_id
+        #: The rollout ids of the last ``generate``, in output order (to look a sample up in the service).
+        self.last_rollout_ids: List[str] = []
 
     def make_task(self, prompt: Any, env_class: str, extras: Optional[Mapping[str, Any]], sampling_params: Optional[Mapping[str, Any]], n: int) -> Dict[str, Any]:
         extras = extras or {}
@@ -96,6 +98,7 @@ class RolloutServiceGenerator(GeneratorInterface):
             tasks.append(task)
         submitted = await self.client.submit(tasks)
         views = await training_views(self.client, submitted)
+        self.last_rollout_ids = [view.id for view in views]
         output = to_skyrl(views, rewards=self.rewards, unusable=self.unusable, pad_token_id=self.pad_token_id)
         if trajectory_ids:
             # SkyRL's own ids back, as its trainer matches them to the batch.
