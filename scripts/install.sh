@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs everything rollserve needs on a Debian/Ubuntu machine that has Node 20.19+:
 # system packages (bubblewrap for the sandboxes, python3 with IPython and pytest for the Python
-# tool and the SWE environment, git, patch and tmux; skopeo, umoci and squashfs-tools for container
-# images; postgresql for the store's tests; slurm-wlm and munge for the Slurm tests),
-# pnpm, the workspace's dependencies, and the build. Safe to run again.
+# tool and the SWE environment, numpy for the Python client's training batches, git, patch and
+# tmux; skopeo, umoci and squashfs-tools for container images; postgresql for the store's tests;
+# slurm-wlm and munge for the Slurm tests), pnpm, the workspace's dependencies, and the build. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -41,6 +41,8 @@ command -v munged >/dev/null 2>&1 || [ -x /usr/sbin/munged ] || missing+=(munge)
 # Sandboxes run the system's python3 (not a pyenv or venv one): the SWE environment's tests need
 # pytest there.
 /usr/bin/python3 -c 'import pytest' >/dev/null 2>&1 || missing+=(python3-pytest)
+# The Python client's training batches (rollserve.training) are numpy arrays; its tests run there.
+/usr/bin/python3 -c 'import numpy' >/dev/null 2>&1 || missing+=(python3-numpy)
 # The Python tool uses IPython's InteractiveShell where the sandbox's Python has it.
 /usr/bin/python3 -c 'import IPython' >/dev/null 2>&1 || missing+=(python3-ipython)
 if [ ${#missing[@]} -gt 0 ]; then

@@ -9,6 +9,7 @@ const BENCHES: Record<string, () => Promise<{ default: () => Promise<void> }>> =
   swe: () => import('./swe.ts'),
   submit: () => import('./submit.ts'),
   'python-client': () => import('./python-client.ts'),
+  'training-batch': () => import('./training-batch.ts'),
   start: () => import('./start.ts'),
   images: () => import('./images.ts'),
   store: () => import('./store.ts'),

@@ -1,6 +1,8 @@
-"""Time of ``rollserve.training.build_batch`` over synthetic training views (parsed JSON, as the
-client holds them): ``python3 training_batch.py [samples] [tokens]`` prints one JSON line.
-`pnpm bench training-batch` runs it with 1,024 samples of 8k tokens."""
+"""Time of ``rollserve.training.build_batch`` over synthetic training views shaped as the service's
+(multi-turn: generations with logprobs, tool outputs between them, per-turn advantages), parsed
+from JSON as the client holds them: ``python3 training_batch.py [samples] [tokens]`` builds the
+batch five times and prints one JSON line. `pnpm bench training-batch` runs it with 1,024 samples
+of 8k tokens."""
 
 from __future__ import annotations
 
@@ -57,7 +59,7 @@ def main() -> None:
         seconds.append(time.perf_counter() - started)
         cpu.append(time.process_time() - started_cpu)
     shape = list(batch.batch["input_ids"].shape)
-    print(json.dumps({"samples": samples, "tokens": tokens, "shape": shape, "seconds": seconds, "cpu_seconds": cpu, "best": min(seconds), "best_cpu": min(cpu)}))
+    print(json.dumps({"samples": samples, "tokens": tokens, "shape": shape, "seconds": seconds, "cpu_seconds": cpu}))
 
 
 if __name__ == "__main__":
