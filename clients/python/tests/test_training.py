@@ -115,7 +115,7 @@ def check_batch(batch: TrainingBatch, rows: List[rollserve.TrainingView], *, adv
             assert batch.non_tensor_batch[name][i] == view.raw.get(name), name
         cut = len(view.prompt_ids or []) > P or len(view.response_ids or []) > R
         assert batch.non_tensor_batch["truncated"][i] is (bool(view.raw.get("truncated")) or cut)
-        tool_answers = sum(1 for t in view.turns if t["tool_calls"])
+        tool_answers = sum(len(t["tool_calls"]) for t in view.turns)
         assert batch.non_tensor_batch["__num_turns__"][i] == 1 + len(view.turns) + tool_answers
 
 

@@ -24,10 +24,10 @@ def _raw(view: ViewLike) -> Mapping[str, Any]:
     return view.raw if isinstance(view, TrainingView) else view
 
 
-def _num_turns(raw: Mapping[str, Any]) -> int:
+def num_turns_of(raw: Mapping[str, Any]) -> int:
     """verl's ``num_turns``: the user message, each assistant message and each tool answer."""
     turns = raw.get("turns") or []
-    return 1 + len(turns) + sum(1 for t in turns if t.get("tool_calls"))
+    return 1 + len(turns) + sum(len(t.get("tool_calls") or []) for t in turns)
 
 
 # Lists of Python numbers become arrays through the array module (a C loop over the list, about
@@ -233,7 +233,7 @@ def build_batch(
         "weight_version_max": objects([r.get("weight_version_max") for r in kept]),
         "finish_reason": objects([r.get("finish_reason") for r in kept]),
         "truncated": objects(truncated),
-        "__num_turns__": np.array([_num_turns(r) for r in kept], dtype=np.int32),
+        "__num_turns__": np.array([num_turns_of(r) for r in kept], dtype=np.int32),
     }
     result = TrainingBatch(batch, non_tensor_batch, {"pad_token_id": pad_token_id, "prompt_length": P, "response_length": R, "dropped": dropped})
     return result.to_torch() if return_tensors == "pt" else result

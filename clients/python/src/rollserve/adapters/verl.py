@@ -33,6 +33,7 @@ from typing import Any, ClassVar, Dict, List, Mapping, Optional
 
 from ..aio import AsyncClient
 from ..models import TrainingView
+from ..training import num_turns_of
 from ._common import make_task, training_views, usable
 
 try:
@@ -169,7 +170,7 @@ class RolloutServiceAgentLoop(AgentLoopBase):
             response_mask=view.response_mask[:end],
             response_logprobs=None if view.response_logprobs is None else view.response_logprobs[:end],
             reward_score=float(view.reward),
-            num_turns=1 + len(turns) + sum(1 for t in turns if t.get("tool_calls")),
+            num_turns=num_turns_of(raw),
             # The service times each stage, not verl's split between generation and tools.
             metrics=AgentLoopMetrics(generate_sequences=seconds, tool_calls=0.0),
             extra_fields={
