@@ -117,10 +117,6 @@ class NemoGymAgentClient:
         body = {k: v for k, v in row.items() if k != "_rowidx"}
         return await asyncio.to_thread(self._post, "/run", body)
 
-    async def aggregate_metrics(self, verify_responses: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
-        """``POST /aggregate_metrics`` of verify responses (the environment's metrics)."""
-        return await asyncio.to_thread(self._post, "/aggregate_metrics", {"verify_responses": list(verify_responses)})
-
     async def run_rollouts(self, examples: Sequence[Mapping[str, Any]]) -> Tuple[List[Dict[str, Any]], Dict[str, float]]:
         """What NeMo-RL's ``NemoGym.run_rollouts`` returns: one NeMo-RL result per row, in the
         rows' order (``_rowidx`` when the rows carry it), and timing metrics."""
