@@ -6,7 +6,7 @@ import { RolloutState, RolloutTask, RolloutView, SubmitBatch, SubmitRequest, VLL
 import type { ApiContext } from './context.ts';
 import { suggest } from '../errors.ts';
 import { parse } from './parse.ts';
-import { errorResponses, TrainingView, ViewParam, wantsTrainingView } from './wire.ts';
+import { errorResponses, MaxResponseTokens, TrainingView, trainingViewOptions, ViewParam, wantsTrainingView } from './wire.ts';
 
 const NO_BACKEND = 'add one with POST /v1/llm-backends or --llm';
 
@@ -107,7 +107,7 @@ const getRoute = createRoute({
   method: 'get',
   path: '/v1/rollouts/{id}',
   summary: 'One rollout, or for a task id its group; `view=training` gives what a loss needs (finished rollouts only; null for unfinished members of a group)',
-  request: { params: IdParam, query: z.object({ view: ViewParam }) },
+  request: { params: IdParam, query: z.object({ view: ViewParam, max_response_tokens: MaxResponseTokens }) },
   responses: {
     200: {
       description: 'The rollout (RolloutView), its task (TaskRollouts), or with `view=training` their training views',
@@ -194,18 +194,20 @@ export function rolloutsApi({ service }: ApiContext, warnings: BackendWarnings):
 
   app.openapi(getRoute, async (c) => {
     const { id } = c.req.valid('param');
-    const training = wantsTrainingView(c.req.valid('query').view);
+    const query = c.req.valid('query');
+    const training = wantsTrainingView(query.view);
+    const viewOptions = trainingViewOptions(training, query.max_response_tokens);
     const view = await service.get(id);
     if (view) {
       if (!training) return c.json(view, 200);
       if (!view.result) throw new RolloutError({ code: 'CONFLICT', message: `rollout "${id}" has not finished (state ${view.state})`, retryable: true });
-      return c.json(trainingView(view.result), 200);
+      return c.json(trainingView(view.result, viewOptions), 200);
     }
     const members = await service.taskRollouts(id);
     if (!members) throw new RolloutError({ code: 'NOT_FOUND', message: `no rollout or task "${id}"` });
     const views = await Promise.all(members.map(async (m) => (await service.get(m))!));
     if (!training) return c.json({ task_id: id, rollouts: views }, 200);
-    return c.json({ task_id: id, rollouts: views.map((v) => (v.result ? trainingView(v.result) : null)) }, 200);
+    return c.json({ task_id: id, rollouts: views.map((v) => (v.result ? trainingView(v.result, viewOptions) : null)) }, 200);
   });
 
   app.openapi(deleteRoute, async (c) => {

@@ -10,7 +10,7 @@ import type { RolloutService } from '../service/service.ts';
 import { RolloutGroup, RolloutResult } from '../protocol/rollout.ts';
 import { DEFAULT_STREAM_KEEP_ALIVE_MS, type ApiContext } from './context.ts';
 import { trainingView } from '../protocol/training-view.ts';
-import { errorResponses, toTrainingGroup, TrainingGroup, TrainingView, ViewParam, wantsTrainingView } from './wire.ts';
+import { errorResponses, MaxResponseTokens, toTrainingGroup, TrainingGroup, TrainingView, trainingViewOptions, ViewParam, wantsTrainingView } from './wire.ts';
 
 const Format = z
   .string()
@@ -25,6 +25,7 @@ const StreamRequest = z
     ids: z.array(z.string().min(1)).min(1).openapi({ description: 'Rollout or task ids (a task id stands for all its samples)' }),
     format: z.enum(['ndjson', 'sse']).optional().openapi({ description: 'NDJSON by default, SSE with `sse` or `Accept: text/event-stream`' }),
     view: ViewParam,
+    max_response_tokens: MaxResponseTokens,
   })
   .openapi('StreamRequest');
 
@@ -44,7 +45,7 @@ const streamRoute = createRoute({
   path: '/v1/rollouts/stream',
   summary:
     'Results as they complete: NDJSON (default) or SSE (`format=sse` or Accept: text/event-stream). With `ids`, the stream includes those already finished and ends when all are.',
-  request: { query: z.object({ ids: Ids.optional(), format: Format, view: ViewParam }) },
+  request: { query: z.object({ ids: Ids.optional(), format: Format, view: ViewParam, max_response_tokens: MaxResponseTokens }) },
   responses: { 200: RESULTS_200, ...errorResponses(400, 401, 404, 422) },
 });
 
@@ -61,7 +62,9 @@ const groupsRoute = createRoute({
   path: '/v1/rollouts/groups/stream',
   summary:
     'Whole groups as they complete: each task once all its samples have finished, advantages and credit filled. NDJSON (default) or SSE; ends when every task named was sent.',
-  request: { query: z.object({ ids: Ids.min(1).openapi({ description: 'Comma-separated task ids (many: POST them)' }), format: Format, view: ViewParam }) },
+  request: {
+    query: z.object({ ids: Ids.min(1).openapi({ description: 'Comma-separated task ids (many: POST them)' }), format: Format, view: ViewParam, max_response_tokens: MaxResponseTokens }),
+  },
   responses: { 200: GROUPS_200, ...errorResponses(400, 401, 404, 422) },
 });
 
@@ -325,35 +328,39 @@ export function streamApi({ service, options }: ApiContext): OpenAPIHono {
 
   // `ids` (rollout or task ids) narrows the stream and ends it once all of them are finished,
   // results already finished included.
-  const results = async (c: Context, ids: readonly string[], format: 'ndjson' | 'sse', view: string | undefined) => {
-    const wire = wantsTrainingView(view) ? trainingView : (result: RolloutResult) => result;
+  const results = async (c: Context, ids: readonly string[], format: 'ndjson' | 'sse', view: string | undefined, cap: number | undefined) => {
+    const training = wantsTrainingView(view);
+    const viewOptions = trainingViewOptions(training, cap);
+    const wire = training ? (result: RolloutResult) => trainingView(result, viewOptions) : (result: RolloutResult) => result;
     const wanted = await resultsOf(service, ids);
     const aborted = clientGone(c);
     return send(c, format, keepAliveMs, aborted, { event: 'result', id: (result) => result.id, wire }, (sink) => pumpResults(service, wanted, sink, aborted));
   };
   app.openapi(streamRoute, (c) => {
     const query = c.req.valid('query');
-    return results(c, splitIds(query.ids), formatOf(c, query.format), query.view);
+    return results(c, splitIds(query.ids), formatOf(c, query.format), query.view, query.max_response_tokens);
   });
   app.openapi(streamPostRoute, (c) => {
     const body = c.req.valid('json');
-    return results(c, body.ids, formatOf(c, body.format), body.view);
+    return results(c, body.ids, formatOf(c, body.format), body.view, body.max_response_tokens);
   });
 
   // Whole groups, with the group's advantages and credit filled in (what a GRPO/GTPO trainer consumes).
-  const groups = async (c: Context, ids: readonly string[], format: 'ndjson' | 'sse', view: string | undefined) => {
-    const wire = wantsTrainingView(view) ? toTrainingGroup : (group: RolloutGroup) => group;
+  const groups = async (c: Context, ids: readonly string[], format: 'ndjson' | 'sse', view: string | undefined, cap: number | undefined) => {
+    const training = wantsTrainingView(view);
+    const viewOptions = trainingViewOptions(training, cap);
+    const wire = training ? (group: RolloutGroup) => toTrainingGroup(group, viewOptions) : (group: RolloutGroup) => group;
     const tasks = await groupsOf(service, ids);
     const aborted = clientGone(c);
     return send(c, format, keepAliveMs, aborted, { event: 'group', id: (group) => group.task_id, wire }, (sink) => pumpGroups(service, tasks, sink, aborted));
   };
   app.openapi(groupsRoute, (c) => {
     const query = c.req.valid('query');
-    return groups(c, splitIds(query.ids), formatOf(c, query.format), query.view);
+    return groups(c, splitIds(query.ids), formatOf(c, query.format), query.view, query.max_response_tokens);
   });
   app.openapi(groupsPostRoute, (c) => {
     const body = c.req.valid('json');
-    return groups(c, body.ids, formatOf(c, body.format), body.view);
+    return groups(c, body.ids, formatOf(c, body.format), body.view, body.max_response_tokens);
   });
 
   return app;
