@@ -3,6 +3,7 @@ import { RolloutError } from '../errors.ts';
 import type { SubmittedTask } from '../service/service.ts';
 import { trainingView } from '../protocol/training-view.ts';
 import { RolloutState, RolloutTask, RolloutView, SubmitBatch, SubmitRequest, VLLM_SAMPLING_KEYS } from '../protocol/rollout.ts';
+import { SamplingStatus } from '../protocol/sampling.ts';
 import type { ApiContext } from './context.ts';
 import { suggest } from '../errors.ts';
 import { parse } from './parse.ts';
@@ -59,6 +60,12 @@ const Submitted = z
     ),
     /** What will keep these rollouts from running, e.g. no policy backend. */
     warnings: z.array(z.string()),
+    /**
+     * With `dynamic_sampling`: the sampling as it stands once its first groups are stored (`tasks`
+     * lists those; the rest start as groups are judged). Follow it with GET
+     * /v1/rollouts/sampling/{id} and its stream.
+     */
+    sampling: SamplingStatus.optional(),
   })
   .openapi('Submitted');
 
@@ -166,9 +173,17 @@ export function rolloutsApi({ service }: ApiContext, warnings: BackendWarnings):
       const request = c.req.valid('json');
       const tasks = 'tasks' in request ? request.tasks : [request];
       checkSampling(tasks, 'tasks' in request);
-      const submitted = await service.submit(tasks);
+      const dynamic = 'tasks' in request ? request.dynamic_sampling : undefined;
+      const started = dynamic ? await service.sample(tasks, dynamic) : undefined;
+      const submitted = started ? started.submitted : await service.submit(tasks);
+      // a sampling's warnings are of the tasks it started
+      const startedTasks = started ? submitted.map((s) => started.sampling.task(s.taskId)!) : tasks;
       return c.json(
-        { tasks: submitted.map((t) => ({ task_id: t.taskId, rollout_ids: t.rolloutIds, existing: t.existing })), warnings: warnings.submitted(tasks, submitted) },
+        {
+          tasks: submitted.map((t) => ({ task_id: t.taskId, rollout_ids: t.rolloutIds, existing: t.existing })),
+          warnings: warnings.submitted(startedTasks, submitted),
+          ...(started ? { sampling: started.sampling.status() } : {}),
+        },
         202,
       );
     },
