@@ -177,7 +177,7 @@ export function rolloutsApi({ service }: ApiContext, warnings: BackendWarnings):
       const started = dynamic ? await service.sample(tasks, dynamic) : undefined;
       const submitted = started ? started.submitted : await service.submit(tasks);
       // a sampling's warnings are of the tasks it started
-      const startedTasks = started ? submitted.map((s) => started.sampling.task(s.taskId)!) : tasks;
+      const startedTasks = started ? started.submitted.map((s) => s.task) : tasks;
       return c.json(
         {
           tasks: submitted.map((t) => ({ task_id: t.taskId, rollout_ids: t.rolloutIds, existing: t.existing })),

@@ -15,6 +15,9 @@ export interface DynamicSamplerOptions {
   cancel: (id: string) => Promise<unknown>;
 }
 
+/** A group a sampling started, and its task. */
+export type Started = SubmittedTask & { task: RolloutTask };
+
 /** Finished samplings remembered (their status and stream), the oldest forgotten first. */
 const KEEP_FINISHED = 1_000;
 
@@ -32,7 +35,9 @@ export function groupOutcome(results: readonly RolloutResult[], metric: DynamicS
 export class Sampling {
   readonly id: string;
   readonly settings: { groups: number; maxGroups: number; maxInFlight: number; metric: DynamicSampling['metric'] };
-  readonly #pool: readonly RolloutTask[];
+  /** The pool, let go of once the sampling ends (finished samplings are remembered for their status). */
+  #pool: readonly RolloutTask[];
+  readonly #poolSize: number;
   /** Next task of the pool to start. */
   #next = 0;
   /** Every group started, in order, and its outcome so far. */
@@ -50,14 +55,10 @@ export class Sampling {
   constructor(id: string, pool: readonly RolloutTask[], options: DynamicSampling) {
     this.id = id;
     this.#pool = pool;
+    this.#poolSize = pool.length;
     const maxInFlight = options.max_in_flight ?? options.groups;
     this.settings = { groups: options.groups, maxGroups: Math.min(options.max_groups ?? pool.length, pool.length), maxInFlight, metric: options.metric };
     this.events.setMaxListeners(0);
-  }
-
-  /** A task of the pool by id. */
-  task(id: string): RolloutTask | undefined {
-    return this.#pool.find((task) => task.id === id);
   }
 
   get finished(): boolean {
@@ -71,6 +72,12 @@ export class Sampling {
     const needed = groups - this.kept.length + Math.max(0, maxInFlight - groups);
     if (this.open.size >= Math.min(maxInFlight, needed)) return undefined;
     return this.#pool[this.#next++];
+  }
+
+  /** The sampling has ended: nothing more starts. */
+  end(state: Exclude<SamplingStatus['state'], 'running'>): void {
+    this.state = state;
+    this.#pool = [];
   }
 
   /** No group runs and none may start: the sampling ends with what it kept. */
@@ -87,7 +94,7 @@ export class Sampling {
       max_groups: this.settings.maxGroups,
       max_in_flight: this.settings.maxInFlight,
       metric: this.settings.metric,
-      pool: this.#pool.length,
+      pool: this.#poolSize,
       tried: this.outcomes.size,
       kept: this.kept.length,
       dropped_all_equal: count('all_equal'),
@@ -134,14 +141,14 @@ export class DynamicSampler {
    * Starts a sampling over `pool` (tasks already checked, ids given): answers once its first
    * groups are stored, with them. A known sampling id answers that sampling and starts nothing.
    */
-  async start(pool: readonly RolloutTask[], options: DynamicSampling): Promise<{ sampling: Sampling; submitted: SubmittedTask[]; existing: boolean }> {
+  async start(pool: readonly RolloutTask[], options: DynamicSampling): Promise<{ sampling: Sampling; submitted: Started[]; existing: boolean }> {
     const id = options.id ?? randomUUID();
     const known = this.#samplings.get(id);
     if (known) return { sampling: known, submitted: [], existing: true };
     const sampling = new Sampling(id, pool, options);
     this.#samplings.set(id, sampling);
     this.#forgetOld();
-    const submitted: SubmittedTask[] = [];
+    const submitted: Started[] = [];
     await this.#enqueue(() => this.#fill(sampling, submitted));
     return { sampling, submitted, existing: false };
   }
@@ -162,7 +169,7 @@ export class DynamicSampler {
     this.#unsubscribe();
     for (const sampling of this.#samplings.values()) {
       if (sampling.finished) continue;
-      sampling.state = 'stopped';
+      sampling.end('stopped');
       sampling.error ??= 'the service stopped';
       sampling.events.emit('change');
     }
@@ -178,7 +185,7 @@ export class DynamicSampler {
   }
 
   /** Starts groups while the sampling may; `submitted` collects them. */
-  async #fill(sampling: Sampling, submitted: SubmittedTask[] = []): Promise<void> {
+  async #fill(sampling: Sampling, submitted: Started[] = []): Promise<void> {
     for (let task = sampling.nextTask(); task && !this.#closed; task = sampling.nextTask()) {
       const taskId = task.id!;
       sampling.outcomes.set(taskId, 'running');
@@ -193,7 +200,7 @@ export class DynamicSampler {
         await this.#end(sampling, 'stopped');
         return;
       }
-      submitted.push(started);
+      submitted.push({ ...started, task });
       sampling.open.set(taskId, new Set(started.rolloutIds));
       sampling.members.set(taskId, started.rolloutIds);
       for (const id of started.rolloutIds) this.#byRollout.set(id, { sampling, taskId });
@@ -233,7 +240,7 @@ export class DynamicSampler {
 
   /** Ends a sampling; its running groups are cancelled (their samples stay readable by id). */
   async #end(sampling: Sampling, state: Exclude<SamplingStatus['state'], 'running'>): Promise<void> {
-    sampling.state = state;
+    sampling.end(state);
     const running = [...sampling.open.keys()];
     const members = running.flatMap((taskId) => sampling.members.get(taskId) ?? []);
     for (const taskId of running) {

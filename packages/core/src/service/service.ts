@@ -24,7 +24,7 @@ import { RolloutRunner, type RolloutRunnerOptions, type StageName } from '../run
 import type { RolloutResult, RolloutState, RolloutTaskInput, RolloutView } from '../protocol/rollout.ts';
 import type { DynamicSampling } from '../protocol/sampling.ts';
 import { Commits } from './commits.ts';
-import { DynamicSampler, type Sampling } from './dynamic-sampling.ts';
+import { DynamicSampler, type Sampling, type Started } from './dynamic-sampling.ts';
 import { Feed } from './feed.ts';
 import { LOCAL, unavailable } from './lifecycle.ts';
 import { Coordinator } from './node-coordinator.ts';
@@ -272,7 +272,7 @@ export class RolloutService implements NodeCoordinator {
    * groups are informative (or `max_groups` were tried); answers once its first groups are stored.
    * The whole pool is checked first, as submit checks a batch.
    */
-  async sample(inputs: readonly RolloutTaskInput[], options: DynamicSampling): Promise<{ sampling: Sampling; submitted: SubmittedTask[]; existing: boolean }> {
+  async sample(inputs: readonly RolloutTaskInput[], options: DynamicSampling): Promise<{ sampling: Sampling; submitted: Started[]; existing: boolean }> {
     if (this.#closed) throw unavailable();
     const pool = this.#scheduler.validate(inputs).map((task) => (task.id ? task : { ...task, id: randomUUID() }));
     return this.#sampler.start(pool, options);
