@@ -184,29 +184,43 @@ export class DynamicSampler {
     return run;
   }
 
-  /** Starts groups while the sampling may; `submitted` collects them. */
+  /**
+   * Starts groups while the sampling may, those that may start together in one submit (one
+   * store transaction); `submitted` collects them.
+   */
   async #fill(sampling: Sampling, submitted: Started[] = []): Promise<void> {
-    for (let task = sampling.nextTask(); task && !this.#closed; task = sampling.nextTask()) {
-      const taskId = task.id!;
-      sampling.outcomes.set(taskId, 'running');
-      sampling.open.set(taskId, new Set());
-      let started: SubmittedTask;
+    while (!this.#closed) {
+      const batch: RolloutTask[] = [];
+      for (let task = sampling.nextTask(); task; task = sampling.nextTask()) {
+        batch.push(task);
+        sampling.outcomes.set(task.id!, 'running');
+        sampling.open.set(task.id!, new Set());
+      }
+      if (batch.length === 0) break;
+      let started: SubmittedTask[];
       try {
-        [started] = (await this.#options.submit([task])) as [SubmittedTask];
+        started = await this.#options.submit(batch);
       } catch (error) {
-        sampling.outcomes.delete(taskId);
-        sampling.open.delete(taskId);
-        sampling.error = `task "${taskId}" could not be started: ${(error as Error).message}`;
+        for (const task of batch) {
+          sampling.outcomes.delete(task.id!);
+          sampling.open.delete(task.id!);
+        }
+        sampling.error = `tasks ${batch.map((task) => `"${task.id}"`).join(', ')} could not be started: ${(error as Error).message}`;
         await this.#end(sampling, 'stopped');
         return;
       }
-      submitted.push({ ...started, task });
-      sampling.open.set(taskId, new Set(started.rolloutIds));
-      sampling.members.set(taskId, started.rolloutIds);
-      for (const id of started.rolloutIds) this.#byRollout.set(id, { sampling, taskId });
+      started.forEach((group, i) => {
+        submitted.push({ ...group, task: batch[i]! });
+        sampling.open.set(group.taskId, new Set(group.rolloutIds));
+        sampling.members.set(group.taskId, group.rolloutIds);
+        for (const id of group.rolloutIds) this.#byRollout.set(id, { sampling, taskId: group.taskId });
+      });
       // what finished before it was registered (a known task, a fast sample) is read back
-      const done = await this.#options.results(started.rolloutIds);
-      if (done.size > 0) await this.#finished(sampling, taskId, [...done.keys()], false);
+      const done = await this.#options.results(started.flatMap((group) => group.rolloutIds));
+      for (const group of started) {
+        const finished = group.rolloutIds.filter((id) => done.has(id));
+        if (finished.length > 0) await this.#finished(sampling, group.taskId, finished, false);
+      }
     }
     if (!sampling.finished && sampling.spent) await this.#end(sampling, sampling.kept.length >= sampling.settings.groups ? 'done' : 'exhausted');
   }
@@ -221,10 +235,9 @@ export class DynamicSampler {
     this.#release(sampling, taskId);
     // read back from the store: the group's credit was added when its last sample was stored
     const stored = await this.#options.results(members);
-    const outcome = groupOutcome(
-      members.map((id) => stored.get(id)!),
-      sampling.settings.metric,
-    );
+    // (a result pruned by retention in between counts as filtered: nothing to compare)
+    const results = members.map((id) => stored.get(id));
+    const outcome = results.every((r) => r !== undefined) ? groupOutcome(results as RolloutResult[], sampling.settings.metric) : 'filtered';
     sampling.outcomes.set(taskId, outcome);
     if (outcome === 'kept') sampling.kept.push(taskId);
     sampling.events.emit('change');
