@@ -149,7 +149,13 @@ export class DynamicSampler {
     this.#samplings.set(id, sampling);
     this.#forgetOld();
     const submitted: Started[] = [];
-    await this.#enqueue(() => this.#fill(sampling, submitted));
+    try {
+      await this.#enqueue(() => this.#fill(sampling, submitted, true));
+    } catch (error) {
+      // nothing of it was stored: the submit fails whole (a 503 while closing), and the same id may come again
+      this.#samplings.delete(id);
+      throw error;
+    }
     return { sampling, submitted, existing: false };
   }
 
@@ -186,9 +192,10 @@ export class DynamicSampler {
 
   /**
    * Starts groups while the sampling may, those that may start together in one submit (one
-   * store transaction); `submitted` collects them.
+   * store transaction); `submitted` collects them. `first`: a failure before anything was
+   * stored is thrown (the sampling's submit fails), not recorded.
    */
-  async #fill(sampling: Sampling, submitted: Started[] = []): Promise<void> {
+  async #fill(sampling: Sampling, submitted: Started[] = [], first = false): Promise<void> {
     while (!this.#closed) {
       const batch: RolloutTask[] = [];
       for (let task = sampling.nextTask(); task; task = sampling.nextTask()) {
@@ -205,6 +212,7 @@ export class DynamicSampler {
           sampling.outcomes.delete(task.id!);
           sampling.open.delete(task.id!);
         }
+        if (first && submitted.length === 0) throw error;
         sampling.error = `tasks ${batch.map((task) => `"${task.id}"`).join(', ')} could not be started: ${(error as Error).message}`;
         await this.#end(sampling, 'stopped');
         return;
