@@ -19,6 +19,7 @@ const BENCHES: Record<string, () => Promise<{ default: () => Promise<void> }>> =
   'body-flood': () => import('./body-flood.ts'),
   'heartbeat-flood': () => import('./heartbeat-flood.ts'),
   startup: () => import('./startup.ts'),
+  'dynamic-sampling': () => import('./dynamic-sampling.ts'),
 };
 
 const chosen = process.argv.slice(2);

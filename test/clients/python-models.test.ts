@@ -21,6 +21,7 @@ const MODELS: Record<string, string> = {
   Group: 'RolloutGroup',
   Page: 'RolloutPage',
   SubmittedTask: 'Submitted.properties.tasks.items',
+  Sampling: 'SamplingStatus',
 };
 /** Fields that are the client's own, not the service's. */
 // (SubmittedTask.warnings: the warnings of its batch's 202 that concern it, sorted out client-side)

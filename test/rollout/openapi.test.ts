@@ -267,6 +267,28 @@ describe('the OpenAPI document against real responses', () => {
     expect(metrics.text).toContain('rollserve_rollouts_finished_total');
   });
 
+  it('dynamic sampling: submit with its options, its status, its stream, stop, and their errors', async () => {
+    // every sample of a task scores the same here: each group is all-equal, the pool runs out
+    const pool = { tasks: [task('ds-o1', '1+1', '2', { n: 2 }), task('ds-o2', '2+2', '5', { n: 2 })], dynamic_sampling: { id: 'ds-o', groups: 1 } };
+    const submitted = await exercise('POST /v1/rollouts', '/v1/rollouts', { body: pool });
+    expect(submitted.json).toMatchObject({ tasks: [{ task_id: 'ds-o1' }], sampling: { id: 'ds-o', state: 'running', tried: 1 } });
+    expect((await exercise('POST /v1/rollouts', '/v1/rollouts', { body: { ...pool, dynamic_sampling: { groups: 3 } } })).status).toBe(422);
+    const ndjson = await exercise('GET /v1/rollouts/sampling/{id}/stream', '/v1/rollouts/sampling/ds-o/stream?view=training&max_response_tokens=4');
+    expect(ndjson.json).toMatchObject([{ sampling: { state: 'exhausted', tried: 2, kept: 0, dropped_all_equal: 2 } }]);
+    const sse = await exercise('GET /v1/rollouts/sampling/{id}/stream', '/v1/rollouts/sampling/ds-o/stream?format=sse');
+    expect(sse.json).toMatchObject([{ event: 'sampling' }, { event: 'end' }]);
+    expect((await exercise('GET /v1/rollouts/sampling/{id}/stream', '/v1/rollouts/sampling/nope/stream')).status).toBe(404);
+    expect((await exercise('GET /v1/rollouts/sampling/{id}/stream', '/v1/rollouts/sampling/ds-o/stream?format=xml')).status).toBe(400);
+    expect((await exercise('GET /v1/rollouts/sampling/{id}/stream', '/v1/rollouts/sampling/ds-o/stream?max_response_tokens=-1')).status).toBe(422);
+    expect((await exercise('GET /v1/rollouts/sampling/{id}', '/v1/rollouts/sampling/ds-o')).json).toMatchObject({ id: 'ds-o', state: 'exhausted' });
+    expect((await exercise('GET /v1/rollouts/sampling/{id}', '/v1/rollouts/sampling/nope')).status).toBe(404);
+
+    await exercise('POST /v1/rollouts', '/v1/rollouts', { body: { tasks: [task('ds-hang', 'hang 1+1', '2', { n: 2 })], dynamic_sampling: { id: 'ds-h', groups: 1 } } });
+    const stopped = await exercise('DELETE /v1/rollouts/sampling/{id}', '/v1/rollouts/sampling/ds-h');
+    expect(stopped.json).toMatchObject({ state: 'stopped', cancelled: 1 });
+    expect((await exercise('DELETE /v1/rollouts/sampling/{id}', '/v1/rollouts/sampling/nope')).status).toBe(404);
+  }, 120_000);
+
   it('the NeMo Gym agent and ProRL routes answer in their declared shapes', async () => {
     const row = { responses_create_params: { input: [{ role: 'user', content: '3+4' }] }, question: '3+4', expected_answer: '7', agent_ref: { name: 'math' } };
     for (const prefix of ['', '/ng-rollout/r1']) {

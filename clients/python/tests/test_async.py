@@ -86,3 +86,29 @@ def test_async_streams_run_side_by_side(prefix: str) -> None:
             assert order == [f"{prefix}-side-fast", f"{prefix}-side-hang"]
 
     asyncio.run(main())
+
+
+def test_async_dynamic_sampling_and_training_cap(prefix: str) -> None:
+    async def main() -> None:
+        async with rollserve.AsyncClient(URL, token=TOKEN) as client:
+            pool = [make_task(f"same ads {i}", n=2, id=f"{prefix}-ads{i}") for i in range(2)] + [make_task("coin ads", expected="heads", n=2, id=f"{prefix}-ads-coin")]
+            sampling = await client.submit_sampling(pool, groups=1, max_in_flight=1, metric="reward")
+            groups = client.iter_sampled_groups(sampling)
+            kept = [g async for g in groups]
+            assert [g.task_id for g in kept] == [f"{prefix}-ads-coin"]
+            assert all(isinstance(r, rollserve.Result) for r in kept[0])
+            assert groups.sampling is not None and groups.sampling.state == "done"
+            assert (groups.sampling.tried, groups.sampling.kept, groups.sampling.dropped_all_equal) == (3, 1, 2)
+            assert (await client.sampling(sampling.id)).raw == groups.sampling.raw
+
+            # a sampling stopped while its group runs: cancelled, and its stream ends with the counts
+            hanging = await client.submit_sampling([make_task("hang ads", n=2, id=f"{prefix}-ads-hang")], groups=1)
+            stopped = await client.stop_sampling(hanging)
+            assert (stopped.state, stopped.cancelled) == ("stopped", 1)
+            rest = client.iter_sampled_groups(hanging.id)
+            assert [g async for g in rest] == [] and rest.sampling is not None and rest.sampling.state == "stopped"
+
+            view = await client.training(f"{prefix}-ads0:0", max_response_tokens=1)
+            assert view.truncated is True and len(view.response_ids) == 1
+
+    asyncio.run(main())

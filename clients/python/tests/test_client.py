@@ -253,3 +253,50 @@ def test_leaving_a_stream_early_closes_it(client: rollserve.Client, prefix: str)
     for thread in readers:
         thread.join()
     client.cancel(f"{prefix}-early-hang")
+
+
+def test_dynamic_sampling_keeps_the_informative_groups(client: rollserve.Client, prefix: str) -> None:
+    # "same" groups score 1 in every sample (all-equal), "coin" groups alternate heads and tails
+    kinds = ["same", "coin", "same", "coin", "coin"]
+    pool = [make_task(f"{kind} ds {i}" if kind == "coin" else f"same ds {i}", expected="heads" if kind == "coin" else None, n=2, id=f"{prefix}-ds{i}") for i, kind in enumerate(kinds)]
+    sampling = client.submit_sampling(pool, groups=2, max_in_flight=1)
+    assert isinstance(sampling, rollserve.Sampling)
+    assert sampling.groups == 2 and sampling.max_groups == 5 and sampling.pool == 5 and sampling.tried == 1
+    groups = client.iter_sampled_groups(sampling, view="training", max_response_tokens=2)
+    kept = list(groups)
+    assert [g.task_id for g in kept] == [f"{prefix}-ds1", f"{prefix}-ds3"]
+    for group in kept:
+        assert sorted(group.rewards) == [0, 1]
+        assert all(isinstance(v, rollserve.TrainingView) and len(v.response_ids) <= 2 for v in group)
+    end = groups.sampling
+    assert end is not None and end.state == "done" and end.finished
+    assert (end.tried, end.kept, end.dropped_all_equal, end.filtered, end.cancelled) == (4, 2, 2, 0, 0)
+    assert end.kept_task_ids == [f"{prefix}-ds1", f"{prefix}-ds3"]
+    assert client.sampling(sampling.id).raw == end.raw
+    # the group never tried was never started; every group tried is readable
+    with pytest.raises(rollserve.RolloutServiceError) as missing:
+        client.get(f"{prefix}-ds4")
+    assert missing.value.status == 404
+    assert all(r.finished for r in client.get_task(f"{prefix}-ds0"))
+    # stopping a finished sampling answers it as it is; an unknown one is a 404
+    assert client.stop_sampling(sampling).state == "done"
+    with pytest.raises(rollserve.RolloutServiceError) as unknown:
+        client.sampling(f"{prefix}-nope")
+    assert unknown.value.status == 404
+    with pytest.raises(rollserve.RolloutServiceError) as bad:
+        client.submit_sampling(pool, groups=6)
+    assert bad.value.status == 422
+
+
+def test_training_view_cap_and_truncation(client: rollserve.Client, prefix: str) -> None:
+    [task] = client.submit(make_task("a rather long answer to cut", id=f"{prefix}-cap"))
+    client.wait(task)
+    whole = client.training(task.task_id)
+    assert isinstance(whole, rollserve.TrainingView)
+    assert whole.finish_reason == "stop" and whole.truncated is False
+    assert [t["finish_reason"] for t in whole.turns] == ["stop"]
+    cut = client.training(task.task_id, max_response_tokens=3)
+    assert cut.truncated is True and cut.response_ids == whole.response_ids[:3] and cut.response_mask == whole.response_mask[:3]
+    assert cut.turns[0]["generation_span"] == [0, 3]
+    [streamed] = list(client.iter_training(task, max_response_tokens=3))
+    assert streamed.raw == cut.raw

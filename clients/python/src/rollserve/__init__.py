@@ -4,7 +4,7 @@ Standard library only."""
 from .aio import AsyncClient
 from .client import Client
 from .errors import RolloutServiceError, ServiceConnectionError, ServiceWarning, ServiceWarningError
-from .models import Group, Page, Result, Rollout, Submission, SubmittedTask, TaskRollouts, TrainingView
+from .models import Group, Page, Result, Rollout, Sampling, Submission, SubmittedTask, TaskRollouts, TrainingView
 
 __version__ = "0.1.0"
 
@@ -16,6 +16,7 @@ __all__ = [
     "Result",
     "Rollout",
     "RolloutServiceError",
+    "Sampling",
     "ServiceConnectionError",
     "ServiceWarning",
     "ServiceWarningError",

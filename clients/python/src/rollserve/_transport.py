@@ -189,7 +189,7 @@ class Transport:
             except ValueError as error:
                 raise RolloutServiceError(status, "PROTOCOL", f"the answer is not JSON: {data[:200]!r}", method=method, path=path) from error
 
-    def open_stream(self, ids: Sequence[str], view: Optional[str] = None) -> Tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    def open_stream(self, ids: Sequence[str], view: Optional[str] = None, max_response_tokens: Optional[int] = None) -> Tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         """One attempt at the NDJSON stream of ``ids``; the caller retries. A short list goes
         in the query string (``GET /v1/rollouts/stream?ids=...``); a long one in a JSON body
         (``POST /v1/rollouts/stream``), which takes any number of ids where a query string past
@@ -198,10 +198,11 @@ class Transport:
         headers = dict(self.headers)
         headers["accept"] = "application/x-ndjson"
         joined = ",".join(ids)
+        extra: Dict[str, Any] = {**({"view": view} if view else {}), **({"max_response_tokens": max_response_tokens} if max_response_tokens is not None else {})}
         if len(quote(joined, safe=",:")) <= MAX_IDS_CHARS:
-            method, target, payload = "GET", self.path("/v1/rollouts/stream", {"ids": joined, "format": "ndjson", **({"view": view} if view else {})}), None
+            method, target, payload = "GET", self.path("/v1/rollouts/stream", {"ids": joined, "format": "ndjson", **extra}), None
         else:
-            body = {"ids": list(ids), "format": "ndjson", **({"view": view} if view else {})}
+            body = {"ids": list(ids), "format": "ndjson", **extra}
             method, target, payload = "POST", self.path("/v1/rollouts/stream"), json.dumps(body, separators=(",", ":")).encode()
             headers["content-type"] = "application/json"
         try:
@@ -214,6 +215,25 @@ class Transport:
             data = response.read()
             conn.close()
             raise _error_from(response.status, data, method, "/v1/rollouts/stream", self.url)
+        return conn, response
+
+    def open_sampling_stream(self, id: str, view: Optional[str] = None, max_response_tokens: Optional[int] = None) -> Tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        """One attempt at the NDJSON stream of a dynamic sampling's kept groups; the caller retries."""
+        conn = self.new_connection(self.stream_timeout)
+        headers = dict(self.headers)
+        headers["accept"] = "application/x-ndjson"
+        path = f"/v1/rollouts/sampling/{quote(id, safe=':')}/stream"
+        query: Dict[str, Any] = {"format": "ndjson", **({"view": view} if view else {}), **({"max_response_tokens": max_response_tokens} if max_response_tokens is not None else {})}
+        try:
+            conn.request("GET", self.path(path, query), headers=headers)
+            response = conn.getresponse()
+        except BaseException:
+            conn.close()
+            raise
+        if response.status != 200:
+            data = response.read()
+            conn.close()
+            raise _error_from(response.status, data, "GET", path, self.url)
         return conn, response
 
 
@@ -234,10 +254,11 @@ class ResultStream:
     A dropped connection is reopened (with backoff; ``retries`` failures in a row without a new
     result give up) and results seen before are skipped."""
 
-    def __init__(self, transport: Transport, ids: Sequence[str], emit: Emit, view: Optional[str] = None) -> None:
+    def __init__(self, transport: Transport, ids: Sequence[str], emit: Emit, view: Optional[str] = None, max_response_tokens: Optional[int] = None) -> None:
         self.transport = transport
         self.emit = emit
         self.view = view
+        self.max_response_tokens = max_response_tokens
         unique = list(dict.fromkeys(ids))
         if not unique:
             raise ValueError("iter_results needs at least one id")
@@ -280,7 +301,7 @@ class ResultStream:
                     break
                 conn: Optional[http.client.HTTPConnection] = None
                 try:
-                    conn, response = self.transport.open_stream(pending, self.view)
+                    conn, response = self.transport.open_stream(pending, self.view, self.max_response_tokens)
                     with self._lock:
                         self._open.add(conn)
                     if self._stop.is_set():

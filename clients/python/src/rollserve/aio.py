@@ -8,8 +8,8 @@ import asyncio
 from typing import Any, AsyncIterator, Dict, Iterable, List, Optional, Tuple, Union
 
 from ._transport import ResultStream
-from .client import Client, Grouper, Ids, Task
-from .models import Group, Page, Result, Rollout, Submission, TaskRollouts, TrainingView, as_id_list, materialize, warned
+from .client import Client, Grouper, Ids, SampledGroups, Task
+from .models import Group, Page, Result, Rollout, Sampling, Submission, TaskRollouts, TrainingView, as_id_list, materialize, warned
 
 
 class AsyncBackends:
@@ -63,6 +63,21 @@ class AsyncClient:
     async def submit(self, tasks: Union[Task, Iterable[Task]], **options: Any) -> Submission:
         return await asyncio.to_thread(lambda: self.sync.submit(tasks, **options))
 
+    async def submit_sampling(self, tasks: Iterable[Task], **options: Any) -> Sampling:
+        """As :meth:`Client.submit_sampling` (``groups=``, ``max_groups=``, ...)."""
+        return await asyncio.to_thread(lambda: self.sync.submit_sampling(tasks, **options))
+
+    async def sampling(self, id: Union[str, Sampling]) -> Sampling:
+        return await asyncio.to_thread(self.sync.sampling, id)
+
+    async def stop_sampling(self, id: Union[str, Sampling]) -> Sampling:
+        return await asyncio.to_thread(self.sync.stop_sampling, id)
+
+    def iter_sampled_groups(self, sampling: Union[str, Sampling], *, view: Optional[str] = None, max_response_tokens: Optional[int] = None) -> "AsyncSampledGroups":
+        """As :meth:`Client.iter_sampled_groups`, an async iterator (read by a worker thread);
+        its ``sampling`` holds the final counts once it ends."""
+        return AsyncSampledGroups(self.sync.iter_sampled_groups(sampling, view=view, max_response_tokens=max_response_tokens))
+
     async def get(self, id: str) -> Union[Rollout, TaskRollouts]:
         return await asyncio.to_thread(self.sync.get, id)
 
@@ -84,7 +99,7 @@ class AsyncClient:
     async def cancel(self, id: str, *, wait: bool = True) -> Union[Rollout, TaskRollouts]:
         return await asyncio.to_thread(lambda: self.sync.cancel(id, wait=wait))
 
-    async def _stream(self, ids: List[str], view: Optional[str] = None, watch: bool = False) -> AsyncIterator[Dict[str, Any]]:
+    async def _stream(self, ids: List[str], view: Optional[str] = None, watch: bool = False, max_response_tokens: Optional[int] = None) -> AsyncIterator[Dict[str, Any]]:
         """As :meth:`Client._stream`: ``/v1/status`` asked after every ``warning_check`` seconds
         without a result (at once with ``watch``); with ``watch`` its warnings raise."""
         if watch:
@@ -99,7 +114,7 @@ class AsyncClient:
             except RuntimeError:  # the loop is closed: nobody is listening
                 pass
 
-        stream = ResultStream(self.sync._t, ids, emit, view).start()
+        stream = ResultStream(self.sync._t, ids, emit, view, max_response_tokens).start()
         remaining = len(stream.chunks)
         try:
             while remaining:
@@ -128,30 +143,54 @@ class AsyncClient:
         results = [r async for r in self.iter_results(ids)]
         return sorted(results, key=lambda r: (r.task_id, r.sample_index))
 
-    async def training(self, id: str) -> Union[TrainingView, List[Optional[TrainingView]]]:
-        return await asyncio.to_thread(self.sync.training, id)
+    async def training(self, id: str, *, max_response_tokens: Optional[int] = None) -> Union[TrainingView, List[Optional[TrainingView]]]:
+        return await asyncio.to_thread(lambda: self.sync.training(id, max_response_tokens=max_response_tokens))
 
-    async def iter_training(self, ids: Ids) -> AsyncIterator[TrainingView]:
+    async def iter_training(self, ids: Ids, *, max_response_tokens: Optional[int] = None) -> AsyncIterator[TrainingView]:
         """As :meth:`Client.iter_training`, without blocking the loop."""
         ids = materialize(ids)
-        async for raw in self._stream(as_id_list(ids), "training", warned(ids)):
+        async for raw in self._stream(as_id_list(ids), "training", warned(ids), max_response_tokens):
             yield TrainingView.from_json(raw)
 
-    def iter_training_groups(self, tasks: Ids, *, refresh: bool = True) -> AsyncIterator[Group]:
+    def iter_training_groups(self, tasks: Ids, *, refresh: bool = True, max_response_tokens: Optional[int] = None) -> AsyncIterator[Group]:
         """As :meth:`Client.iter_training_groups`, without blocking the loop."""
-        return self._groups(tasks, refresh, "training")
+        return self._groups(tasks, refresh, "training", max_response_tokens)
 
     def iter_groups(self, tasks: Ids, *, refresh: bool = True) -> AsyncIterator[Group]:
         """As :meth:`Client.iter_groups`, without blocking the loop."""
         return self._groups(tasks, refresh, None)
 
-    async def _groups(self, tasks: Ids, refresh: bool, view: Optional[str]) -> AsyncIterator[Group]:
+    async def _groups(self, tasks: Ids, refresh: bool, view: Optional[str], max_response_tokens: Optional[int] = None) -> AsyncIterator[Group]:
         tasks = materialize(tasks)
         grouper = Grouper(await asyncio.to_thread(self.sync._members, tasks))
-        async for raw in self._stream(list(grouper.members), view, warned(tasks)):
+        async for raw in self._stream(list(grouper.members), view, warned(tasks), max_response_tokens):
             group = grouper.add(TrainingView.from_json(raw) if view else Result.from_json(raw))
             if group is None:
                 continue
             if refresh and Grouper.lacks_advantages(group):
-                group = Grouper.refreshed_training(group, await self.training(group.task_id)) if view else Grouper.refreshed(group, await self.get(group.task_id))
+                group = Grouper.refreshed_training(group, await self.training(group.task_id, max_response_tokens=max_response_tokens)) if view else Grouper.refreshed(group, await self.get(group.task_id))
             yield group
+
+
+class AsyncSampledGroups:
+    """A dynamic sampling's kept groups as an async iterator: the sync reader runs in a worker
+    thread, one group at a time; ``sampling`` holds the final counts once it ends."""
+
+    def __init__(self, groups: SampledGroups) -> None:
+        self._groups = groups
+
+    @property
+    def sampling(self) -> Optional[Sampling]:
+        return self._groups.sampling
+
+    def __aiter__(self) -> "AsyncSampledGroups":
+        return self
+
+    async def __anext__(self) -> Group:
+        group = await asyncio.to_thread(next, self._groups, None)
+        if group is None:
+            raise StopAsyncIteration
+        return group
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self._groups.close)

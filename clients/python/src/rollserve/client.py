@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import queue
+import time
 import uuid
 import warnings
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
 
-from ._transport import ResultStream, Transport
-from .errors import RolloutServiceError, ServiceWarning, ServiceWarningError
-from .models import Group, Page, Result, Rollout, Submission, SubmittedTask, TaskRollouts, TrainingView, as_id_list, materialize, warned
+from ._transport import _NETWORK, ResultStream, Transport
+from .errors import RolloutServiceError, ServiceConnectionError, ServiceWarning, ServiceWarningError
+from .models import Group, Page, Result, Rollout, Sampling, Submission, SubmittedTask, TaskRollouts, TrainingView, as_id_list, materialize, warned
 
 Task = Mapping[str, Any]
 Ids = Union[str, SubmittedTask, Iterable[Union[str, SubmittedTask]]]
@@ -84,6 +86,79 @@ class Grouper:
         return group
 
 
+class SampledGroups:
+    """The kept groups of a dynamic sampling as the service keeps them (an iterator of Group:
+    Results, or TrainingViews with ``view="training"``); once it ends, ``sampling`` holds its
+    final counts (None until then). A dropped stream is reopened and groups seen are skipped."""
+
+    def __init__(self, transport: Transport, id: str, view: Optional[str], max_response_tokens: Optional[int]) -> None:
+        self._t = transport
+        self.id = id
+        self.view = view
+        self.max_response_tokens = max_response_tokens
+        #: The sampling's final status, once its stream has ended.
+        self.sampling: Optional[Sampling] = None
+        self.reconnects = 0
+        self._seen: set = set()
+        self._conn: Any = None
+        self._response: Any = None
+        self._failures = 0
+
+    def __iter__(self) -> "SampledGroups":
+        return self
+
+    def __next__(self) -> Group:
+        while self.sampling is None:
+            try:
+                if self._response is None:
+                    self._conn, self._response = self._t.open_sampling_stream(self.id, self.view, self.max_response_tokens)
+                line = self._response.readline()
+                if not line:
+                    raise ConnectionError("the sampling stream ended before its counts")
+                if not line.strip():
+                    continue
+                item = json.loads(line)
+            except RolloutServiceError as error:
+                self.close()
+                if error.status is None or error.status < 500 or self._failures >= self._t.retries:
+                    raise
+                self._retry()
+                continue
+            except _NETWORK as error:  # (a ConnectionError too: the stream ended early)
+                self.close()
+                if self._failures >= self._t.retries:
+                    raise ServiceConnectionError(f"the sampling stream dropped: {type(error).__name__}: {error}", method="GET", path=f"/v1/rollouts/sampling/{self.id}/stream") from error
+                self._retry()
+                continue
+            self._failures = 0
+            if "sampling" in item and "task_id" not in item:
+                self.sampling = Sampling.from_json(item["sampling"])
+                self.close()
+                break
+            if item["task_id"] in self._seen:
+                continue
+            self._seen.add(item["task_id"])
+            parse = TrainingView.from_json if self.view else Result.from_json
+            return Group(item["task_id"], [parse(r) for r in item["results"]])
+        raise StopIteration
+
+    def _retry(self) -> None:
+        self.reconnects += 1
+        time.sleep(self._t.delay(self._failures))
+        self._failures += 1
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        self._conn = self._response = None
+
+    def __enter__(self) -> "SampledGroups":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
 class Backends:
     """The service's LLM backends (the policy's inference servers), managed at run time."""
 
@@ -102,6 +177,10 @@ class Backends:
 
     def remove(self, id: str) -> None:
         self._t.request("DELETE", f"/v1/llm-backends/{_seg(id)}", retry=False)
+
+
+def _sampling_id(sampling: Union[str, Sampling]) -> str:
+    return sampling.id if isinstance(sampling, Sampling) else sampling
 
 
 def _seg(id: str) -> str:
@@ -202,6 +281,46 @@ class Client:
                 submission.append(SubmittedTask(task_id=item["task_id"], rollout_ids=list(item["rollout_ids"]), existing=bool(item.get("existing", False)), warnings=list(concern)))
         return submission
 
+    def submit_sampling(
+        self,
+        tasks: Iterable[Task],
+        *,
+        groups: int,
+        max_groups: Optional[int] = None,
+        max_in_flight: Optional[int] = None,
+        metric: Optional[str] = None,
+        id: Optional[str] = None,
+    ) -> Sampling:
+        """Dynamic sampling (DAPO): ``tasks`` are a pool whose groups the service starts in
+        order until ``groups`` are informative (the ``metric``, "reward" or "return", not the
+        same for all samples of the group), trying at most ``max_groups`` (default: the whole
+        pool), ``max_in_flight`` at once (default: ``groups``). Answers the sampling once its
+        first groups are stored; read its groups with :meth:`iter_sampled_groups`. The sampling
+        and its tasks get uuid4 ids where they have none, so a retried submit starts nothing
+        twice."""
+        pool = prepare_tasks(tasks)
+        if len(pool) > MAX_BATCH:
+            raise ValueError(f"a sampling's pool is at most {MAX_BATCH} tasks, not {len(pool)}")
+        options = {"id": id or str(uuid.uuid4()), "groups": groups, "max_groups": max_groups, "max_in_flight": max_in_flight, "metric": metric}
+        answer = self._t.request("POST", "/v1/rollouts", {"tasks": pool, "dynamic_sampling": {k: v for k, v in options.items() if v is not None}})
+        for warning in answer.get("warnings") or []:
+            warnings.warn(str(warning), ServiceWarning, stacklevel=2)
+        return Sampling.from_json(answer["sampling"])
+
+    def sampling(self, id: Union[str, Sampling]) -> Sampling:
+        """A dynamic sampling's state and counts."""
+        return Sampling.from_json(self._t.request("GET", f"/v1/rollouts/sampling/{_seg(_sampling_id(id))}"))
+
+    def stop_sampling(self, id: Union[str, Sampling]) -> Sampling:
+        """Stops a dynamic sampling: nothing more starts, its running groups are cancelled."""
+        return Sampling.from_json(self._t.request("DELETE", f"/v1/rollouts/sampling/{_seg(_sampling_id(id))}"))
+
+    def iter_sampled_groups(self, sampling: Union[str, Sampling], *, view: Optional[str] = None, max_response_tokens: Optional[int] = None) -> SampledGroups:
+        """The informative groups of a dynamic sampling as they are kept, advantages filled
+        (``view="training"``: as TrainingViews, cut at ``max_response_tokens`` when given); the
+        iterator's ``sampling`` holds the final counts once it ends."""
+        return SampledGroups(self._t, _sampling_id(sampling), view, max_response_tokens)
+
     def get(self, id: str) -> Union[Rollout, TaskRollouts]:
         """A rollout, or for the id of a task with n > 1, its group (TaskRollouts)."""
         return parse_view(self._t.request("GET", f"/v1/rollouts/{_seg(id)}"))
@@ -231,7 +350,7 @@ class Client:
 
     # streams -------------------------------------------------------------------------------
 
-    def _stream(self, ids: List[str], view: Optional[str] = None, watch: bool = False) -> Iterator[Tuple[str, Any]]:
+    def _stream(self, ids: List[str], view: Optional[str] = None, watch: bool = False, max_response_tokens: Optional[int] = None) -> Iterator[Tuple[str, Any]]:
         """The results of ``ids``. ``/v1/status`` is asked after every ``warning_check`` seconds
         without a result (and at once with ``watch``: tasks whose submit was warned). With
         ``watch``, its warnings raise ServiceWarningError: the stream would wait for ever. Else
@@ -241,7 +360,7 @@ class Client:
             self._check_warnings()
         said: set = set()
         items: "queue.Queue[Tuple[str, Any]]" = queue.Queue()
-        stream = ResultStream(self._t, ids, items.put, view).start()
+        stream = ResultStream(self._t, ids, items.put, view, max_response_tokens).start()
         remaining = len(stream.chunks)
         try:
             while remaining:
@@ -286,21 +405,24 @@ class Client:
                 members[task] = task_members(task, self.get(task))
         return members
 
-    def training(self, id: str) -> Union[TrainingView, List[Optional[TrainingView]]]:
+    def training(self, id: str, *, max_response_tokens: Optional[int] = None) -> Union[TrainingView, List[Optional[TrainingView]]]:
         """The training view of a finished rollout; for a task id, its samples' (None for one
-        not finished). A rollout not finished yet is a RolloutServiceError with status 409."""
-        return parse_training(self._t.request("GET", f"/v1/rollouts/{_seg(id)}", query={"view": "training"}))
+        not finished). A rollout not finished yet is a RolloutServiceError with status 409.
+        ``max_response_tokens`` cuts each response to that many tokens (``truncated`` then says
+        whether it was longer, or its last generation stopped on "length")."""
+        query: Dict[str, Any] = {"view": "training", "max_response_tokens": max_response_tokens}
+        return parse_training(self._t.request("GET", f"/v1/rollouts/{_seg(id)}", query=query))
 
-    def iter_training(self, ids: Ids) -> Iterator[TrainingView]:
+    def iter_training(self, ids: Ids, *, max_response_tokens: Optional[int] = None) -> Iterator[TrainingView]:
         """As :meth:`iter_results`, as training views: what a loss needs, each token id once (a
         Result repeats the conversation in every turn; at working sizes most of its bytes)."""
         ids = materialize(ids)
-        for _, raw in self._stream(as_id_list(ids), "training", warned(ids)):
+        for _, raw in self._stream(as_id_list(ids), "training", warned(ids), max_response_tokens):
             yield TrainingView.from_json(raw)
 
-    def iter_training_groups(self, tasks: Ids, *, refresh: bool = True) -> Iterator[Group]:
+    def iter_training_groups(self, tasks: Ids, *, refresh: bool = True, max_response_tokens: Optional[int] = None) -> Iterator[Group]:
         """As :meth:`iter_groups`, each group's samples as TrainingViews."""
-        return self._groups(tasks, refresh, "training")
+        return self._groups(tasks, refresh, "training", max_response_tokens)
 
     def iter_groups(self, tasks: Ids, *, refresh: bool = True) -> Iterator[Group]:
         """Whole groups (all n samples of a task) as each task's last sample finishes. Task
@@ -311,15 +433,15 @@ class Client:
         warning holds, instead of waiting for ever."""
         return self._groups(tasks, refresh, None)
 
-    def _groups(self, tasks: Ids, refresh: bool, view: Optional[str]) -> Iterator[Group]:
+    def _groups(self, tasks: Ids, refresh: bool, view: Optional[str], max_response_tokens: Optional[int] = None) -> Iterator[Group]:
         tasks = materialize(tasks)
         grouper = Grouper(self._members(tasks))
-        for _, raw in self._stream(list(grouper.members), view, warned(tasks)):
+        for _, raw in self._stream(list(grouper.members), view, warned(tasks), max_response_tokens):
             group = grouper.add(TrainingView.from_json(raw) if view else Result.from_json(raw))
             if group is None:
                 continue
             if refresh and Grouper.lacks_advantages(group):
-                group = Grouper.refreshed_training(group, self.training(group.task_id)) if view else Grouper.refreshed(group, self.get(group.task_id))
+                group = Grouper.refreshed_training(group, self.training(group.task_id, max_response_tokens=max_response_tokens)) if view else Grouper.refreshed(group, self.get(group.task_id))
             yield group
 
 

@@ -106,6 +106,10 @@ class TrainingView(_Raw):
     response_logprobs: Optional[List[float]]
     response_turn: Optional[List[int]]
     sequence_error: Optional[str]
+    #: The last turn's finish reason ("stop", "length", "tool_calls"); each of ``turns`` has its own.
+    finish_reason: Optional[str]
+    #: Cut by ``max_response_tokens``, or the last generation stopped on "length" (no EOS at the end).
+    truncated: bool
     turns: List[Dict[str, Any]]
     credit: Optional[Dict[str, Any]]
     raw: Dict[str, Any] = field(default_factory=dict)
@@ -125,6 +129,8 @@ class TrainingView(_Raw):
             response_logprobs=raw.get("response_logprobs"),
             response_turn=raw.get("response_turn"),
             sequence_error=raw.get("sequence_error"),
+            finish_reason=raw.get("finish_reason"),
+            truncated=bool(raw.get("truncated", False)),
             turns=raw.get("turns") or [],
             credit=raw.get("credit"),
             raw=raw,
@@ -132,7 +138,7 @@ class TrainingView(_Raw):
 
     def __repr__(self) -> str:
         length = None if self.response_ids is None else len(self.response_ids)
-        return f"TrainingView(id={self.id!r}, reward={self.reward!r}, advantage={self.advantage!r}, response_ids={length} ids, sequence_error={self.sequence_error!r})"
+        return f"TrainingView(id={self.id!r}, reward={self.reward!r}, advantage={self.advantage!r}, response_ids={length} ids, truncated={self.truncated!r}, sequence_error={self.sequence_error!r})"
 
 
 @dataclass(repr=False)
@@ -244,6 +250,65 @@ class Group:
         return f"Group(task_id={self.task_id!r}, rewards={self.rewards!r}, advantages={self.advantages!r})"
 
 
+@dataclass(repr=False)
+class Sampling(_Raw):
+    """A dynamic sampling (DAPO) as the service counts it: ``state`` ("running", "done": ``groups``
+    kept, "exhausted": ``max_groups`` tried or the pool ran out first, "stopped"), the groups
+    ``tried``, ``kept`` (in ``kept_task_ids`` order), ``dropped_all_equal``, ``filtered`` (fewer
+    than two samples not filtered), ``cancelled`` (still running when it ended), ``running``, and
+    each group tried with its outcome in ``tasks``."""
+
+    id: str
+    state: str
+    groups: int
+    max_groups: int
+    max_in_flight: int
+    metric: str
+    pool: int
+    tried: int
+    kept: int
+    dropped_all_equal: int
+    filtered: int
+    cancelled: int
+    running: int
+    kept_task_ids: List[str]
+    tasks: List[Dict[str, Any]]
+    error: Optional[str]
+    raw: Dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, raw: Dict[str, Any]) -> "Sampling":
+        return cls(
+            id=raw["id"],
+            state=raw["state"],
+            groups=raw["groups"],
+            max_groups=raw["max_groups"],
+            max_in_flight=raw["max_in_flight"],
+            metric=raw.get("metric", "reward"),
+            pool=raw["pool"],
+            tried=raw["tried"],
+            kept=raw["kept"],
+            dropped_all_equal=raw["dropped_all_equal"],
+            filtered=raw["filtered"],
+            cancelled=raw["cancelled"],
+            running=raw["running"],
+            kept_task_ids=list(raw.get("kept_task_ids") or []),
+            tasks=list(raw.get("tasks") or []),
+            error=raw.get("error"),
+            raw=raw,
+        )
+
+    @property
+    def finished(self) -> bool:
+        return self.state != "running"
+
+    def __repr__(self) -> str:
+        return (
+            f"Sampling(id={self.id!r}, state={self.state!r}, tried={self.tried}, kept={self.kept}/{self.groups}, "
+            f"dropped_all_equal={self.dropped_all_equal}, filtered={self.filtered}, cancelled={self.cancelled}, running={self.running})"
+        )
+
+
 @dataclass
 class Page:
     """One page of ``GET /v1/rollouts``; ``next_cursor`` is None on the last."""
@@ -270,7 +335,7 @@ def as_id_list(ids: Any) -> List[str]:
     return out
 
 
-__all__: Sequence[str] = ["Result", "Rollout", "TaskRollouts", "SubmittedTask", "Submission", "Group", "Page"]
+__all__: Sequence[str] = ["Result", "Rollout", "TaskRollouts", "SubmittedTask", "Submission", "Group", "Page", "Sampling"]
 
 
 def warned(ids: Any) -> bool:

@@ -20,6 +20,7 @@ import { gymAgentApi } from './gym-agent.ts';
 import { nodesApi } from './nodes.ts';
 import { prorlApi } from './prorl.ts';
 import { BackendWarnings, rolloutsApi } from './rollouts.ts';
+import { samplingApi } from './sampling.ts';
 import { statusApi } from './status.ts';
 import { streamApi } from './stream.ts';
 
@@ -192,6 +193,7 @@ export function createRolloutApi(service: RolloutService, options: RolloutApiOpt
   const warnings = new BackendWarnings(ctx);
   app.route('/', statusApi(ctx, warnings));
   app.route('/', streamApi(ctx)); // before /v1/rollouts/{id}, which would take /v1/rollouts/stream
+  app.route('/', samplingApi(ctx));
   app.route('/', rolloutsApi(ctx, warnings));
   app.route('/', backendsApi(ctx));
   app.route('/', docsApi());

@@ -3,10 +3,11 @@ import { RolloutError } from '../errors.ts';
 import type { SubmittedTask } from '../service/service.ts';
 import { trainingView } from '../protocol/training-view.ts';
 import { RolloutState, RolloutTask, RolloutView, SubmitBatch, SubmitRequest, VLLM_SAMPLING_KEYS } from '../protocol/rollout.ts';
+import { SamplingStatus } from '../protocol/sampling.ts';
 import type { ApiContext } from './context.ts';
 import { suggest } from '../errors.ts';
 import { parse } from './parse.ts';
-import { errorResponses, TrainingView, ViewParam, wantsTrainingView } from './wire.ts';
+import { errorResponses, MaxResponseTokens, TrainingView, trainingViewOptions, ViewParam, wantsTrainingView } from './wire.ts';
 
 const NO_BACKEND = 'add one with POST /v1/llm-backends or --llm';
 
@@ -59,6 +60,12 @@ const Submitted = z
     ),
     /** What will keep these rollouts from running, e.g. no policy backend. */
     warnings: z.array(z.string()),
+    /**
+     * With `dynamic_sampling`: the sampling as it stands once its first groups are stored (`tasks`
+     * lists those; the rest start as groups are judged). Follow it with GET
+     * /v1/rollouts/sampling/{id} and its stream.
+     */
+    sampling: SamplingStatus.optional(),
   })
   .openapi('Submitted');
 
@@ -107,7 +114,7 @@ const getRoute = createRoute({
   method: 'get',
   path: '/v1/rollouts/{id}',
   summary: 'One rollout, or for a task id its group; `view=training` gives what a loss needs (finished rollouts only; null for unfinished members of a group)',
-  request: { params: IdParam, query: z.object({ view: ViewParam }) },
+  request: { params: IdParam, query: z.object({ view: ViewParam, max_response_tokens: MaxResponseTokens }) },
   responses: {
     200: {
       description: 'The rollout (RolloutView), its task (TaskRollouts), or with `view=training` their training views',
@@ -166,9 +173,17 @@ export function rolloutsApi({ service }: ApiContext, warnings: BackendWarnings):
       const request = c.req.valid('json');
       const tasks = 'tasks' in request ? request.tasks : [request];
       checkSampling(tasks, 'tasks' in request);
-      const submitted = await service.submit(tasks);
+      const dynamic = 'tasks' in request ? request.dynamic_sampling : undefined;
+      const started = dynamic ? await service.sample(tasks, dynamic) : undefined;
+      const submitted = started ? started.submitted : await service.submit(tasks);
+      // a sampling's warnings are of the tasks it started
+      const startedTasks = started ? started.submitted.map((s) => s.task) : tasks;
       return c.json(
-        { tasks: submitted.map((t) => ({ task_id: t.taskId, rollout_ids: t.rolloutIds, existing: t.existing })), warnings: warnings.submitted(tasks, submitted) },
+        {
+          tasks: submitted.map((t) => ({ task_id: t.taskId, rollout_ids: t.rolloutIds, existing: t.existing })),
+          warnings: warnings.submitted(startedTasks, submitted),
+          ...(started ? { sampling: started.sampling.status() } : {}),
+        },
         202,
       );
     },
@@ -194,18 +209,20 @@ export function rolloutsApi({ service }: ApiContext, warnings: BackendWarnings):
 
   app.openapi(getRoute, async (c) => {
     const { id } = c.req.valid('param');
-    const training = wantsTrainingView(c.req.valid('query').view);
+    const query = c.req.valid('query');
+    const training = wantsTrainingView(query.view);
+    const viewOptions = trainingViewOptions(training, query.max_response_tokens);
     const view = await service.get(id);
     if (view) {
       if (!training) return c.json(view, 200);
       if (!view.result) throw new RolloutError({ code: 'CONFLICT', message: `rollout "${id}" has not finished (state ${view.state})`, retryable: true });
-      return c.json(trainingView(view.result), 200);
+      return c.json(trainingView(view.result, viewOptions), 200);
     }
     const members = await service.taskRollouts(id);
     if (!members) throw new RolloutError({ code: 'NOT_FOUND', message: `no rollout or task "${id}"` });
     const views = await Promise.all(members.map(async (m) => (await service.get(m))!));
     if (!training) return c.json({ task_id: id, rollouts: views }, 200);
-    return c.json({ task_id: id, rollouts: views.map((v) => (v.result ? trainingView(v.result) : null)) }, 200);
+    return c.json({ task_id: id, rollouts: views.map((v) => (v.result ? trainingView(v.result, viewOptions) : null)) }, 200);
   });
 
   app.openapi(deleteRoute, async (c) => {

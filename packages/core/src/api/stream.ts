@@ -6,11 +6,13 @@ import { createRoute, OpenAPIHono, z } from '@hono/zod-openapi';
 import type { Context } from 'hono';
 import { stream } from 'hono/streaming';
 import { RolloutError } from '../errors.ts';
-import type { RolloutService } from '../service/service.ts';
+import type { RolloutService, Sampling } from '../service/service.ts';
+import { SamplingStatus } from '../protocol/sampling.ts';
+import { SamplingIdParam } from './sampling.ts';
 import { RolloutGroup, RolloutResult } from '../protocol/rollout.ts';
 import { DEFAULT_STREAM_KEEP_ALIVE_MS, type ApiContext } from './context.ts';
 import { trainingView } from '../protocol/training-view.ts';
-import { errorResponses, toTrainingGroup, TrainingGroup, TrainingView, ViewParam, wantsTrainingView } from './wire.ts';
+import { errorResponses, MaxResponseTokens, toTrainingGroup, TrainingGroup, TrainingView, trainingViewOptions, ViewParam, wantsTrainingView } from './wire.ts';
 
 const Format = z
   .string()
@@ -25,6 +27,7 @@ const StreamRequest = z
     ids: z.array(z.string().min(1)).min(1).openapi({ description: 'Rollout or task ids (a task id stands for all its samples)' }),
     format: z.enum(['ndjson', 'sse']).optional().openapi({ description: 'NDJSON by default, SSE with `sse` or `Accept: text/event-stream`' }),
     view: ViewParam,
+    max_response_tokens: MaxResponseTokens,
   })
   .openapi('StreamRequest');
 
@@ -44,7 +47,7 @@ const streamRoute = createRoute({
   path: '/v1/rollouts/stream',
   summary:
     'Results as they complete: NDJSON (default) or SSE (`format=sse` or Accept: text/event-stream). With `ids`, the stream includes those already finished and ends when all are.',
-  request: { query: z.object({ ids: Ids.optional(), format: Format, view: ViewParam }) },
+  request: { query: z.object({ ids: Ids.optional(), format: Format, view: ViewParam, max_response_tokens: MaxResponseTokens }) },
   responses: { 200: RESULTS_200, ...errorResponses(400, 401, 404, 422) },
 });
 
@@ -61,7 +64,9 @@ const groupsRoute = createRoute({
   path: '/v1/rollouts/groups/stream',
   summary:
     'Whole groups as they complete: each task once all its samples have finished, advantages and credit filled. NDJSON (default) or SSE; ends when every task named was sent.',
-  request: { query: z.object({ ids: Ids.min(1).openapi({ description: 'Comma-separated task ids (many: POST them)' }), format: Format, view: ViewParam }) },
+  request: {
+    query: z.object({ ids: Ids.min(1).openapi({ description: 'Comma-separated task ids (many: POST them)' }), format: Format, view: ViewParam, max_response_tokens: MaxResponseTokens }),
+  },
   responses: { 200: GROUPS_200, ...errorResponses(400, 401, 404, 422) },
 });
 
@@ -71,6 +76,23 @@ const groupsPostRoute = createRoute({
   summary: 'As GET /v1/rollouts/groups/stream, the task ids in a JSON body: any number of them',
   request: { body: { required: true, content: { 'application/json': { schema: StreamRequest } } } },
   responses: { 200: GROUPS_200, ...errorResponses(400, 401, 404, 422) },
+});
+
+const SAMPLED_200 = {
+  description: `The sampling's kept groups as they are kept, one RolloutGroup (with \`view=training\`: its results as TrainingViews) per line (NDJSON) or \`group\` event (SSE), then once it ends one \`{"sampling": SamplingStatus}\` line (SSE: a \`sampling\` event, then \`end\`) with its final counts. ${KEEP_ALIVE}`,
+  content: {
+    'application/x-ndjson': { schema: z.union([RolloutGroup, TrainingGroup, z.strictObject({ sampling: SamplingStatus }).openapi('SamplingEnd')]) },
+    'text/event-stream': { schema: z.string() },
+  },
+};
+
+const sampledRoute = createRoute({
+  method: 'get',
+  path: '/v1/rollouts/sampling/{id}/stream',
+  summary:
+    "A dynamic sampling's informative groups as they are kept (at most `groups`), advantages and credit filled, then its final counts; groups dropped or cancelled are not sent (readable by id). NDJSON (default) or SSE.",
+  request: { params: SamplingIdParam, query: z.object({ format: Format, view: ViewParam, max_response_tokens: MaxResponseTokens }) },
+  responses: { 200: SAMPLED_200, ...errorResponses(400, 401, 404, 422) },
 });
 
 function formatOf(c: Context, query: string | undefined): 'ndjson' | 'sse' {
@@ -266,6 +288,37 @@ async function pumpGroups(
   }
 }
 
+type SampledItem = RolloutGroup | { sampling: SamplingStatus };
+
+/** A sampling's kept groups in the order kept, then its status once it has ended. */
+async function pumpSampling(service: RolloutService, sampling: Sampling, sink: Sink<SampledItem>, aborted: AbortSignal): Promise<void> {
+  const signal = waiter();
+  sampling.events.on('change', signal.wake);
+  aborted.addEventListener('abort', signal.wake, { once: true });
+  try {
+    let sent = 0;
+    while (!aborted.aborted) {
+      const taskId = sampling.kept[sent];
+      if (taskId !== undefined) {
+        sent++;
+        const members = (await service.taskRollouts(taskId)) ?? [];
+        const stored = await service.results(members);
+        await sink.emit({ task_id: taskId, results: members.map((id) => stored.get(id)!) }, false);
+        continue;
+      }
+      if (sampling.finished) {
+        await sink.emit({ sampling: sampling.status() }, true);
+        return;
+      }
+      sink.idle();
+      await signal.wait();
+    }
+  } finally {
+    aborted.removeEventListener('abort', signal.wake);
+    sampling.events.off('change', signal.wake);
+  }
+}
+
 /**
  * Answers with what `pump` emits, each item in its wire shape: straight to Node's response when
  * served by Node (else through hono's stream), NDJSON lines or SSE events closed by an `end` event.
@@ -275,11 +328,12 @@ function send<T>(
   format: 'ndjson' | 'sse',
   keepAliveMs: number,
   aborted: AbortSignal,
-  shape: { event: string; id: (item: T) => string; wire: (item: T) => unknown },
+  shape: { event: string | ((item: T) => string); id: (item: T) => string; wire: (item: T) => unknown },
   pump: (sink: Sink<T>) => Promise<void>,
 ): Response {
   const framing = format === 'sse' ? SSE : NDJSON;
-  const frame = (item: T) => framing.item(shape.event, shape.id(item), JSON.stringify(shape.wire(item)));
+  const eventOf = typeof shape.event === 'string' ? () => shape.event as string : shape.event;
+  const frame = (item: T) => framing.item(eventOf(item), shape.id(item), JSON.stringify(shape.wire(item)));
   const outgoing = nodeResponse(c);
   if (outgoing) {
     void toNode(outgoing, framing, keepAliveMs, (write, idle) => pump({ emit: (item, last) => write(frame(item), last), idle }), aborted);
@@ -325,35 +379,64 @@ export function streamApi({ service, options }: ApiContext): OpenAPIHono {
 
   // `ids` (rollout or task ids) narrows the stream and ends it once all of them are finished,
   // results already finished included.
-  const results = async (c: Context, ids: readonly string[], format: 'ndjson' | 'sse', view: string | undefined) => {
-    const wire = wantsTrainingView(view) ? trainingView : (result: RolloutResult) => result;
+  const results = async (c: Context, ids: readonly string[], format: 'ndjson' | 'sse', view: string | undefined, cap: number | undefined) => {
+    const training = wantsTrainingView(view);
+    const viewOptions = trainingViewOptions(training, cap);
+    const wire = training ? (result: RolloutResult) => trainingView(result, viewOptions) : (result: RolloutResult) => result;
     const wanted = await resultsOf(service, ids);
     const aborted = clientGone(c);
     return send(c, format, keepAliveMs, aborted, { event: 'result', id: (result) => result.id, wire }, (sink) => pumpResults(service, wanted, sink, aborted));
   };
   app.openapi(streamRoute, (c) => {
     const query = c.req.valid('query');
-    return results(c, splitIds(query.ids), formatOf(c, query.format), query.view);
+    return results(c, splitIds(query.ids), formatOf(c, query.format), query.view, query.max_response_tokens);
   });
   app.openapi(streamPostRoute, (c) => {
     const body = c.req.valid('json');
-    return results(c, body.ids, formatOf(c, body.format), body.view);
+    return results(c, body.ids, formatOf(c, body.format), body.view, body.max_response_tokens);
   });
 
   // Whole groups, with the group's advantages and credit filled in (what a GRPO/GTPO trainer consumes).
-  const groups = async (c: Context, ids: readonly string[], format: 'ndjson' | 'sse', view: string | undefined) => {
-    const wire = wantsTrainingView(view) ? toTrainingGroup : (group: RolloutGroup) => group;
+  const groups = async (c: Context, ids: readonly string[], format: 'ndjson' | 'sse', view: string | undefined, cap: number | undefined) => {
+    const training = wantsTrainingView(view);
+    const viewOptions = trainingViewOptions(training, cap);
+    const wire = training ? (group: RolloutGroup) => toTrainingGroup(group, viewOptions) : (group: RolloutGroup) => group;
     const tasks = await groupsOf(service, ids);
     const aborted = clientGone(c);
     return send(c, format, keepAliveMs, aborted, { event: 'group', id: (group) => group.task_id, wire }, (sink) => pumpGroups(service, tasks, sink, aborted));
   };
   app.openapi(groupsRoute, (c) => {
     const query = c.req.valid('query');
-    return groups(c, splitIds(query.ids), formatOf(c, query.format), query.view);
+    return groups(c, splitIds(query.ids), formatOf(c, query.format), query.view, query.max_response_tokens);
   });
   app.openapi(groupsPostRoute, (c) => {
     const body = c.req.valid('json');
-    return groups(c, body.ids, formatOf(c, body.format), body.view);
+    return groups(c, body.ids, formatOf(c, body.format), body.view, body.max_response_tokens);
+  });
+
+  // A dynamic sampling's kept groups, then its counts.
+  app.openapi(sampledRoute, (c) => {
+    const { id } = c.req.valid('param');
+    const query = c.req.valid('query');
+    const sampling = service.sampling(id);
+    if (!sampling) throw new RolloutError({ code: 'NOT_FOUND', message: `no dynamic sampling "${id}" (samplings are kept in memory: a restarted service forgets them, not their samples)` });
+    const training = wantsTrainingView(query.view);
+    const viewOptions = trainingViewOptions(training, query.max_response_tokens);
+    const format = formatOf(c, query.format);
+    const aborted = clientGone(c);
+    const isEnd = (item: SampledItem): item is { sampling: SamplingStatus } => 'sampling' in item;
+    return send<SampledItem>(
+      c,
+      format,
+      keepAliveMs,
+      aborted,
+      {
+        event: (item) => (isEnd(item) ? 'sampling' : 'group'),
+        id: (item) => (isEnd(item) ? item.sampling.id : item.task_id),
+        wire: (item) => (isEnd(item) || !training ? item : toTrainingGroup(item, viewOptions)),
+      },
+      (sink) => pumpSampling(service, sampling, sink, aborted),
+    );
   });
 
   return app;

@@ -1,6 +1,6 @@
 import { z } from '@hono/zod-openapi';
 import { ERROR_CODES, RolloutError, type RolloutErrorCode } from '../errors.ts';
-import { trainingView } from '../protocol/training-view.ts';
+import { trainingView, type TrainingViewOptions } from '../protocol/training-view.ts';
 import type { RolloutGroup } from '../protocol/rollout.ts';
 
 // Results go out as protocol/rollout.ts declares them (snake_case inside as on the wire); what
@@ -90,6 +90,10 @@ export const TrainingView = z
     response_logprobs: z.array(z.number()).nullable(),
     response_turn: z.array(z.number().int()).nullable(),
     sequence_error: z.string().nullable(),
+    /** The last turn's finish reason ("stop", "length", "tool_calls"); each turn has its own. */
+    finish_reason: z.string().nullable(),
+    /** Cut by `max_response_tokens`, or the last generation stopped on "length". */
+    truncated: z.boolean(),
     turns: z.array(z.record(z.string(), z.unknown())),
     credit: z.record(z.string(), z.unknown()).nullable(),
   })
@@ -98,13 +102,36 @@ export const TrainingView = z
 export const TrainingGroup = z.strictObject({ task_id: z.string(), results: z.array(TrainingView) }).openapi('TrainingGroup');
 
 /** A whole group, its samples as training views (`view=training`). */
-export const toTrainingGroup = (group: RolloutGroup) => ({ task_id: group.task_id, results: group.results.map(trainingView) });
+export const toTrainingGroup = (group: RolloutGroup, options: TrainingViewOptions = {}) => ({
+  task_id: group.task_id,
+  results: group.results.map((result) => trainingView(result, options)),
+});
 
 /** `?view=`: omitted (results as they are) or `training` (what a loss needs, each token id once). */
 export const ViewParam = z
   .string()
   .optional()
   .openapi({ enum: ['training'], description: "training: training views (already snake_case): the first prompt, one response sequence with its mask, logprobs and each token's turn, per-turn credit; each token id once, where a result repeats the conversation in every turn" });
+
+/** `max_response_tokens`: the training view's response-length cap (verl's `max_response_length`). */
+export const MaxResponseTokens = z.coerce
+  .number()
+  .int()
+  .positive()
+  .optional()
+  .openapi({
+    type: 'integer',
+    minimum: 1,
+    description:
+      'With `view=training`: cut each response (ids, mask, logprobs, turns, spans) to this many tokens; a view cut so, or whose last generation stopped on "length", is `truncated: true`',
+  });
+
+/** The training view's options of a request; a cap without `view=training` is a 400. */
+export function trainingViewOptions(training: boolean, maxResponseTokens: number | undefined): TrainingViewOptions {
+  if (maxResponseTokens === undefined) return {};
+  if (!training) throw new RolloutError({ code: 'BAD_REQUEST', message: 'max_response_tokens applies to view=training only' });
+  return { maxResponseTokens };
+}
 
 /** Whether `?view=` asks for training views; any other value is a 400. */
 export function wantsTrainingView(view: string | undefined): boolean {

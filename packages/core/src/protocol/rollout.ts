@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { DynamicSampling } from './sampling.ts';
 import { TURN_REWARD_COMPONENTS, TURN_REWARD_NAMES, type TurnRewardName } from './reward-components.ts';
 import { integerArray, numberArray } from './number-arrays.ts';
 
@@ -195,7 +196,25 @@ export const RolloutTask = z.strictObject({
 });
 
 /** A batch of tasks. Unknown fields here and in a task are errors that name them (a typo is not a default). */
-export const SubmitBatch = z.strictObject({ tasks: z.array(RolloutTask).min(1).max(10_000) });
+export const SubmitBatch = z
+  .strictObject({
+    tasks: z.array(RolloutTask).min(1).max(10_000),
+    /** The tasks are a pool to sample groups from until enough are informative (see DynamicSampling). */
+    dynamic_sampling: DynamicSampling.optional(),
+  })
+  .superRefine((batch, ctx) => {
+    const sampling = batch.dynamic_sampling;
+    if (!sampling) return;
+    const issue = (path: Array<string | number>, message: string) => ctx.addIssue({ code: 'custom', path, message });
+    if (sampling.groups > batch.tasks.length) issue(['dynamic_sampling', 'groups'], `${sampling.groups} groups cannot be kept from a pool of ${batch.tasks.length} tasks`);
+    if (sampling.max_groups !== undefined && sampling.max_groups < sampling.groups) issue(['dynamic_sampling', 'max_groups'], `the cap (${sampling.max_groups}) is below the groups to keep (${sampling.groups})`);
+    const seen = new Set<string>();
+    batch.tasks.forEach((task, i) => {
+      if (task.id === undefined) return;
+      if (seen.has(task.id)) issue(['tasks', i, 'id'], `task id "${task.id}" is in the pool twice: each group is tried once`);
+      seen.add(task.id);
+    });
+  });
 export const SubmitRequest = z.union([SubmitBatch, RolloutTask]);
 
 export type RolloutTaskInput = z.input<typeof RolloutTask>;

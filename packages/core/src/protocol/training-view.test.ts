@@ -43,4 +43,32 @@ describe('training view', () => {
     expect(drift.turns[1]!.generation_span).toBeNull();
     expect(trainingView(result([turn(0, null, null)])).sequence_error).toMatch(/no token ids/);
   });
+
+  it('carries each turn\'s finish reason and cuts the response at max_response_tokens, spans clipped', () => {
+    const turns = [turn(0, [1, 2], [3, 4]), turn(1, [1, 2, 3, 4, 5, 6], [7, 8])];
+    turns[0]!.finish_reason = 'tool_calls';
+    turns[1]!.finish_reason = 'stop';
+    const whole = trainingView(result(turns));
+    expect(whole.turns.map((t) => t.finish_reason)).toEqual(['tool_calls', 'stop']);
+    expect(whole).toMatchObject({ finish_reason: 'stop', truncated: false });
+    // a cap the response fits in changes nothing
+    expect(trainingView(result(turns), { maxResponseTokens: 6 })).toEqual(whole);
+    const cut = trainingView(result(turns), { maxResponseTokens: 3 });
+    expect(cut).toMatchObject({ truncated: true, finish_reason: 'stop', prompt_ids: [1, 2] });
+    expect(cut.response_ids).toEqual([3, 4, 5]);
+    expect(cut.response_mask).toEqual([1, 1, 0]);
+    expect(cut.response_logprobs).toEqual([-0.03, -0.04, 0]);
+    expect(cut.response_turn).toEqual([0, 0, 1]);
+    expect(cut.turns.map((t) => t.generation_span)).toEqual([
+      [0, 2],
+      [3, 3],
+    ]);
+    expect(trainingView(result(turns), { maxResponseTokens: 1 }).turns.map((t) => t.generation_span)).toEqual([
+      [0, 1],
+      [1, 1],
+    ]);
+    // the last generation cut by max_tokens is truncated without a cap
+    turns[1]!.finish_reason = 'length';
+    expect(trainingView(result(turns))).toMatchObject({ finish_reason: 'length', truncated: true });
+  });
 });

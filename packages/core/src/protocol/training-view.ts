@@ -3,8 +3,13 @@ import type { CreditRecord, RolloutResult, TurnRecord } from './rollout.ts';
 /** One turn as a trainer reads it: where its generation sits in the response, what it did, its credit. */
 export interface TrainingTurn {
   index: number;
-  /** [start, end) of the turn's generated tokens in `response_ids`; null without token ids. */
+  /**
+   * [start, end) of the turn's generated tokens in `response_ids`; null without token ids. Under a
+   * `max_response_tokens` cap it is clipped to the cap: a turn wholly past it has [cap, cap].
+   */
   generation_span: [number, number] | null;
+  /** Why the model stopped this turn's generation, as the backend said it ("stop", "length", "tool_calls"); null when unknown. */
+  finish_reason: string | null;
   code: string | null;
   status: TurnRecord['status'];
   malformed: string | null;
@@ -41,6 +46,14 @@ export interface TrainingView {
    * prompt does not start with the previous prompt plus its generation).
    */
   sequence_error: string | null;
+  /** The last turn's `finish_reason` ("length": the last generation hit `max_tokens`); null without turns. */
+  finish_reason: string | null;
+  /**
+   * The response did not end where the model ended it: cut by the view's `max_response_tokens`, or
+   * the last generation stopped on "length". What verl's overlong filtering and SkyRL's
+   * `apply_overlong_filtering` (no EOS at the end) look for.
+   */
+  truncated: boolean;
   turns: TrainingTurn[];
   credit: CreditRecord | null;
 }
@@ -53,8 +66,16 @@ function startsWith(sequence: readonly number[], first: readonly number[], secon
   return true;
 }
 
+export interface TrainingViewOptions {
+  /**
+   * Cuts the response sequence (ids, mask, logprobs, turns) to its first `maxResponseTokens` tokens
+   * and marks the view `truncated` when it was longer (verl's `max_response_length`).
+   */
+  maxResponseTokens?: number;
+}
+
 /** The training view of a finished rollout. */
-export function trainingView(result: RolloutResult): TrainingView {
+export function trainingView(result: RolloutResult, options: TrainingViewOptions = {}): TrainingView {
   const turns = result.turns;
   const spans: Array<[number, number] | null> = turns.map(() => null);
   let sequenceError: string | null = null;
@@ -95,6 +116,17 @@ export function trainingView(result: RolloutResult): TrainingView {
     });
   }
   const ok = sequenceError === null;
+  const cap = options.maxResponseTokens;
+  // the cut applies to whatever sequence there is: without one only the last turn's finish reason can say
+  const cut = ok && cap !== undefined && ids.length > cap;
+  if (cut) {
+    ids.length = cap;
+    mask.length = cap;
+    logprobs.length = cap;
+    turnOf.length = cap;
+    for (const [i, span] of spans.entries()) if (span) spans[i] = [Math.min(span[0], cap), Math.min(span[1], cap)];
+  }
+  const finishReason = turns.at(-1)?.finish_reason ?? null;
   return {
     id: result.id,
     task_id: result.task_id,
@@ -108,9 +140,12 @@ export function trainingView(result: RolloutResult): TrainingView {
     response_logprobs: ok ? logprobs : null,
     response_turn: ok ? turnOf : null,
     sequence_error: sequenceError,
+    finish_reason: finishReason,
+    truncated: cut || finishReason === 'length',
     turns: turns.map((turn, i) => ({
       index: turn.index,
       generation_span: ok ? spans[i]! : null,
+      finish_reason: turn.finish_reason ?? null,
       code: turn.code ?? null,
       status: turn.status,
       malformed: turn.malformed ?? null,

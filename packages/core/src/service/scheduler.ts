@@ -118,22 +118,7 @@ export class Scheduler {
    */
   async submit(inputs: readonly RolloutTaskInput[]): Promise<SubmittedTask[]> {
     if (this.#closed()) throw unavailable();
-    const tasks = inputs.map((input) => RolloutTask.parse(input));
-    for (const task of tasks) {
-      const env = this.#envs.get(task.env);
-      if (!env) throw new RolloutError({ code: 'NOT_FOUND', message: `unknown environment "${task.env}" (served: ${[...this.#envs.keys()].join(', ') || 'none'})` });
-      const fit = (schema: z.ZodType): object => {
-        const parsed = schema.safeParse(task.row);
-        if (!parsed.success) {
-          throw new RolloutError({ code: 'UNPROCESSABLE', message: `row does not fit environment "${task.env}": ${z.prettifyError(parsed.error)}`, details: parsed.error.issues });
-        }
-        return parsed.data as object;
-      };
-      const fitted = fit(env.row);
-      if (env.seedRow) fit(env.seedRow);
-      // the row's sandbox (the host paths, images and binds it names) is checked now, not at INIT
-      rowSandboxCheck(() => this.#runner.rowSandboxSpec(task.env, { ...task.row, ...fitted }), task.env);
-    }
+    const tasks = this.validate(inputs);
     const withIds = tasks.map((task) => (task.id ? task : { ...task, id: randomUUID() }));
     // One batch at a time, so a task id is known to the next batch once stored.
     const accepted = this.#submitting.then(async () => {
@@ -168,6 +153,30 @@ export class Scheduler {
     });
     this.#submitting = accepted.catch(() => undefined);
     return accepted;
+  }
+
+  /**
+   * Parses tasks and checks each against its environment (the environment is served, the row
+   * fits, its sandbox can be made), as submit does: what it refuses is a 404 or 422.
+   */
+  validate(inputs: readonly RolloutTaskInput[]): RolloutTask[] {
+    const tasks = inputs.map((input) => RolloutTask.parse(input));
+    for (const task of tasks) {
+      const env = this.#envs.get(task.env);
+      if (!env) throw new RolloutError({ code: 'NOT_FOUND', message: `unknown environment "${task.env}" (served: ${[...this.#envs.keys()].join(', ') || 'none'})` });
+      const fit = (schema: z.ZodType): object => {
+        const parsed = schema.safeParse(task.row);
+        if (!parsed.success) {
+          throw new RolloutError({ code: 'UNPROCESSABLE', message: `row does not fit environment "${task.env}": ${z.prettifyError(parsed.error)}`, details: parsed.error.issues });
+        }
+        return parsed.data as object;
+      };
+      const fitted = fit(env.row);
+      if (env.seedRow) fit(env.seedRow);
+      // the row's sandbox (the host paths, images and binds it names) is checked now, not at INIT
+      rowSandboxCheck(() => this.#runner.rowSandboxSpec(task.env, { ...task.row, ...fitted }), task.env);
+    }
+    return tasks;
   }
 
   /** New or re-queued work: the service's own pools and waiting node claims take it. */

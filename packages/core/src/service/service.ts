@@ -1,3 +1,4 @@
+import { randomUUID } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { pino, type Logger } from 'pino';
 import type { Environment } from '../spec/environment.ts';
@@ -21,7 +22,9 @@ import type {
 } from '../protocol/nodes.ts';
 import { RolloutRunner, type RolloutRunnerOptions, type StageName } from '../runner/runner.ts';
 import type { RolloutResult, RolloutState, RolloutTaskInput, RolloutView } from '../protocol/rollout.ts';
+import type { DynamicSampling } from '../protocol/sampling.ts';
 import { Commits } from './commits.ts';
+import { DynamicSampler, type Sampling, type Started } from './dynamic-sampling.ts';
 import { Feed } from './feed.ts';
 import { LOCAL, unavailable } from './lifecycle.ts';
 import { Coordinator } from './node-coordinator.ts';
@@ -31,6 +34,7 @@ import { Scheduler, type SubmittedTask } from './scheduler.ts';
 
 export { STAGES, type ModelProvider, type StageName } from '../runner/runner.ts';
 export type { SubmittedTask } from './scheduler.ts';
+export type { Sampling } from './dynamic-sampling.ts';
 
 export interface RolloutServiceOptions extends Omit<RolloutRunnerOptions, 'metrics' | 'logger'> {
   /**
@@ -108,6 +112,7 @@ export class RolloutService implements NodeCoordinator {
   readonly #coordinator: Coordinator;
   readonly #watch: NodeWatch;
   readonly #feed: Feed;
+  readonly #sampler: DynamicSampler;
   readonly #leaseMs: number;
   readonly #heartbeatMs: number;
   readonly #nodeTimeoutMs: number;
@@ -152,6 +157,13 @@ export class RolloutService implements NodeCoordinator {
       runLocally: options.runLocally,
       localLimit,
       leaseMs: this.#leaseMs,
+    });
+    this.#sampler = new DynamicSampler({
+      logger,
+      submit: (tasks) => this.#scheduler.submit(tasks),
+      results: (ids) => this.store.getResults(ids),
+      onResult: (listener) => this.#feed.onResult(listener),
+      cancel: (id) => this.#feed.cancel(id),
     });
     const workArrived = () => this.#scheduler.workArrived();
     this.#watch = new NodeWatch({
@@ -255,6 +267,27 @@ export class RolloutService implements NodeCoordinator {
     return this.#scheduler.submit(inputs);
   }
 
+  /**
+   * Dynamic sampling (DAPO): `inputs` are a pool whose tasks start in order until `options.groups`
+   * groups are informative (or `max_groups` were tried); answers once its first groups are stored.
+   * The whole pool is checked first, as submit checks a batch.
+   */
+  async sample(inputs: readonly RolloutTaskInput[], options: DynamicSampling): Promise<{ sampling: Sampling; submitted: Started[]; existing: boolean }> {
+    if (this.#closed) throw unavailable();
+    const pool = this.#scheduler.validate(inputs).map((task) => (task.id ? task : { ...task, id: randomUUID() }));
+    return this.#sampler.start(pool, options);
+  }
+
+  /** A dynamic sampling by id (kept in memory: a restart forgets it, not its samples). */
+  sampling(id: string): Sampling | undefined {
+    return this.#sampler.get(id);
+  }
+
+  /** Stops a dynamic sampling: nothing more starts and its running groups are cancelled. */
+  stopSampling(id: string): Promise<Sampling | undefined> {
+    return this.#sampler.stop(id);
+  }
+
   /** Calls `listener` with every result as it completes; returns the unsubscribe function. */
   onResult(listener: (result: RolloutResult) => void): () => void {
     return this.#feed.onResult(listener);
@@ -351,6 +384,7 @@ export class RolloutService implements NodeCoordinator {
   async close(): Promise<void> {
     if (this.#closed) return;
     this.#closed = true;
+    this.#sampler.close();
     for (const timer of this.#timers) clearInterval(timer);
     this.#coordinator.wake();
     await this.#scheduler.submitted();
