@@ -100,6 +100,8 @@ function run(command: string, args: string[], env: Record<string, string>): Prom
 }
 
 let fake: FakePolicy;
+/** The same script with re-tokenisation drift in chat mode (test_user_paths.py's drift tests). */
+let drifting: FakePolicy;
 let server: RolloutServer;
 let proxy: Awaited<ReturnType<typeof startDroppingProxy>>;
 /** A service with no LLM backend: its submits are warned (test_warnings.py). */
@@ -109,6 +111,7 @@ let environment: RunningServer;
 
 beforeAll(async () => {
   fake = await startFakePolicy({ script });
+  drifting = await startFakePolicy({ script, drifting: true });
   server = await startRolloutServer({ environments: [echo, counterEnvironment], token: TOKEN, llmBackends: [fake.url], defaultModel: 'fake-policy' });
   proxy = await startDroppingProxy(new URL(server.url), 3);
   bare = await startRolloutServer({ environments: [echo], token: TOKEN });
@@ -120,6 +123,7 @@ afterAll(async () => {
   await proxy?.close();
   await server?.close();
   await fake?.close();
+  await drifting?.close();
 });
 
 describe('the Python client (clients/python)', () => {
@@ -128,6 +132,7 @@ describe('the Python client (clients/python)', () => {
       ROLLSERVE_URL: server.url,
       ROLLSERVE_TOKEN: TOKEN,
       ROLLSERVE_POLICY_URL: fake.url,
+      ROLLSERVE_DRIFTING_POLICY_URL: drifting.url,
       ROLLSERVE_FLAKY_URL: proxy.url,
       ROLLSERVE_BARE_URL: bare.url,
       ROLLSERVE_ENV_URL: environment.url,

@@ -8,7 +8,7 @@ import asyncio
 from typing import Any, AsyncIterator, Dict, Iterable, List, Optional, Tuple, Union
 
 from ._transport import ResultStream
-from .client import Client, Grouper, Ids, Task
+from .client import Client, Grouper, Ids, Task, warn_drift
 from .models import Group, Page, Result, Rollout, Submission, TaskRollouts, TrainingView, as_id_list, materialize, warned
 
 
@@ -135,7 +135,9 @@ class AsyncClient:
         """As :meth:`Client.iter_training`, without blocking the loop."""
         ids = materialize(ids)
         async for raw in self._stream(as_id_list(ids), "training", warned(ids)):
-            yield TrainingView.from_json(raw)
+            view = TrainingView.from_json(raw)
+            warn_drift([view])
+            yield view
 
     def iter_training_groups(self, tasks: Ids, *, refresh: bool = True) -> AsyncIterator[Group]:
         """As :meth:`Client.iter_training_groups`, without blocking the loop."""
@@ -154,4 +156,5 @@ class AsyncClient:
                 continue
             if refresh and Grouper.lacks_advantages(group):
                 group = Grouper.refreshed_training(group, await self.training(group.task_id)) if view else Grouper.refreshed(group, await self.get(group.task_id))
+            warn_drift(group.results)
             yield group
