@@ -28,14 +28,33 @@
 # cleanly (what it held is re-queued at once on the service).
 #
 # Environment: ROLLSERVE_SERVICE (required), ROLLSERVE_TOKEN, ROLLSERVE_NODE_ARGS, ROLLSERVE_BIN and
-# ROLLSERVE_SANDBOX_PROVIDER as in rollserve-nodes.sbatch (Apptainer is described there), and
+# ROLLSERVE_SANDBOX_PROVIDER as in rollserve-nodes.sbatch (Apptainer is described there; without
+# ROLLSERVE_BIN: `rollserve` on PATH, else the checkout holding this script, else the one it was
+# started from; the hosts must see that path, e.g. on a shared filesystem), and
 # ROLLSERVE_LOG_DIR: where each step's output goes (default: the current directory), as
 # rollserve-node-<job id>.<step id>-<host>.out.
 set -euo pipefail
 
 : "${ROLLSERVE_SERVICE:?set ROLLSERVE_SERVICE to the central rollout service, e.g. http://head:8100}"
 : "${SLURM_JOB_ID:?run this inside a Slurm allocation, or set SLURM_JOB_ID to the job to start nodes in}"
-read -r -a rollserve <<<"${ROLLSERVE_BIN:-rollserve}"
+# How to run rollserve, as rollserve-nodes.sbatch resolves it: ROLLSERVE_BIN, else `rollserve` on PATH,
+# else the checkout this script is in (the README runs it as deploy/slurm/nodes-in-allocation.sh of
+# one), else the checkout it was started from, else say so before any step starts.
+if [[ -z "${ROLLSERVE_BIN:-}" ]]; then
+  if command -v rollserve >/dev/null; then
+    ROLLSERVE_BIN=rollserve
+  else
+    here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+    for dir in "$here/../.." "${SLURM_SUBMIT_DIR:-}" "$PWD"; do
+      if [[ -n "$dir" && -f "$dir/packages/cli/bin/rollserve.js" ]]; then
+        ROLLSERVE_BIN="node $(cd "$dir" && pwd)/packages/cli/bin/rollserve.js"
+        break
+      fi
+    done
+  fi
+  : "${ROLLSERVE_BIN:?rollserve is not on PATH and neither the directory of this script nor ${SLURM_SUBMIT_DIR:-$PWD} is in a rollserve checkout (packages/cli/bin/rollserve.js): set ROLLSERVE_BIN, e.g. \"node /path/to/rollserve/packages/cli/bin/rollserve.js\"}"
+fi
+read -r -a rollserve <<<"$ROLLSERVE_BIN"
 read -r -a node_args <<<"${ROLLSERVE_NODE_ARGS:-}"
 log_dir="${ROLLSERVE_LOG_DIR:-$PWD}"
 

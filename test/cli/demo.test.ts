@@ -103,6 +103,29 @@ describe('rollserve demo', () => {
     expect(results.map((r) => r.id).sort()).toEqual(['sum-3-5:0', 'sum-3-5:1', 'sum-3-5:2', 'sum-3-5:3']);
     for (const result of results) expect(result).toMatchObject({ reward: 1, env: 'math', state: 'done' });
 
+    // the README's Python client example, as written but for the port: 8 groups of 4, each right
+    const readmePython = (model?: string) => {
+      const section = readme.slice(readme.indexOf('## Python client'));
+      const block = /```python\n([\s\S]*?)```/.exec(section)?.[1];
+      expect(block, "README's Python client example").toBeDefined();
+      const asWritten = block!.replaceAll('http://127.0.0.1:8100', `http://127.0.0.1:${port}`);
+      return model === undefined ? asWritten : asWritten.replace('"model": "scripted-policy"', `"model": ${JSON.stringify(model)}`);
+    };
+    const python = (source: string) =>
+      promisify(execFile)('python3', ['-c', source], { timeout: 120_000, env: { ...process.env, PYTHONPATH: join(root, 'clients/python/src') } });
+    const { stdout: printed } = await python(readmePython());
+    const groups = printed.split('\n').filter((l) => / \[.*\] \[.*\]$/.test(l));
+    expect(groups, printed).toHaveLength(8);
+    for (const line of groups) expect(line, printed).toMatch(/ \[1, 1, 1, 1\] \[0, 0, 0, 0\]$/);
+    expect(printed).not.toContain('failed:');
+
+    // a model the demo's policy does not serve: every sample failed, filtered, the server's 404 said; not reward 0 as a score
+    const { stdout: refused } = await python(readmePython('Qwen/Qwen3-8B'));
+    const failures = refused.split('\n').filter((l) => l.trim().startsWith('failed:'));
+    expect(failures, refused).toHaveLength(32);
+    for (const line of failures) expect(line).toMatch(/failed: \S+:\d LLM_BACKEND .*HTTP 404: The model `Qwen\/Qwen3-8B` does not exist/);
+    expect(refused.split('\n').filter((l) => / \[0, 0, 0, 0\] \[None, None, None, None\]$/.test(l))).toHaveLength(8);
+    expect(refused).toMatch(/'failed': 32, 'cancelled': 0, 'in_flight': 0, 'drifted': 0\}/); // the status line: failed, not done
     demo.child.kill('SIGTERM');
     expect(await demo.done).toBe(0);
   }, 240_000);

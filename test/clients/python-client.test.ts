@@ -108,7 +108,7 @@ function run(command: string, args: string[], env: Record<string, string>): Prom
 }
 
 let fake: FakePolicy;
-/** The same script, writing tool calls as Python's json.dumps does: chat rollouts with a tool call drift (test_training.py). */
+/** The same script, writing tool calls as Python's json.dumps does: chat rollouts with a tool call drift (test_training.py, test_user_paths.py). */
 let drifting: FakePolicy;
 let server: RolloutServer;
 let proxy: Awaited<ReturnType<typeof startDroppingProxy>>;

@@ -1,5 +1,6 @@
 import { defineEnvironment, defineTool } from '@rollserve/core';
-import { createRolloutApi, type RolloutResult, type RolloutService, type TrainingView } from '@rollserve/core/service';
+import { createRolloutApi, trainingView, type RolloutResult, type RolloutService, type TrainingView } from '@rollserve/core/service';
+import math from '@rollserve/env-math';
 import { type FakePolicy, type FakeReply, startFakePolicy, startTestRolloutService } from '@rollserve/testing';
 import { afterEach, describe, expect, it } from 'vitest';
 import { z } from 'zod';
@@ -119,7 +120,7 @@ describe('turn-level credit through the rollout service', () => {
     expect(f1!.credit!.shaping!.value).toBeCloseTo(0.5, 10);
     // hashed bags {y, =, 2} and {x, =, 1} share "=": cos 1/3
     expect(f2!.credit!.shaping!.similarity).toBeCloseTo(1 / 3, 10);
-    expect(f2!.credit!.components.shaping!.params).toEqual({ alpha: 0.5, similarity: { url: fake.url, model: 'fake-policy' }, success_threshold: 1 });
+    expect(f2!.credit!.components.shaping!.params).toEqual({ alpha: 0.5, similarity: { url: fake.url, model: 'fake-policy' }, success_threshold: 1, clamp: true });
   });
 
   it('says so in the result, with no advantages, when the embeddings endpoint is down', async () => {
@@ -142,4 +143,64 @@ describe('turn-level credit through the rollout service', () => {
       expect(results[0]!.turns.at(-1)!.rewards.shaping).toBe(0);
     }
   });
+});
+
+describe('GTPO details through the rollout service (issue 27)', () => {
+  const mathWithCode = (input: string) => ({
+    responses_create_params: {
+      input: [{ role: 'user', content: input }],
+      tools: [{ type: 'function', name: 'execute_python', parameters: { type: 'object', properties: { code: { type: 'string' } }, required: ['code'] } }],
+    },
+    expected_result: '4',
+    expected_code_contains: '',
+  });
+  const python = (code: string): FakeReply => ({ toolCalls: [{ name: 'execute_python', arguments: { code } }] });
+
+  it("records math_with_code's time-out as 'timeout' and a raise with its exception's name, the policy reading math_with_code's answers", async () => {
+    const fake = await startFakePolicy({ script: [python('import time\ntime.sleep(30)'), python('1/0'), python('print(2+2)'), '\\boxed{4}'] });
+    const { service: svc, close } = await startTestRolloutService({ environments: [math], backends: [fake.url], environmentConfigs: { math: { max_execution_time: 1 } } });
+    cleanups.push(async () => {
+      await close();
+      await fake.close();
+    });
+    const [task] = await svc.submit([{ id: 'mwc-outcomes', env: 'math', row: mathWithCode('What is 2+2?'), policy: { model: 'fake-policy' } }]);
+    const result = await svc.wait(task!.rolloutIds[0]!);
+    expect(result).toMatchObject({ state: 'done', reward: 1 });
+    const calls = result.turns.flatMap((t) => t.tool_calls);
+    expect(calls.map((c) => [c.status, c.execution])).toEqual([
+      ['timeout', { exit_code: null, timed_out: true, exception: null }],
+      ['error', { exit_code: null, timed_out: false, exception: 'ZeroDivisionError: division by zero' }],
+      ['ok', { exit_code: null, timed_out: false, exception: null }],
+    ]);
+    expect(result.turns.map((t) => t.status)).toEqual(['timeout', 'error', 'ok', 'none']);
+    // what the policy read is math_with_code's response, unchanged
+    expect(JSON.parse(calls[0]!.output)).toEqual({ success: false, stdout: '', stderr: '', error_message: 'code timed-out', result: null });
+    expect(JSON.parse(calls[1]!.output)).toEqual({ success: false, stdout: '', stderr: '', error_message: 'division by zero', result: null });
+    // the training view carries the same structured outcomes
+    const view = trainingView(result);
+    expect(view.turns[0]!.tool_calls[0]).toMatchObject({ status: 'timeout', execution: { timed_out: true } });
+    expect(view.turns[1]!.tool_calls[0]).toMatchObject({ status: 'error', execution: { exception: 'ZeroDivisionError: division by zero' } });
+  }, 120_000);
+
+  it('keeps the turns a filtered sample made before its policy error', async () => {
+    const fake = await startFakePolicy({ script: [run('x = 1'), { status: 400, errorMessage: 'prompt too long for this test' }] });
+    const { service: svc, close } = await startTestRolloutService({ environments: [coder], backends: [fake.url] });
+    cleanups.push(async () => {
+      await close();
+      await fake.close();
+    });
+    const [task] = await svc.submit([{ id: 'policy-error-at-turn-1', env: 'coder', row: { responses_create_params: { input: 'write code' } }, policy: { model: 'fake-policy' } }]);
+    const result = await svc.wait(task!.rolloutIds[0]!);
+    expect(result).toMatchObject({ state: 'failed', critical_error: 'run', filter: true, error: { code: 'LLM_BACKEND' } });
+    expect(result.error!.message).toMatch(/prompt too long for this test/);
+    // turn 0 (its call of `execute`) is kept, with its token ids; the failed turn 1 made nothing
+    expect(result.turns).toHaveLength(1);
+    expect(result.turns[0]!.tool_calls.map((c) => [c.name, c.status])).toEqual([['execute', 'ok']]);
+    expect(result.turns[0]!.generation_token_ids!.length).toBeGreaterThan(0);
+    expect(result.messages.map((m) => m.role)).toEqual(['user', 'assistant', 'tool']);
+    expect(result.response).not.toBeNull();
+    // filtered: no advantages, no part in shaping
+    expect(result.advantage).toBeNull();
+    expect(result.turns[0]!.normalized_return).toBeNull();
+  }, 120_000);
 });

@@ -313,10 +313,15 @@ describe("NeMo Gym's JSON types and names on the agent face", { timeout: 120_000
       const bearer = await call(gym.url, 'POST', '/run', { ...cases[0]!.row, agent_ref: { name: 'mcqa_simple_agent' } }, { authorization: `Bearer ${token}` });
       expect(bearer.status).toBe(200);
 
-      const noToken = await call(gym.url, 'POST', '/run', { ...cases[0]!.row, agent_ref: { name: 'mcqa_simple_agent' } });
-      expect(noToken.status).toBe(401);
-      const wrongToken = { authorization: `Basic ${Buffer.from('rollserve:nope').toString('base64')}` };
-      expect((await call(gym.url, 'POST', '/run', { ...cases[0]!.row, agent_ref: { name: 'mcqa_simple_agent' } }, wrongToken)).status).toBe(401);
+      // without or with a wrong token: FastAPI's 401, as NeMo Gym's client reads any error (`detail`)
+      for (const path of ['/run', '/aggregate_metrics', '/ng-rollout/r-1/run']) {
+        const noToken = await call(gym.url, 'POST', path, { ...cases[0]!.row, agent_ref: { name: 'mcqa_simple_agent' } });
+        expect({ status: noToken.status, json: noToken.json }, path).toEqual({ status: 401, json: { detail: 'Not authenticated' } });
+        for (const wrongToken of [`Basic ${Buffer.from('rollserve:nope').toString('base64')}`, 'Bearer nope']) {
+          const refused = await call(gym.url, 'POST', path, { ...cases[0]!.row, agent_ref: { name: 'mcqa_simple_agent' } }, { authorization: wrongToken });
+          expect({ status: refused.status, json: refused.json }, `${path} ${wrongToken}`).toEqual({ status: 401, json: { detail: 'Invalid authentication credentials' } });
+        }
+      }
       // Basic is the NeMo Gym and ProRL faces' only: the service's own API takes its bearer token.
       expect((await call(gym.url, 'GET', '/v1/status', undefined, basic)).status).toBe(401);
 

@@ -441,3 +441,40 @@ describe("ProRL's own client scripts, unchanged", { timeout: 120_000 }, () => {
     }
   });
 });
+
+describe("ProRL's clients against a service with a token", { timeout: 120_000 }, () => {
+  it("answer FastAPI's 401 ({detail}) without or with a wrong token; URL credentials (Basic) or the bearer token pass", async () => {
+    const token = 'prorl-token-1';
+    const guarded = await startRolloutServer({ environments: [math], llmBackends: [fake.url], defaultModel: 'fake-policy', token });
+    try {
+      const instance = mathInstance('m-401', '2+3?', '5');
+      // ProRL's clients post with aiohttp and read the body's `detail` on an error, as from its FastAPI server.
+      for (const [method, path, body] of [
+        ['POST', '/process', { instance, sampling_params: SAMPLING }],
+        ['POST', '/start', undefined],
+        ['GET', '/status', undefined],
+        ['POST', '/add_llm_server', { address: fake.url }],
+      ] as const) {
+        const missing = await fetch(`${guarded.url}${path}`, { method, ...(body ? { body: JSON.stringify(body), headers: { 'content-type': 'application/json' } } : {}) });
+        expect(missing.status, path).toBe(401);
+        expect(missing.headers.get('www-authenticate'), path).toBe('Bearer');
+        expect(await missing.text(), path).toBe('{"detail":"Not authenticated"}');
+        for (const authorization of [`Bearer nope`, `Basic ${Buffer.from('rollserve:nope').toString('base64')}`, 'Bearer']) {
+          const wrong = await call(guarded.url, method, path, body, { authorization });
+          expect({ status: wrong.status, json: wrong.json }, `${path} ${authorization}`).toEqual({ status: 401, json: { detail: 'Invalid authentication credentials' } });
+        }
+      }
+      // a host configured as rollserve:<token>@host: aiohttp sends the URL's credentials as Basic
+      const basic = { authorization: `Basic ${Buffer.from(`rollserve:${token}`).toString('base64')}` };
+      const processed = await call(guarded.url, 'POST', '/process', { instance, sampling_params: SAMPLING }, basic);
+      expect(processed.status).toBe(200);
+      expect(processed.json).toMatchObject({ instance_id: 'm-401', reward: 1 });
+      expect((await call(guarded.url, 'GET', '/status', undefined, { authorization: `Bearer ${token}` })).status).toBe(200);
+      // the service's own API keeps its own error shape
+      const own = await call(guarded.url, 'GET', '/v1/status');
+      expect(own).toMatchObject({ status: 401, json: { error: { code: 'UNAUTHORIZED' } } });
+    } finally {
+      await guarded.close();
+    }
+  });
+});

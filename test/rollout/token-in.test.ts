@@ -98,6 +98,18 @@ describe('token-in generation (policy.generation: "tokens")', () => {
     expect(drifting.tokenizeRequests.length).toBeGreaterThanOrEqual(1 + 2 * 2);
   });
 
+  it('/v1/status counts the samples whose turns drifted (chat mode), not token-mode or drift-free ones', async () => {
+    const drifted = async () => ((await call(server.url, 'GET', '/v1/status', undefined, auth)).json as { rollouts: { drifted: number } }).rollouts.drifted;
+    const before = await drifted();
+    const chat = await rollout('status-drift-chat', drifting, 'chat');
+    expect(chat.view.sequence_error).toMatch(/^re-tokenisation drift/);
+    expect(await drifted()).toBe(before + 1);
+    await rollout('status-drift-tokens', drifting, 'tokens');
+    const steadyChat = await rollout('status-steady-chat', steady, 'chat');
+    expect(steadyChat.view.sequence_error).toBeNull();
+    expect(await drifted()).toBe(before + 1);
+  });
+
   it('without drift, token mode generates from the very ids a chat server renders', async () => {
     const chat = await rollout('steady-chat', steady, 'chat');
     const tokens = await rollout('steady-tokens', steady, 'tokens');

@@ -155,10 +155,10 @@ describe.skipIf(missing !== undefined)('single-host Slurm test cluster', () => {
       await slurm.waitFor('the array to end', async () => (await slurm.jobs(id)).every((t) => t.state === 'CANCELLED'), { timeoutMs: 60_000 });
     }, 240_000);
 
-    it("rollserve-nodes.sbatch as the README submits it (no ROLLSERVE_BIN, rollserve not on PATH): runs the checkout's CLI, or fails saying so", async () => {
-      // a checkout whose CLI is a stand-in that records how it was started (node runs it, as it runs the real one)
-      const checkout = join(slurm.jobsDir, 'checkout');
-      const log = join(slurm.jobsDir, 'checkout-cli.log');
+    // A checkout whose CLI is a stand-in that records how it was started (node runs it, as it runs the real one).
+    const standInCheckout = (name: string) => {
+      const checkout = join(slurm.jobsDir, name);
+      const log = join(slurm.jobsDir, `${name}-cli.log`);
       mkdirSync(join(checkout, 'packages', 'cli', 'bin'), { recursive: true });
       writeFileSync(log, '');
       writeFileSync(join(checkout, 'packages', 'cli', 'bin', 'rollserve.js'), [
@@ -169,8 +169,13 @@ describe.skipIf(missing !== undefined)('single-host Slurm test cluster', () => {
         '',
       ].join('\n'));
       writeFileSync(join(checkout, 'package.json'), '{"type":"module"}\n');
-      const path = `${dirname(process.execPath)}:/usr/bin:/bin`; // node, and no rollserve
-      const base = { ROLLSERVE_SERVICE: 'http://127.0.0.1:9/', ROLLSERVE_NODE_ARGS: '--init 1', PATH: path };
+      return { checkout, log };
+    };
+    const noRollserveOnPath = `${dirname(process.execPath)}:/usr/bin:/bin`; // node and Slurm's commands, and no rollserve
+
+    it("rollserve-nodes.sbatch as the README submits it (no ROLLSERVE_BIN, rollserve not on PATH): runs the checkout's CLI, or fails saying so", async () => {
+      const { checkout, log } = standInCheckout('checkout');
+      const base = { ROLLSERVE_SERVICE: 'http://127.0.0.1:9/', ROLLSERVE_NODE_ARGS: '--init 1', PATH: noRollserveOnPath };
       const id = await slurm.sbatch(['--array=1-1', '-D', checkout, '-o', '/dev/null', join(repoRoot, 'deploy/slurm/rollserve-nodes.sbatch')], { env: base });
       await slurm.waitFor("the checkout's CLI started", () => readFileSync(log, 'utf8').includes('start '), { timeoutMs: 120_000 });
       expect(readFileSync(log, 'utf8').trim()).toBe('start node --service http://127.0.0.1:9/ --init 1');
@@ -183,6 +188,31 @@ describe.skipIf(missing !== undefined)('single-host Slurm test cluster', () => {
       const failed = await slurm.sbatch(['-D', elsewhere, '-o', out, join(repoRoot, 'deploy/slurm/rollserve-nodes.sbatch')], { env: base });
       await slurm.waitFor('the task to fail', async () => (await slurm.jobs(failed)).every((t) => t.state === 'FAILED'), { timeoutMs: 120_000 });
       expect(readFileSync(out, 'utf8')).toMatch(/rollserve is not on PATH .* set ROLLSERVE_BIN/);
+    }, 240_000);
+
+    it("nodes-in-allocation.sh as the README runs it (no ROLLSERVE_BIN, rollserve not on PATH): runs its checkout's CLI on each host, or fails before any step saying so", async () => {
+      const { checkout, log } = standInCheckout('allocation-checkout');
+      mkdirSync(join(checkout, 'deploy', 'slurm'), { recursive: true });
+      const script = join(checkout, 'deploy', 'slurm', 'nodes-in-allocation.sh');
+      writeFileSync(script, readFileSync(join(repoRoot, 'deploy/slurm/nodes-in-allocation.sh')), { mode: 0o755 });
+      const base = { ROLLSERVE_SERVICE: 'http://127.0.0.1:9/', ROLLSERVE_NODE_ARGS: '--init 1', PATH: noRollserveOnPath, ROLLSERVE_LOG_DIR: slurm.jobsDir };
+      // started from another directory, as a trainer's batch script would
+      const elsewhere = join(slurm.jobsDir, 'allocation-elsewhere');
+      mkdirSync(elsewhere, { recursive: true });
+      const id = await slurm.sbatch(['-N2', '--no-kill', '-D', elsewhere, '-o', '/dev/null', '--wrap', script], { env: base });
+      await slurm.waitFor("the checkout's CLI started on both hosts", () => readFileSync(log, 'utf8').trim().split('\n').filter(Boolean).length === 2, { timeoutMs: 120_000 });
+      expect(readFileSync(log, 'utf8').trim().split('\n')).toEqual(Array(2).fill('start node --service http://127.0.0.1:9/ --init 1'));
+      await slurm.cancel(id);
+      await slurm.waitFor('the job to end', async () => (await slurm.jobs(id))[0]?.state === 'CANCELLED', { timeoutMs: 60_000 });
+
+      // a copy outside any checkout, started outside one: the job fails at once and says what to set
+      const lone = join(elsewhere, 'nodes-in-allocation.sh');
+      writeFileSync(lone, readFileSync(join(repoRoot, 'deploy/slurm/nodes-in-allocation.sh')), { mode: 0o755 });
+      const out = join(elsewhere, 'allocation.out');
+      const failed = await slurm.sbatch(['-N2', '--no-kill', '-D', elsewhere, '-o', out, '--wrap', lone], { env: base });
+      await slurm.waitFor('the job to fail', async () => (await slurm.jobs(failed))[0]?.state === 'FAILED', { timeoutMs: 120_000 });
+      expect(readFileSync(out, 'utf8')).toMatch(/rollserve is not on PATH .* set ROLLSERVE_BIN/);
+      expect(readFileSync(out, 'utf8')).not.toMatch(/rollserve node: step on/);
     }, 240_000);
 
     it('nodes-in-allocation.sh: a step per host, so a failed host ends only its own node', async () => {

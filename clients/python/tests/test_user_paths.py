@@ -1,7 +1,9 @@
 """What a trainer meets when something is off: a service with no policy backend, a typo in the
 sampling parameters, the client pointed at the wrong server or at one that is down, and a long
-list of ids. ROLLSERVE_BARE_URL is a service without LLM backends; ROLLSERVE_ENV_URL an
-environment's resources server (both started by test/clients/python-client.test.ts)."""
+list of ids, a policy server that does not serve the model named, a sample whose turns drifted.
+ROLLSERVE_BARE_URL is a service without LLM backends; ROLLSERVE_ENV_URL an environment's
+resources server; ROLLSERVE_DRIFTING_POLICY_URL the scripted policy with re-tokenisation drift
+(all started by test/clients/python-client.test.ts)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from conftest import TOKEN, URL, make_task
 
 BARE_URL = os.environ.get("ROLLSERVE_BARE_URL")
 ENV_URL = os.environ.get("ROLLSERVE_ENV_URL")
+DRIFTING_POLICY_URL = os.environ.get("ROLLSERVE_DRIFTING_POLICY_URL")
 
 
 def test_no_backend_is_said_and_iter_groups_fails_fast_instead_of_waiting(prefix: str) -> None:
@@ -126,3 +129,77 @@ def test_ids_alone_get_the_warning_issued_while_they_wait_then_stream_once_a_bac
         warned = [w for w in caught if issubclass(w.category, rollserve.ServiceWarning)]
         assert len(warned) == 1 and "no policy backend" in str(warned[0].message)
         client.backends.remove(f"{prefix}-policy")
+
+
+def test_a_model_the_backend_does_not_serve_fails_the_samples_saying_so_not_as_reward_0(client: rollserve.Client, prefix: str) -> None:
+    task = make_task("What is 3+5?", n=4, id=f"{prefix}-unknown-model")
+    task["policy"] = {"model": "Qwen/Qwen3-8B"}  # the scripted policy serves fake-policy only
+    groups = list(client.iter_groups(client.submit([task])))
+    assert len(groups) == 1
+    group = groups[0]
+    assert [r.state for r in group] == ["failed"] * 4
+    assert group.failures == group.results  # every sample an infrastructure failure: not to train on
+    assert group.advantages == [None] * 4
+    for result in group.failures:
+        assert result.filter is True and result.critical_error == "run"
+        assert result.error["code"] == "LLM_BACKEND"
+        assert "Qwen/Qwen3-8B" in result.error["message"] and "does not exist" in result.error["message"]
+    assert "failures=4" in repr(group)
+
+
+def test_a_drifted_sample_is_counted_in_status_marked_in_its_group_and_warned(client: rollserve.Client, prefix: str) -> None:
+    assert DRIFTING_POLICY_URL, "ROLLSERVE_DRIFTING_POLICY_URL names no policy"
+    before = client.status()["rollouts"]["drifted"]
+    task = {
+        "id": f"{prefix}-drift",
+        "env": "counter",
+        "n": 2,
+        "row": {"responses_create_params": {"input": "count to two"}, "initial_count": 0, "expected_count": 2},
+        "policy": {"model": "fake-policy", "base_url": DRIFTING_POLICY_URL},  # chat mode, the default
+    }
+    submitted = client.submit([task])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        groups = list(client.iter_training_groups(submitted))
+    assert len(groups) == 1
+    group = groups[0]
+    assert len(group) == 2
+    assert group.drifted == group.results  # members still, each marked
+    for view in group:
+        assert view.drifted is True
+        assert view.response_ids is None and view.sequence_error.startswith("re-tokenisation drift")
+        assert view.filter is False and view.reward == 1  # a scored sample, only its sequence is gone
+    drift = [w for w in caught if issubclass(w.category, rollserve.DriftWarning)]
+    assert sorted(str(w.message).split()[1] for w in drift) == sorted(v.id for v in group)
+    assert client.status()["rollouts"]["drifted"] == before + 2
+    # the same task's views one by one: marked and warned too
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        views = list(client.iter_training(submitted))
+    assert [v.drifted for v in views] == [True, True]
+    assert len([w for w in caught if issubclass(w.category, rollserve.DriftWarning)]) == 2
+    # a drift-free sample is not marked
+    plain = client.submit([make_task("hello", id=f"{prefix}-plain")])
+    (view,) = list(client.iter_training(plain))
+    assert view.drifted is False and view.response_ids is not None
+
+
+def test_the_async_client_marks_and_warns_drift_too(prefix: str) -> None:
+    assert DRIFTING_POLICY_URL
+    task = {
+        "id": f"{prefix}-adrift",
+        "env": "counter",
+        "row": {"responses_create_params": {"input": "count to two"}, "initial_count": 0, "expected_count": 2},
+        "policy": {"model": "fake-policy", "base_url": DRIFTING_POLICY_URL},
+    }
+
+    async def main() -> list:
+        async with rollserve.AsyncClient(URL, token=TOKEN, timeout=60) as client:
+            submitted = await client.submit([task])
+            return [g async for g in client.iter_training_groups(submitted)]
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        groups = asyncio.run(main())
+    assert [len(g.drifted) for g in groups] == [1]
+    assert len([w for w in caught if issubclass(w.category, rollserve.DriftWarning)]) == 1

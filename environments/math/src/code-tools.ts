@@ -2,7 +2,7 @@
 // kernel, inside the session's sandbox (bwrap by default) rather than a host subprocess.
 
 import { defineTool } from '@rollserve/core';
-import type { EnvironmentContext, SessionTools } from '@rollserve/core';
+import type { EnvironmentContext, SessionTools, ToolExecution } from '@rollserve/core';
 import { z } from 'zod';
 import { pyStrip } from '@rollserve/core';
 
@@ -67,7 +67,26 @@ function pythonErrorMessage(ename: string, evalue: string): string {
   return evalue;
 }
 
+/**
+ * What math_with_code's response cannot carry for the rollout's record: a time-out is only the text
+ * 'code timed-out' and an exception only its message. Kept beside each response (the tool's
+ * `execution` reads it), so the policy and NeMo Gym still see math_with_code's response unchanged.
+ */
+const outcomes = new WeakMap<ExecutePythonResponse, ToolExecution>();
+
+function answered(response: ExecutePythonResponse, execution: ToolExecution): ExecutePythonResponse {
+  outcomes.set(response, execution);
+  return response;
+}
+
 const failure = (message: string): ExecutePythonResponse => ({ success: false, stdout: '', stderr: '', error_message: message, result: null });
+const timedOut = (): ExecutePythonResponse => answered(failure('code timed-out'), { exitCode: null, timedOut: true, exception: null });
+const raised = (message: string, exception: string): ExecutePythonResponse => answered(failure(message), { exitCode: null, timedOut: false, exception });
+
+/** A call's structured outcome (`ToolDefinition.execution`), from what executePython recorded. */
+export function executePythonOutcome(response: ExecutePythonResponse): ToolExecution {
+  return outcomes.get(response) ?? { exitCode: null, timedOut: false, exception: response.success ? null : response.error_message ?? 'error' };
+}
 
 /** The session's kernel as math_with_code's calls use it (the rollout service starts it in INIT). */
 function codeKernel(tools: SessionTools, config: CodeToolsConfig) {
@@ -84,18 +103,19 @@ export async function executePython(code: string, tools: SessionTools, config: C
     const kernel = await codeKernel(tools, config);
     const started = performance.now();
     const ran = await kernel.run(code, { timeoutMs: limitMs });
-    if (ran.status === 'timeout') return failure('code timed-out');
+    if (ran.status === 'timeout') return timedOut();
     if (ran.status === 'error' || ran.error !== null) {
-      return failure(ran.error === null ? 'error' : pythonErrorMessage(ran.error.ename, ran.error.evalue));
+      if (ran.error === null) return raised('error', 'error');
+      return raised(pythonErrorMessage(ran.error.ename, ran.error.evalue), `${ran.error.ename}: ${ran.error.evalue}`);
     }
     let { stdout, stderr } = ran;
     let result: string | null = null;
     const line = resultLine(code);
     const left = limitMs - (performance.now() - started);
     if (line !== undefined) {
-      if (left <= 0) return failure('code timed-out');
+      if (left <= 0) return timedOut();
       const evaluated = await kernel.run(resultCell(line), { timeoutMs: left });
-      if (evaluated.status === 'timeout') return failure('code timed-out');
+      if (evaluated.status === 'timeout') return timedOut();
       const mark = evaluated.stdout.lastIndexOf(RESULT_MARK);
       stdout += mark < 0 ? evaluated.stdout : evaluated.stdout.slice(0, mark);
       stderr += evaluated.stderr;
@@ -103,7 +123,8 @@ export async function executePython(code: string, tools: SessionTools, config: C
     }
     return { success: true, stdout, stderr, error_message: null, result };
   } catch (error) {
-    return failure(error instanceof Error ? error.message : String(error));
+    const message = error instanceof Error ? error.message : String(error);
+    return raised(message, `${error instanceof Error ? error.name : 'Error'}: ${message}`);
   }
 }
 
@@ -117,6 +138,8 @@ export function createExecutePythonTool<Config>(configOf: (ctx: EnvironmentConte
     // The per-call limit is the config's; this is only a backstop (start-up is not counted).
     timeoutMs: 300_000,
     succeeded: (output: ExecutePythonResponse) => output.success === true,
+    // the record's status: 'timeout' for a time-out, 'error' with the exception's name for a raise
+    execution: executePythonOutcome,
     prepare: (ctx) => codeKernel(ctx.tools, configOf(ctx)),
     handler: ({ code }, ctx) => executePython(code, ctx.tools, configOf(ctx)),
   });

@@ -533,3 +533,24 @@ describe('extracted_answer in sympy str() style', () => {
     expect(gradeAnswer('x', 'so \\boxed{)(}')).toEqual({ reward: 0, extracted_answer: ')(' });
   });
 });
+
+// math_with_judge's 0s that rollserve gave 1 (issue 27): no 1 where it gives 0, in either mode.
+describe('no 1 where math_with_judge gives 0', () => {
+  it.each([
+    // latex2sympy lexes \varnothing as a plain symbol; only \emptyset, ∅ and \{\} are the empty set
+    ['\\emptyset', 'So the solution set is \\boxed{\\varnothing}.', 0, 'varnothing'],
+    ['\\varnothing', 'So the solution set is \\boxed{\\emptyset}.', 0, 'EmptySet'],
+    // values given to different unknowns are an assignment, not the gold's set of values
+    ['\\{-3, 2\\}', 'The roots are \\boxed{x_1 = -3, x_2 = 2}.', 0, '{Eq(x_1, -3), Eq(x_2, 2)}'],
+    ['\\{2, -3\\}', 'By the quadratic formula, \\boxed{x_{1}=2,\\ x_{2}=-3}', 0, '{Eq(x_1, 2), Eq(x_2, -3)}'],
+    // what stays 1: the same answer in the gold's form, one unknown's values, the same symbol
+    ['\\emptyset', '\\boxed{\\emptyset}', 1, 'EmptySet'],
+    ['\\varnothing', '\\boxed{\\varnothing}', 1, 'varnothing'],
+    ['\\{-3, 2\\}', '\\boxed{x = -3, x = 2}', 1, '{Eq(x, -3), Eq(x, 2)}'],
+    ['\\{-3, 2\\}', '\\boxed{\\{2, -3\\}}', 1, '{-3, 2}'],
+    ['x_1=-3, x_2=2', '\\boxed{\\{-3, 2\\}}', 1, '{-3, 2}'],
+    ['k = 45, n = 2', '\\boxed{k = 45} \\quad \\text{and} \\quad \\boxed{n = 2}', 1, '{Eq(k, 45), Eq(n, 2)}'],
+  ])('%s against %s: %i', (gold, output, reward, extracted) => {
+    for (const corrections of [false, true]) expect(gradeAnswer(gold, output, { corrections })).toEqual({ reward, extracted_answer: extracted });
+  });
+});

@@ -47,6 +47,9 @@ export function prepareForEngine(input: string): string {
   // A number's subscript (a base: 204_5) is ignored by latex2sympy: the number is read as written.
   s = s.replace(/(\d)_(?:\{[^{}]*\}|[A-Za-z0-9])/g, '$1');
   s = s.replace(/\\(?:mathbb|mathcal|boldsymbol|bm)\s*\{([^{}]*)\}/g, '$1');
+  // latex2sympy lexes \varnothing as one of its other symbols (a symbol named varnothing), not as
+  // the empty set (\emptyset, ∅, \{\}): math_with_judge scores \varnothing against \emptyset 0.
+  s = s.replace(/\\varnothing(?![a-zA-Z])/g, ' \\operatorname{varnothing} ');
   s = s.replace(/\\le(?![a-z])/g, '\\leq').replace(/\\ge(?![a-z])/g, '\\geq');
   s = s.replace(/\\leqslant\b/g, '\\leq').replace(/\\geqslant\b/g, '\\geq');
   // latex2sympy's ratio a:b is a division (the engine reads it as a loose operator).

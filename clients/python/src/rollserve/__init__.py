@@ -3,7 +3,7 @@ Standard library only."""
 
 from .aio import AsyncClient
 from .client import Client
-from .errors import RolloutServiceError, ServiceConnectionError, ServiceWarning, ServiceWarningError
+from .errors import DriftWarning, RolloutServiceError, ServiceConnectionError, ServiceWarning, ServiceWarningError
 from .models import Group, Page, Result, Rollout, Sampling, Submission, SubmittedTask, TaskRollouts, TrainingView
 
 __version__ = "0.1.0"
@@ -11,6 +11,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AsyncClient",
     "Client",
+    "DriftWarning",
     "Group",
     "Page",
     "Result",

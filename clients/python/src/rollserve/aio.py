@@ -8,7 +8,7 @@ import asyncio
 from typing import Any, AsyncIterator, Dict, Iterable, List, Optional, Tuple, Union
 
 from ._transport import ResultStream
-from .client import Client, Grouper, Ids, SampledGroups, Task
+from .client import Client, Grouper, Ids, SampledGroups, Task, warn_drift
 from .models import Group, Page, Result, Rollout, Sampling, Submission, TaskRollouts, TrainingView, as_id_list, materialize, warned
 
 
@@ -150,7 +150,9 @@ class AsyncClient:
         """As :meth:`Client.iter_training`, without blocking the loop."""
         ids = materialize(ids)
         async for raw in self._stream(as_id_list(ids), "training", warned(ids), max_response_tokens):
-            yield TrainingView.from_json(raw)
+            view = TrainingView.from_json(raw)
+            warn_drift([view])
+            yield view
 
     def iter_training_groups(self, tasks: Ids, *, refresh: bool = True, max_response_tokens: Optional[int] = None) -> AsyncIterator[Group]:
         """As :meth:`Client.iter_training_groups`, without blocking the loop."""
@@ -169,6 +171,7 @@ class AsyncClient:
                 continue
             if refresh and Grouper.lacks_advantages(group):
                 group = Grouper.refreshed_training(group, await self.training(group.task_id, max_response_tokens=max_response_tokens)) if view else Grouper.refreshed(group, await self.get(group.task_id))
+            warn_drift(group.results)
             yield group
 
 

@@ -10,7 +10,7 @@ import warnings
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
 
 from ._transport import _NETWORK, ResultStream, Transport
-from .errors import RolloutServiceError, ServiceConnectionError, ServiceWarning, ServiceWarningError
+from .errors import DriftWarning, RolloutServiceError, ServiceConnectionError, ServiceWarning, ServiceWarningError
 from .models import Group, Page, Result, Rollout, Sampling, Submission, SubmittedTask, TaskRollouts, TrainingView, as_id_list, materialize, warned
 
 Task = Mapping[str, Any]
@@ -46,6 +46,19 @@ def parse_training(raw: Dict[str, Any]) -> Union[TrainingView, List[Optional[Tra
     if "rollouts" in raw and "id" not in raw:
         return [None if v is None else TrainingView.from_json(v) for v in raw["rollouts"]]
     return TrainingView.from_json(raw)
+
+
+def warn_drift(views: Iterable[Any]) -> None:
+    """A DriftWarning per drifted training view: it is a member like the others, with None
+    where its sequence would be, so a trainer should hear of it rather than trip on it."""
+    for view in views:
+        if getattr(view, "drifted", False):
+            warnings.warn(
+                f"sample {view.id} of task {view.task_id} has no sequence: {view.sequence_error} "
+                '(TrainingView.drifted; policy.generation "tokens" avoids it)',
+                DriftWarning,
+                stacklevel=3,
+            )
 
 
 class Grouper:
@@ -418,7 +431,9 @@ class Client:
         Result repeats the conversation in every turn; at working sizes most of its bytes)."""
         ids = materialize(ids)
         for _, raw in self._stream(as_id_list(ids), "training", warned(ids), max_response_tokens):
-            yield TrainingView.from_json(raw)
+            view = TrainingView.from_json(raw)
+            warn_drift([view])
+            yield view
 
     def iter_training_groups(self, tasks: Ids, *, refresh: bool = True, max_response_tokens: Optional[int] = None) -> Iterator[Group]:
         """As :meth:`iter_groups`, each group's samples as TrainingViews."""
@@ -442,6 +457,7 @@ class Client:
                 continue
             if refresh and Grouper.lacks_advantages(group):
                 group = Grouper.refreshed_training(group, self.training(group.task_id, max_response_tokens=max_response_tokens)) if view else Grouper.refreshed(group, self.get(group.task_id))
+            warn_drift(group.results)
             yield group
 
 

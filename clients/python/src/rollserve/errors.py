@@ -49,6 +49,13 @@ class ServiceWarning(UserWarning):
     from running, e.g. no LLM backend to run the policy on. Issued with :func:`warnings.warn`."""
 
 
+class DriftWarning(UserWarning):
+    """A training view's sequence fields are None for a re-tokenisation drift (chat mode: a
+    turn's prompt re-tokenised differently from the previous prompt and generation). Issued with
+    :func:`warnings.warn` by the training iterators, once per drifted sample; the sample is also
+    marked (``TrainingView.drifted``, ``Group.drifted``). ``policy.generation: "tokens"`` avoids it."""
+
+
 class ServiceWarningError(RolloutServiceError):
     """A result stream waited on rollouts that the service says cannot run (``/v1/status``
     warnings, e.g. no policy backend), instead of waiting for ever. Fix the cause (add a backend)

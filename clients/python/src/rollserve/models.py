@@ -86,6 +86,10 @@ class Result(_Raw):
         return f"Result(id={self.id!r}, state={self.state!r}, reward={self.reward!r}, advantage={self.advantage!r}, filter={self.filter!r})"
 
 
+# How the service's ``sequence_error`` begins for a re-tokenisation drift (protocol/training-view.ts).
+DRIFT_ERROR_PREFIX = "re-tokenisation drift"
+
+
 @dataclass(repr=False)
 class TrainingView(_Raw):
     """A finished rollout ready for a loss (the service's ``view=training``): the first prompt,
@@ -135,6 +139,13 @@ class TrainingView(_Raw):
             credit=raw.get("credit"),
             raw=raw,
         )
+
+    @property
+    def drifted(self) -> bool:
+        """True when the sequence fields are None because a turn's prompt was re-tokenised
+        differently from the previous prompt and generation (chat mode; ``policy.generation:
+        "tokens"`` avoids it): train on it from ``turns`` or drop it, but not as a sequence."""
+        return (self.sequence_error or "").startswith(DRIFT_ERROR_PREFIX)
 
     def __repr__(self) -> str:
         length = None if self.response_ids is None else len(self.response_ids)
@@ -237,6 +248,19 @@ class Group:
     def advantages(self) -> List[Optional[float]]:
         return [r.advantage for r in self.results]
 
+    @property
+    def failures(self) -> List[Any]:
+        """The samples that failed on infrastructure (``filter``: a policy backend that refused
+        the model, a sandbox that did not start, ...): their reward 0 is no score, their
+        ``error`` says why. Do not train on them."""
+        return [r for r in self.results if r.filter]
+
+    @property
+    def drifted(self) -> List[Any]:
+        """TrainingViews whose sequence fields are None for a re-tokenisation drift
+        (``TrainingView.drifted``); none among Results."""
+        return [r for r in self.results if getattr(r, "drifted", False)]
+
     def __iter__(self) -> Iterator[Any]:
         return iter(self.results)
 
@@ -247,7 +271,9 @@ class Group:
         return self.results[index]
 
     def __repr__(self) -> str:
-        return f"Group(task_id={self.task_id!r}, rewards={self.rewards!r}, advantages={self.advantages!r})"
+        failed = f", failures={len(self.failures)}" if self.failures else ""
+        drifted = f", drifted={len(self.drifted)}" if self.drifted else ""
+        return f"Group(task_id={self.task_id!r}, rewards={self.rewards!r}, advantages={self.advantages!r}{failed}{drifted})"
 
 
 @dataclass(repr=False)

@@ -115,6 +115,17 @@ function relationsEqual(gold: SNode, pred: SNode, corrections: boolean): boolean
   return false;
 }
 
+/**
+ * `x_1 = 3, x_2 = -2`: values given to several different unknowns, an assignment rather than a set
+ * of values. Against a gold set of plain values math_with_judge scores it 0 (the gold's format is
+ * followed, as in Math-Verify's sympy_expr_eq), and so does rollserve: no 1 where it gives 0.
+ * `x = 3, x = -2` (one unknown, its values) is still the set {3, -2}.
+ */
+function labelsValues(items: readonly SNode[]): boolean {
+  if (items.length < 2 || !items.every(isAssignment)) return false;
+  return new Set(items.map((item) => print(firstRelation(item).lhs))).size === items.length;
+}
+
 const isSetLike = (n: SNode): boolean => n.k === 'set' || n.k === 'tuple' || n.k === 'interval' || (n.k === 'const' && n.name === 'EmptySet');
 const itemsOf = (n: SNode): SNode[] => (n.k === 'set' || n.k === 'tuple' ? n.items : []);
 
@@ -130,6 +141,7 @@ function setsEqual(gold: SNode, pred: SNode, corrections: boolean): boolean {
   if (emptyA || emptyB) return emptyA && emptyB;
   const inOrder = (x: SNode[], y: SNode[]): boolean => x.length === y.length && x.every((item, i) => answersEqual(item, y[i] as SNode, corrections));
   if ((a.k === 'set' || a.k === 'tuple') && (b.k === 'set' || b.k === 'tuple')) {
+    if (labelsValues(b.items) && !a.items.some(isEquation)) return false;
     if (a.k === 'set' && b.k === 'set') return setEqual(a.items, b.items, corrections);
     return inOrder(a.items, b.items);
   }

@@ -64,15 +64,22 @@ function basicPassword(c: Context): string | undefined {
 }
 
 function auth(token: string | undefined, nodeToken: string | undefined): MiddlewareHandler {
-  // A 401 for a malformed header too (bearerAuth's own is a 400), in the one error shape.
+  // A 401 for a malformed header too (bearerAuth's own is a 400), in the one error shape; on the
+  // faces that stand in for FastAPI servers, FastAPI's (HTTPBearer's detail and challenge, as the
+  // environments' resources servers answer), since their clients read `detail`.
   const body = JSON.stringify(new RolloutError({ code: 'UNAUTHORIZED', message: 'a valid bearer token is required' }).toJSON());
-  const unauthorized = () => new Response(body, { status: 401, headers: { 'content-type': 'application/json' } });
+  const unauthorized = (c: Context, detail: string) =>
+    isFastApiPath(c.req.path)
+      ? new Response(JSON.stringify({ detail }), { status: 401, headers: { 'content-type': 'application/json', 'www-authenticate': 'Bearer' } })
+      : new Response(body, { status: 401, headers: { 'content-type': 'application/json' } });
+  const missing = (c: Context) => unauthorized(c, FASTAPI_NOT_AUTHENTICATED);
+  const invalid = (c: Context) => unauthorized(c, FASTAPI_INVALID_CREDENTIALS);
   const bearer = (value: string) =>
     bearerAuth({
       token: checkToken(value),
-      noAuthenticationHeader: { message: unauthorized },
-      invalidAuthenticationHeader: { message: unauthorized },
-      invalidToken: { message: unauthorized },
+      noAuthenticationHeader: { message: missing },
+      invalidAuthenticationHeader: { message: invalid },
+      invalidToken: { message: invalid },
     });
   const check = token ? bearer(token) : undefined;
   const checkNode = nodeToken ? bearer(nodeToken) : check;
@@ -87,6 +94,10 @@ function auth(token: string | undefined, nodeToken: string | undefined): Middlew
     return guard ? guard(c, next) : next();
   };
 }
+
+/** FastAPI's HTTPBearer details: no credentials, and credentials that are not the token. */
+const FASTAPI_NOT_AUTHENTICATED = 'Not authenticated';
+const FASTAPI_INVALID_CREDENTIALS = 'Invalid authentication credentials';
 
 /** The faces that stand in for Python servers (ProRL's, a NeMo Gym agent's) answer as FastAPI does. */
 const FASTAPI_PATHS = new Set(['/start', '/stop', '/status', '/process', '/cancel', '/add_llm_server', '/clear_llm_server', '/run', '/aggregate_metrics']);
@@ -149,6 +160,7 @@ function bodyLimit(maxBytes: number): MiddlewareHandler {
 }
 
 const BodyTooLargeDetail = z.object({ detail: z.string() }).openapi('BodyTooLargeDetail');
+const UnauthorizedDetail = z.object({ detail: z.string() }).openapi('UnauthorizedDetail');
 
 function tooLarge(c: Context, path: string, maxBytes: number): Response {
   if (isFastApiPath(path)) return c.json(bodyTooLargeBody(maxBytes), 413);
@@ -207,14 +219,16 @@ export function createRolloutApi(service: RolloutService, options: RolloutApiOpt
   // route that takes a body answers 413 for one above the cap, in its face's shape. Each gets its
   // stable operationId and tag (api/openapi.ts).
   const unauthorized = errorResponses(401)[401];
+  const unauthorizedFastApi = { description: unauthorized.description, content: { 'application/json': { schema: UnauthorizedDetail } } };
   const tooLargeRollout = errorResponses(413)[413];
   const tooLargeFastApi = { description: tooLargeRollout.description, content: { 'application/json': { schema: BodyTooLargeDetail } } };
   for (const def of app.openAPIRegistry.definitions) {
     if (def.type !== 'route') continue;
     def.route = { ...def.route, ...operationOf(def.route.method, def.route.path) };
-    if (!isPublic(def.route.path) && !def.route.responses[401]) def.route = { ...def.route, responses: { ...def.route.responses, 401: unauthorized } };
+    const fastApi = isFastApiPath(def.route.path.replace(/\{(\w+)\}/g, 'x'));
+    if (!isPublic(def.route.path) && !def.route.responses[401]) def.route = { ...def.route, responses: { ...def.route.responses, 401: fastApi ? unauthorizedFastApi : unauthorized } };
     if (def.route.request?.body && !def.route.responses[413]) {
-      const tooLarge = isFastApiPath(def.route.path.replace(/\{(\w+)\}/g, 'x')) ? tooLargeFastApi : tooLargeRollout;
+      const tooLarge = fastApi ? tooLargeFastApi : tooLargeRollout;
       def.route = { ...def.route, responses: { ...def.route.responses, 413: tooLarge } };
     }
   }

@@ -63,7 +63,15 @@ const StageStatus = z.strictObject({ queued: z.number().int(), active: z.number(
 export const Status = z
   .strictObject({
     stages: z.strictObject({ init: StageStatus, run: StageStatus, eval: StageStatus }),
-    rollouts: z.strictObject({ total: z.number().int(), done: z.number().int(), failed: z.number().int(), cancelled: z.number().int(), in_flight: z.number().int() }),
+    rollouts: z.strictObject({
+      total: z.number().int(),
+      done: z.number().int(),
+      failed: z.number().int(),
+      cancelled: z.number().int(),
+      in_flight: z.number().int(),
+      /** Results since the service started whose turns drifted (chat mode's re-tokenisation): their training views have no sequence (`sequence_error`). */
+      drifted: z.number().int(),
+    }),
     live_sessions: z.number().int(),
     live_sandboxes: z.number().int(),
     /** Rollout nodes up (GET /v1/nodes); 0: the service runs rollouts itself. Stages and sessions are the service's own. */

@@ -11,7 +11,7 @@ export interface TurnView {
 export interface ComponentSettings {
   format_penalty: number;
   format_bonus: number;
-  shaping: { alpha: number; success_threshold: number; similarity: 'lexical' | { url: string; model: string } };
+  shaping: { alpha: number; success_threshold: number; similarity: 'lexical' | { url: string; model: string }; clamp: boolean };
 }
 
 /** What a component sees of the turn's trajectory besides the turn. */
@@ -77,12 +77,12 @@ export const TURN_REWARD_COMPONENTS = {
     value: (_turn, ctx) => (ctx.isLast ? ctx.outcome : 0),
   },
   shaping: {
-    description: 'self-supervised shaping on the last turn of a failed trajectory: α × mean cosine similarity of its code to the successful ones',
+    description: 'self-supervised shaping on the last turn of a failed trajectory: α × mean cosine similarity of its code to the successful ones (at least 0 with clamp)',
     defaultWeight: 1,
     params: (s) => {
       const similarity = s.shaping.similarity;
       // the endpoint's key stays out of results
-      return { alpha: s.shaping.alpha, similarity: similarity === 'lexical' ? similarity : { url: similarity.url, model: similarity.model }, success_threshold: s.shaping.success_threshold };
+      return { alpha: s.shaping.alpha, similarity: similarity === 'lexical' ? similarity : { url: similarity.url, model: similarity.model }, success_threshold: s.shaping.success_threshold, clamp: s.shaping.clamp };
     },
     value: (_turn, ctx) => (ctx.isLast ? ctx.shaping : 0),
   },

@@ -145,6 +145,13 @@ export const ShapingConfig = z.strictObject({
   similarity: SimilaritySpec.default('lexical'),
   /** A trajectory succeeded when its verify reward is at least this. */
   success_threshold: z.number().default(1),
+  /**
+   * Shaping is a bonus in [0, α]: a negative mean similarity (embeddings can give one; the lexical
+   * similarity never does) shapes 0, not a penalty that would rank a failure whose code resembles
+   * no success below a plain failure, since GTPO's shaping only densifies the reward of failures
+   * towards the successes'. false: keep the sign, shaping in [-α, α].
+   */
+  clamp: z.boolean().default(true),
 });
 
 const weightShape = Object.fromEntries(TURN_REWARD_NAMES.map((name) => [name, z.number().default(TURN_REWARD_COMPONENTS[name].defaultWeight)])) as Record<

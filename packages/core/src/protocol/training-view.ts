@@ -66,6 +66,24 @@ function startsWith(sequence: readonly number[], first: readonly number[], secon
   return true;
 }
 
+/** How `sequence_error` begins when a turn's prompt was re-tokenised differently (chat mode). */
+export const DRIFT_ERROR_PREFIX = 're-tokenisation drift';
+
+/**
+ * Whether a turn's prompt does not extend the previous turn's prompt and generation (what makes the
+ * training view's `sequence_error` a drift), checked in place, for counting as results commit.
+ */
+export function hasDrift(result: Pick<RolloutResult, 'turns'>): boolean {
+  const turns = result.turns;
+  for (let t = 1; t < turns.length; t++) {
+    const previous = turns[t - 1]!;
+    const turn = turns[t]!;
+    if (previous.prompt_token_ids === null || previous.generation_token_ids === null || turn.prompt_token_ids === null || turn.generation_token_ids === null) return false;
+    if (!startsWith(turn.prompt_token_ids, previous.prompt_token_ids, previous.generation_token_ids)) return true;
+  }
+  return false;
+}
+
 export interface TrainingViewOptions {
   /**
    * Cuts the response sequence (ids, mask, logprobs, turns) to its first `maxResponseTokens` tokens
@@ -97,7 +115,7 @@ export function trainingView(result: RolloutResult, options: TrainingViewOptions
       prompt = [...promptIds];
     } else {
       if (!startsWith(promptIds, prompt, ids)) {
-        sequenceError = `re-tokenisation drift: turn ${turn.index}'s prompt does not start with turn ${turn.index - 1}'s prompt and generation`;
+        sequenceError = `${DRIFT_ERROR_PREFIX}: turn ${turn.index}'s prompt does not start with turn ${turn.index - 1}'s prompt and generation`;
         break;
       }
       for (const id of promptIds.slice(prompt.length + ids.length)) {

@@ -124,8 +124,8 @@ async function runToolCall(
     let text: string;
     try {
       if (tool.execution) execution = tool.execution(outcome.value);
-      // the legacy hook: a false is an error without more to say
-      if (execution.exception === null && tool.succeeded && tool.succeeded(outcome.value) === false) execution = { ...execution, exception: 'the tool reported failure' };
+      // the legacy hook: a false is an error without more to say (a time-out says enough)
+      if (execution.exception === null && !execution.timedOut && tool.succeeded && tool.succeeded(outcome.value) === false) execution = { ...execution, exception: 'the tool reported failure' };
       text = toolOutputText(outcome.value, tool);
     } catch (error) {
       execution = { ...execution, exception: `the tool's result could not be read: ${String(error)}` };

@@ -198,12 +198,14 @@ export class RolloutStages {
 
   #failed(error: unknown): Outcome {
     const job = this.#job;
-    if (this.#stage === 'run' && job.outOfTime && this.#progress.snapshot) {
-      // cut short by the time limit: what the policy produced until then is the sample's
+    if (this.#stage === 'run' && this.#progress.snapshot) {
+      // cut short (the time limit, a policy backend's error at a later turn, a cancel): what the
+      // policy produced until then is the sample's, to train on (a policy time-out) or to see
+      // why a filtered one failed where it did
       try {
         this.#keep(this.#progress.snapshot());
       } catch (snapshotError) {
-        this.#logger.error({ err: snapshotError }, 'the trajectory of a timed-out rollout could not be kept');
+        this.#logger.error({ err: snapshotError }, 'the trajectory of a failed rollout could not be kept');
       }
     }
     let outcome = failedOutcome(error, this.#stage, this.#trajectory);

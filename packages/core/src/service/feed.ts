@@ -1,6 +1,7 @@
 import { EventEmitter } from 'node:events';
 import { RolloutError } from '../errors.ts';
 import type { RolloutResult, RolloutState, RolloutView } from '../protocol/rollout.ts';
+import { hasDrift } from '../protocol/training-view.ts';
 import type { RolloutRunner } from '../runner/runner.ts';
 import type { RolloutStore, StoredRollout, StoreRolloutState } from '../store/types.ts';
 import type { Commits } from './commits.ts';
@@ -38,6 +39,12 @@ export class Feed {
   readonly #waiters = new Map<string, Array<{ resolve: (result: RolloutResult) => void; reject: (error: unknown) => void }>>();
   /** Counts since the store was opened (read from it at start, kept up to date since). */
   #counts: RolloutCounts = { total: 0, done: 0, failed: 0, cancelled: 0 };
+  /**
+   * Results since the service started whose turns drifted (chat mode: a turn's prompt re-tokenised
+   * differently from the previous prompt and generation), so that their training views have no
+   * sequence: not in the store, which keeps results, not what trainers made of them.
+   */
+  #drifted = 0;
 
   constructor(options: FeedOptions) {
     this.#store = options.store;
@@ -49,6 +56,10 @@ export class Feed {
 
   get counts(): Readonly<RolloutCounts> {
     return this.#counts;
+  }
+
+  get drifted(): number {
+    return this.#drifted;
   }
 
   async recount(): Promise<void> {
@@ -64,6 +75,7 @@ export class Feed {
   /** A result was stored: it is counted, and its waiters and listeners hear of it. */
   finished(result: RolloutResult): void {
     this.#counts[result.state === 'done' ? 'done' : result.state === 'cancelled' ? 'cancelled' : 'failed']++;
+    if (hasDrift(result)) this.#drifted++;
     const waiters = this.#waiters.get(result.id);
     if (waiters) {
       this.#waiters.delete(result.id);

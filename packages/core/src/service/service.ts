@@ -295,7 +295,7 @@ export class RolloutService implements NodeCoordinator {
 
   status(): {
     stages: Record<StageName, { queued: number; active: number; pool: number }>;
-    rollouts: { total: number; done: number; failed: number; cancelled: number; in_flight: number };
+    rollouts: { total: number; done: number; failed: number; cancelled: number; in_flight: number; drifted: number };
     live_sessions: number;
     live_sandboxes: number;
     nodes: number;
@@ -307,7 +307,7 @@ export class RolloutService implements NodeCoordinator {
     // waiting in the store for a slot here or on a node
     local.stages.init.queued += Math.max(0, inFlight - this.#scheduler.running - this.#nodes.leases);
     // the keys in the order the API sends them
-    return { stages: local.stages, rollouts: { ...counts, in_flight: inFlight }, live_sessions: local.live_sessions, live_sandboxes: local.live_sandboxes, nodes: this.#nodes.up() };
+    return { stages: local.stages, rollouts: { ...counts, in_flight: inFlight, drifted: this.#feed.drifted }, live_sessions: local.live_sessions, live_sandboxes: local.live_sandboxes, nodes: this.#nodes.up() };
   }
 
   // ----- rollout nodes (NodeCoordinator) -----------------------------------------------------

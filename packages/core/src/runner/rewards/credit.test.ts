@@ -207,6 +207,33 @@ describe('group credit (GTPO)', () => {
     // GRPO's sample advantage needs no shaping: ±1 over [1, 0]
     expect(s.advantage).toBeCloseTo(1, 4);
   });
+
+  it('clamps a negative similarity to no shaping by default (a bonus, never a penalty); clamp: false keeps the sign', async () => {
+    // embeddings can give a negative cosine; the lexical similarity cannot
+    const opposed: CodeSimilarity = { matrix: async (failures, successes) => failures.map(() => successes.map(() => -0.6)) };
+    const run = async (settings: CreditSettings) => {
+      const s = ranThenAnswered('s', 1, 'x = 1');
+      const f = ranThenAnswered('f', 0, 'y = 2');
+      await credit([s, f], settings, opposed);
+      return f;
+    };
+    const clamped = await run(CreditConfig.parse({}));
+    expect(clamped.credit!.shaping).toEqual({ value: 0, similarity: expect.closeTo(-0.6, 10), successes: 1 });
+    expect(clamped.turns.at(-1)!.rewards.shaping).toBe(0);
+    expect(clamped.credit!.components.shaping).toMatchObject({ params: { clamp: true } });
+    const signed = await run(CreditConfig.parse({ shaping: { clamp: false } }));
+    expect(signed.credit!.shaping!.value).toBeCloseTo(-0.3, 10);
+    expect(signed.turns.at(-1)!.rewards.shaping).toBeCloseTo(-0.3, 10);
+    expect(signed.credit!.components.shaping).toMatchObject({ params: { clamp: false } });
+    // a positive similarity is the same either way
+    const alike: CodeSimilarity = { matrix: async (failures, successes) => failures.map(() => successes.map(() => 0.4)) };
+    for (const clamp of [true, false]) {
+      const s = ranThenAnswered('s', 1, 'x = 1');
+      const f = ranThenAnswered('f', 0, 'x = 2');
+      await credit([s, f], CreditConfig.parse({ shaping: { clamp } }), alike);
+      expect(f.credit!.shaping!.value).toBeCloseTo(0.2, 10);
+    }
+  });
 });
 
 describe('credit settings', () => {

@@ -13,7 +13,8 @@ export interface ShapingEntry {
 /**
  * GTPO's self-supervised shaping over a complete group: when at least one kept trajectory
  * succeeded (verify reward ≥ success_threshold), each failed one gets
- * α · (1/|S|) Σ_{s∈S} cos(code_f, code_s), its code being every turn's executed code joined.
+ * α · (1/|S|) Σ_{s∈S} cos(code_f, code_s), its code being every turn's executed code joined, at
+ * least 0 unless `clamp` is off (`similarity` keeps the mean as computed).
  * Successful trajectories, filtered ones and groups without a success get 0. Throws when the
  * similarity fails (an embeddings endpoint down): no number rather than a wrong one.
  */
@@ -35,7 +36,7 @@ export async function shapeGroup(
   failures.forEach((result, i) => {
     const row = matrix[i]!;
     const mean = row.reduce((a, b) => a + b, 0) / row.length;
-    entries.set(result, { value: shaping.alpha * mean, similarity: mean, successes: successes.length });
+    entries.set(result, { value: shaping.alpha * (shaping.clamp ? Math.max(0, mean) : mean), similarity: mean, successes: successes.length });
   });
   return entries;
 }
