@@ -1,7 +1,8 @@
 """Training batches (rollserve.training) built from the training views the service returned, checked
 element by element against those views: multi-turn tool rollouts (tool outputs and template tokens
 between the generations), single-turn ones of other lengths, a filtered sample with its tokens
-(verify could not score it), a failed one without tokens (the policy refused its second turn) and a
+(verify could not score it), a failed one that keeps the turn it made (the policy refused its second
+turn), a failed one without tokens (a model the policy does not serve: no turn at all) and a
 drifted one (ROLLSERVE_DRIFTING_POLICY_URL writes tool calls as json.dumps
 does, so the chat conversation is re-tokenised differently)."""
 
@@ -44,6 +45,7 @@ def views() -> Dict[str, List[rollserve.TrainingView]]:
         "long": make_task("a longer question " * 12, id=f"{prefix}-long"),
         "filtered": make_task("judge me", expected="!judge-down", id=f"{prefix}-filtered"),
         "failed": counter_task("broken count", 1, id=f"{prefix}-failed"),
+        "refused": counter_task("count", 1, id=f"{prefix}-refused", policy={"model": "no-such-model"}),
         "drifted": counter_task("count while drifting", 1, id=f"{prefix}-drifted", policy=drifting),
     }
     with rollserve.Client(URL, token=TOKEN) as client:
@@ -131,7 +133,10 @@ def test_the_views_are_what_the_batches_are_tested_on(views: Dict[str, List[roll
     [filtered] = views["filtered"]
     assert filtered.filter and filtered.prompt_ids is not None and len(filtered.turns) == 1
     [failed] = views["failed"]
-    assert failed.filter and failed.prompt_ids is None and failed.sequence_error == "the rollout has no turns"
+    # a failed sample keeps the turns it made before the failure
+    assert failed.filter and failed.prompt_ids is not None and len(failed.turns) == 1 and failed.sequence_error is None
+    [refused] = views["refused"]
+    assert refused.filter and refused.prompt_ids is None and refused.sequence_error == "the rollout has no turns"
     [drifted] = views["drifted"]
     assert drifted.prompt_ids is None and "drift" in drifted.sequence_error and not drifted.filter
 
@@ -143,10 +148,11 @@ def test_a_batch_pads_and_masks_every_view_as_verl_does(views: Dict[str, List[ro
     check_batch(batch, kept)
     assert batch.meta_info["prompt_length"] == max(len(v.prompt_ids) for v in kept)
     assert batch.meta_info["response_length"] == max(len(v.response_ids) for v in kept)
-    [filtered], [failed], [drifted] = views["filtered"], views["failed"], views["drifted"]
+    [filtered], [failed], [refused], [drifted] = views["filtered"], views["failed"], views["refused"], views["drifted"]
     assert batch.meta_info["dropped"] == [
         {"id": filtered.id, "reason": "filtered (infrastructure failure)"},
         {"id": failed.id, "reason": "filtered (infrastructure failure)"},
+        {"id": refused.id, "reason": "filtered (infrastructure failure)"},
         {"id": drifted.id, "reason": drifted.sequence_error},
     ]
     # the sample's advantage everywhere on its generated tokens
@@ -154,12 +160,12 @@ def test_a_batch_pads_and_masks_every_view_as_verl_does(views: Dict[str, List[ro
 
 
 def test_filtered_samples_can_be_kept_and_drifted_ones_refused(views: Dict[str, List[rollserve.TrainingView]]) -> None:
-    rows = views["tools"] + views["filtered"]
-    batch = build_batch(rows + views["failed"] + views["drifted"], pad_token_id=PAD, drop_filtered=False)
+    rows = views["tools"] + views["filtered"] + views["failed"]
+    batch = build_batch(rows + views["refused"] + views["drifted"], pad_token_id=PAD, drop_filtered=False)
     check_batch(batch, rows)
-    assert batch.non_tensor_batch["filter"].tolist() == [False, False, False, True]
+    assert batch.non_tensor_batch["filter"].tolist() == [False, False, False, True, True]
     # a filtered sample without tokens can not be kept
-    assert batch.meta_info["dropped"] == [{"id": v.id, "reason": v.sequence_error} for v in views["failed"] + views["drifted"]]
+    assert batch.meta_info["dropped"] == [{"id": v.id, "reason": v.sequence_error} for v in views["refused"] + views["drifted"]]
     with pytest.raises(ValueError, match=f"rollout {views['drifted'][0].id} has no token sequence: re-tokenisation drift"):
         build_batch(rows + views["drifted"], unusable="error")
 
