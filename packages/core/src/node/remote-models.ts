@@ -23,7 +23,14 @@ export interface RemoteModelsOptions {
  * it); aborting the rollout aborts the request, and with it the service's call to the backend.
  */
 export class RemoteModelProvider implements ModelProvider {
+  /** Pause time each rollout's turns waited at the service (a weight update), known once each turn is back. */
+  readonly #paused = new Map<string, number>();
+
   constructor(private readonly options: RemoteModelsOptions) {}
+
+  pausedMs(rolloutId: string): number {
+    return this.#paused.get(rolloutId) ?? 0;
+  }
 
   forRollout(rolloutId: string, _policy: RolloutTask['policy']): CallModel {
     const { client, nodeId } = this.options;
@@ -34,7 +41,9 @@ export class RemoteModelProvider implements ModelProvider {
           const attempt = this.options.attemptOf(rolloutId);
           if (attempt === undefined) throw new RolloutError({ code: 'CANCELLED', message: `rollout "${rolloutId}" is no longer held by this node` });
           try {
-            return await client.modelTurn(nodeId, { rollout_id: rolloutId, attempt, messages: request.messages, tools: request.tools }, signal);
+            const turn = await client.modelTurn(nodeId, { rollout_id: rolloutId, attempt, messages: request.messages, tools: request.tools }, signal);
+            if (turn.pausedMs > 0) this.#paused.set(rolloutId, (this.#paused.get(rolloutId) ?? 0) + turn.pausedMs);
+            return turn;
           } catch (error) {
             // an unknown node (the service restarted) or a credential not taken: register again, then try once more
             if (RolloutError.isInstance(error) && (error.code === 'NOT_FOUND' || error.code === 'UNAUTHORIZED') && !registeredAgain) {
@@ -52,7 +61,8 @@ export class RemoteModelProvider implements ModelProvider {
     };
   }
 
-  release(_rolloutId: string): void {
+  release(rolloutId: string): void {
     // The service forgets a rollout's backend when its lease ends.
+    this.#paused.delete(rolloutId);
   }
 }

@@ -250,6 +250,10 @@ export const WireModelTurn = z
     usage: z.strictObject({ prompt_tokens: z.number(), completion_tokens: z.number() }),
     backend: z.string().nullable(),
     latency_ms: z.number(),
+    /** The generating backend's weight version; absent from an older service (read as null). */
+    weight_version: z.number().int().nullable().optional(),
+    /** How long the turn waited at the service for a pause of generation to end; absent from an older service. */
+    paused_ms: z.number().nonnegative().optional(),
   })
   .openapi('NodeModelTurn');
 export type WireModelTurn = z.infer<typeof WireModelTurn>;
@@ -265,6 +269,8 @@ export const toWireModelTurn = (t: ModelTurn): WireModelTurn => ({
   usage: { prompt_tokens: t.usage.promptTokens, completion_tokens: t.usage.completionTokens },
   backend: t.backend,
   latency_ms: t.latencyMs,
+  weight_version: t.weightVersion,
+  paused_ms: t.pausedMs,
 });
 
 export const fromWireModelTurn = (w: WireModelTurn): ModelTurn => ({
@@ -278,6 +284,8 @@ export const fromWireModelTurn = (w: WireModelTurn): ModelTurn => ({
   usage: { promptTokens: w.usage.prompt_tokens, completionTokens: w.usage.completion_tokens },
   backend: w.backend,
   latencyMs: w.latency_ms,
+  weightVersion: w.weight_version ?? null,
+  pausedMs: w.paused_ms ?? 0,
 });
 
 /**
