@@ -127,7 +127,7 @@ describe('weight versions and pauses for weight updates', () => {
   it('an update mid-batch (abort): paused turns are redone once on the new weights, each turn keeps its version and logprobs, staleness honoured', async () => {
     weights.served = 0;
     expect((await post('/v1/weights', { version: 0 })).json).toMatchObject({ newest: 0, default: 0 });
-    const backend = (await call(server.url, 'GET', '/v1/llm-backends', undefined, trainer)).json.backends[0];
+    const backend = ((await call(server.url, 'GET', '/v1/llm-backends', undefined, trainer)).json as any).backends[0];
     expect(backend.weight_version).toBe(0);
     weights.hold = 1;
     const ids = ['mid-a', 'mid-b', 'mid-c'];
@@ -148,7 +148,7 @@ describe('weight versions and pauses for weight updates', () => {
     const paused = await post('/v1/weights/pause', { mode: 'abort' });
     expect(paused.status).toBe(200);
     expect(paused.json).toMatchObject({ mode: 'abort', in_flight: 10, aborted: 10, state: { pause: { mode: 'abort' } } });
-    expect((await call(server.url, 'GET', '/v1/status', undefined, trainer)).json.weights).toMatchObject({ paused: true, in_flight: 0 });
+    expect(((await call(server.url, 'GET', '/v1/status', undefined, trainer)).json as any).weights).toMatchObject({ paused: true, in_flight: 0 });
     // the trainer syncs its weights; meanwhile no policy call starts
     weights.hold = null;
     release();
@@ -159,7 +159,7 @@ describe('weight versions and pauses for weight updates', () => {
 
     const resumed = await post('/v1/weights/resume', { version: 1 });
     expect(resumed.json).toMatchObject({ newest: 1, default: 1, pause: null });
-    expect(resumed.json.paused_ms).toBeGreaterThan(0);
+    expect((resumed.json as any).paused_ms).toBeGreaterThan(0);
 
     const results = await resultsOf(server.url, [...ids, ...flagged, ...filtered]);
     expect(results).toHaveLength(10);
@@ -205,7 +205,7 @@ describe('weight versions and pauses for weight updates', () => {
       return answer;
     });
     // the pause is answered once the generations in flight are done, not before
-    await until(async () => (await call(server.url, 'GET', '/v1/weights', undefined, trainer)).json.pause !== null);
+    await until(async () => ((await call(server.url, 'GET', '/v1/weights', undefined, trainer)).json as any).pause !== null);
     await sleep(100);
     expect(answered).toBe(false);
     weights.hold = null;
@@ -305,7 +305,7 @@ describe('a service killed during a pause for a weight update', () => {
     expect((await call(second.url, 'GET', '/v1/weights')).json).toMatchObject({ newest: 0, pause: { mode: 'abort' } });
     // what the killed service ran is run again, and waits at its first turn
     const asks = fake.calls.length;
-    await until(async () => (await call(second.url, 'GET', '/v1/status')).json.stages.run.active === 4);
+    await until(async () => ((await call(second.url, 'GET', '/v1/status')).json as any).stages.run.active === 4);
     await sleep(300);
     expect(fake.calls.length).toBe(asks);
 

@@ -23,13 +23,36 @@ export interface RemoteModelsOptions {
  * it); aborting the rollout aborts the request, and with it the service's call to the backend.
  */
 export class RemoteModelProvider implements ModelProvider {
-  /** Pause time each rollout's turns waited at the service (a weight update), known once each turn is back. */
+  /** Pause time each rollout's turns waited at the service (a weight update), as the service said with each turn. */
   readonly #paused = new Map<string, number>();
+  /** When each rollout's turn under way was sent. */
+  readonly #sent = new Map<string, number>();
+  /**
+   * Pauses of generation as heartbeats told of them ([start, end), end Infinity while on): a turn
+   * under way waits through them at the service, which says how long only once it answers, and
+   * the rollout's deadline must not pass meanwhile.
+   */
+  #pauses: Array<[number, number]> = [];
 
   constructor(private readonly options: RemoteModelsOptions) {}
 
   pausedMs(rolloutId: string): number {
-    return this.#paused.get(rolloutId) ?? 0;
+    const told = this.#paused.get(rolloutId) ?? 0;
+    const sent = this.#sent.get(rolloutId);
+    if (sent === undefined) return told;
+    // the turn under way: its overlap with the pauses heard of (the service's own count replaces it once the turn is back)
+    const now = performance.now();
+    let waiting = 0;
+    for (const [start, end] of this.#pauses) waiting += Math.max(0, Math.min(end, now) - Math.max(start, sent));
+    return told + waiting;
+  }
+
+  /** What the service's heartbeat answer says of a pause of generation. */
+  generationPaused(paused: boolean): void {
+    const last = this.#pauses.at(-1);
+    const on = last !== undefined && last[1] === Number.POSITIVE_INFINITY;
+    if (paused && !on) this.#pauses = [...this.#pauses.slice(-15), [performance.now(), Number.POSITIVE_INFINITY]];
+    else if (!paused && on) last[1] = performance.now();
   }
 
   forRollout(rolloutId: string, _policy: RolloutTask['policy']): CallModel {
@@ -41,7 +64,13 @@ export class RemoteModelProvider implements ModelProvider {
           const attempt = this.options.attemptOf(rolloutId);
           if (attempt === undefined) throw new RolloutError({ code: 'CANCELLED', message: `rollout "${rolloutId}" is no longer held by this node` });
           try {
-            const turn = await client.modelTurn(nodeId, { rollout_id: rolloutId, attempt, messages: request.messages, tools: request.tools }, signal);
+            this.#sent.set(rolloutId, performance.now());
+            let turn: Awaited<ReturnType<typeof client.modelTurn>>;
+            try {
+              turn = await client.modelTurn(nodeId, { rollout_id: rolloutId, attempt, messages: request.messages, tools: request.tools }, signal);
+            } finally {
+              this.#sent.delete(rolloutId);
+            }
             if (turn.pausedMs > 0) this.#paused.set(rolloutId, (this.#paused.get(rolloutId) ?? 0) + turn.pausedMs);
             return turn;
           } catch (error) {
@@ -64,5 +93,6 @@ export class RemoteModelProvider implements ModelProvider {
   release(rolloutId: string): void {
     // The service forgets a rollout's backend when its lease ends.
     this.#paused.delete(rolloutId);
+    this.#sent.delete(rolloutId);
   }
 }

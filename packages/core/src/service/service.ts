@@ -334,6 +334,11 @@ export class RolloutService implements NodeCoordinator {
     return { ...state, paused_ms: pausedMs };
   }
 
+  /** Whether generation is paused for a weight update. */
+  get generationPaused(): boolean {
+    return this.#weights?.paused === true;
+  }
+
   /** The newest weight version announced (what staleness bounds measure against); null before any. */
   get newestWeightVersion(): number | null {
     return this.#weights?.newest ?? null;
