@@ -18,6 +18,7 @@ const BENCHES: Record<string, () => Promise<{ default: () => Promise<void> }>> =
   'body-flood': () => import('./body-flood.ts'),
   'heartbeat-flood': () => import('./heartbeat-flood.ts'),
   startup: () => import('./startup.ts'),
+  weights: () => import('./weights.ts'),
 };
 
 const chosen = process.argv.slice(2);
