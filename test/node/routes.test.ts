@@ -77,6 +77,9 @@ describe('node routes: bad requests', () => {
   it('a node that leaves is answered 404 until it registers again', async () => {
     expect(await register({ ...registration, node_id: 'n2' })).toMatchObject({ status: 201 });
     expect(await call('/v1/nodes/n2/heartbeat', { as: 'n2', body: { leases: [] } })).toEqual({ status: 200, json: { renewed: [], lost: [], cancel: [] } });
+    // a node that reads pauses of generation (x-rollserve-node-features: weights) hears of them; an older one gets the form above
+    const features = { ...auth, 'x-rollserve-node-credential': credentials.get('n2')!, 'x-rollserve-node-features': 'weights' };
+    expect(await getJson(url, '/v1/nodes/n2/heartbeat', { body: { leases: [] }, headers: features })).toEqual({ status: 200, json: { renewed: [], lost: [], cancel: [], generation_paused: false } });
     expect(await call('/v1/nodes/n2/claim', { as: 'n2', body: { limit: 1, wait_ms: 0 } })).toEqual({ status: 200, json: { claims: [] } });
     expect(await call('/v1/nodes/n2', { as: 'n2', method: 'DELETE' })).toEqual({ status: 200, json: { released: 0 } });
     expectError(await call('/v1/nodes/n2/heartbeat', { as: 'n2', body: { leases: [] } }), 404, 'NOT_FOUND');
