@@ -6,7 +6,7 @@ import { openStore } from '../store/open.ts';
 import type { RetentionPolicy, RolloutStore } from '../store/types.ts';
 import type { ModelTurn } from '../runner/agent-loop.ts';
 import { createServiceMetrics, type ServiceMetrics } from '../runner/metrics.ts';
-import type { PauseMode, PauseOutcome, WeightState, Weights } from '../llm/weights.ts';
+import { Weights, type PauseMode, type PauseOutcome, type WeightState } from '../llm/weights.ts';
 import { RolloutError } from '../errors.ts';
 import type {
   HeartbeatAnswer,
@@ -304,7 +304,7 @@ export class RolloutService implements NodeCoordinator {
   /** The trainer's word that `backends` (all when none are named) serve `version` now; kept in the store. */
   announceWeights(version: number, backends?: readonly string[]): Promise<WeightState & { in_flight: number }> {
     const weights = this.#requireWeights();
-    return this.#changeWeights(() => weights.announce(version, backends));
+    return this.#changeWeights((target) => target.announce(version, backends));
   }
 
   /**
@@ -314,8 +314,9 @@ export class RolloutService implements NodeCoordinator {
   async pauseGeneration(mode: PauseMode): Promise<PauseOutcome & { state: WeightState }> {
     const weights = this.#requireWeights();
     let drained!: Promise<PauseOutcome>;
-    await this.#changeWeights(() => {
-      drained = weights.pause(mode);
+    await this.#changeWeights((target) => {
+      const pausing = target.pause(mode);
+      if (target === weights) drained = pausing;
     });
     const outcome = await drained;
     this.logger.info(outcome, 'generation paused for a weight update');
@@ -326,7 +327,7 @@ export class RolloutService implements NodeCoordinator {
   async resumeGeneration(version?: number, backends?: readonly string[]): Promise<WeightState & { in_flight: number; paused_ms: number }> {
     const weights = this.#requireWeights();
     const since = weights.state().pause?.since;
-    const state = await this.#changeWeights(() => weights.resume(version, backends));
+    const state = await this.#changeWeights((target) => target.resume(version, backends));
     const pausedMs = since === undefined ? 0 : Math.max(0, Date.now() - Date.parse(since));
     // the pause was nobody's time: leases' lives move on by it
     this.#nodes.extendLeases(pausedMs);
@@ -354,12 +355,20 @@ export class RolloutService implements NodeCoordinator {
     return this.#weights;
   }
 
-  /** Applies a change of the weight state, then stores it; changes run one at a time. */
-  #changeWeights(change: () => void): Promise<WeightState & { in_flight: number }> {
+  /**
+   * Stores a change of the weight state, then applies it; changes run one at a time. Stored
+   * first: a change the store could not take fails and changes nothing (a resume that failed
+   * leaves generation paused, as the store says), and a restart finds what was last answered.
+   */
+  #changeWeights(change: (target: Weights) => void): Promise<WeightState & { in_flight: number }> {
     const weights = this.#weights!;
     const run = this.#weightsChange.then(async () => {
-      change();
-      await this.store.putSetting(WEIGHTS_SETTING, weights.state());
+      // the change on a copy first (it validates, and gives the state to store)
+      const next = new Weights();
+      next.restore(weights.state());
+      change(next);
+      await this.store.putSetting(WEIGHTS_SETTING, next.state());
+      change(weights);
       return { ...weights.state(), in_flight: weights.inFlight };
     });
     this.#weightsChange = run.catch(() => undefined);
