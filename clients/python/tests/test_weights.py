@@ -12,11 +12,9 @@ import rollserve
 from conftest import TOKEN, URL, make_task
 
 
-def _until(check, limit: float = 30.0) -> None:
-    deadline = time.monotonic() + limit
+def _until(check) -> None:
+    # (no time limit of its own: the suite's runner bounds it)
     while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("not reached in time")
         time.sleep(0.02)
 
 
@@ -27,7 +25,7 @@ def test_a_weight_update_pauses_generation_and_turns_keep_their_versions(client:
     assert client.status()["weights"]["newest"] == start["newest"]
 
     # three turns in flight when the update comes: aborted, then generated again on the new weights
-    submitted = client.submit([make_task(f"slow 1500 update {i}", id=f"{prefix}-u{i}") for i in range(3)])
+    submitted = client.submit([make_task(f"slow 4000 update {i}", id=f"{prefix}-u{i}") for i in range(3)])
     _until(lambda: client.weights.state()["in_flight"] == 3)
     with client.weights.update(mode="abort") as update:
         assert update.paused["mode"] == "abort" and update.paused["aborted"] == 3
@@ -65,7 +63,7 @@ def test_an_update_that_fails_goes_on_on_the_old_weights(client: rollserve.Clien
 
 def test_a_submit_staleness_bound_filters_stale_groups(client: rollserve.Client, prefix: str) -> None:
     client.weights.announce(300)
-    submitted = client.submit([make_task(f"slow 300 bound {i}", id=f"{prefix}-b{i}", n=2, staleness={"max_versions": 0, "action": "filter"}) for i in range(2)])
+    submitted = client.submit([make_task(f"slow 3000 bound {i}", id=f"{prefix}-b{i}", n=2, staleness={"max_versions": 0, "action": "filter"}) for i in range(2)])
     _until(lambda: client.weights.state()["in_flight"] == 4)
     # announced without a pause: the turns under way keep the version they started on, and finish
     # when the newest is 301: stale, filtered (not an infrastructure failure)
@@ -81,7 +79,7 @@ def test_the_async_client_pauses_and_resumes(prefix: str) -> None:
     async def main() -> None:
         async with rollserve.AsyncClient(URL, token=TOKEN) as client:
             await client.weights.announce(400)
-            submitted = await client.submit([make_task(f"slow 1000 async update {i}", id=f"{prefix}-au{i}") for i in range(2)])
+            submitted = await client.submit([make_task(f"slow 3000 async update {i}", id=f"{prefix}-au{i}") for i in range(2)])
             while (await client.weights.state())["in_flight"] < 2:
                 await asyncio.sleep(0.02)
             async with client.weights.update(mode="abort") as update:
