@@ -149,6 +149,9 @@ describe('weight versions and pauses for weight updates', () => {
     expect(paused.status).toBe(200);
     expect(paused.json).toMatchObject({ mode: 'abort', in_flight: 10, aborted: 10, state: { pause: { mode: 'abort' } } });
     expect(((await call(server.url, 'GET', '/v1/status', undefined, trainer)).json as any).weights).toMatchObject({ paused: true, in_flight: 0 });
+    const metrics = (await call(server.url, 'GET', '/metrics', undefined, trainer)).text;
+    expect(metrics).toMatch(/^rollserve_generation_paused 1$/m);
+    expect(metrics).toMatch(/^rollserve_weight_version_newest 0$/m);
     // the trainer syncs its weights; meanwhile no policy call starts
     weights.hold = null;
     release();

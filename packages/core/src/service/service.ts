@@ -5,7 +5,7 @@ import { importJournal } from '../store/import-journal.ts';
 import { openStore } from '../store/open.ts';
 import type { RetentionPolicy, RolloutStore } from '../store/types.ts';
 import type { ModelTurn } from '../runner/agent-loop.ts';
-import { createServiceMetrics, type ServiceMetrics } from '../runner/metrics.ts';
+import { createServiceMetrics, registerWeightMetrics, type ServiceMetrics } from '../runner/metrics.ts';
 import { Weights, type PauseMode, type PauseOutcome, type WeightState } from '../llm/weights.ts';
 import { RolloutError } from '../errors.ts';
 import type {
@@ -134,6 +134,7 @@ export class RolloutService implements NodeCoordinator {
     this.#nodeTimeoutMs = options.nodeTimeoutMs ?? 10_000;
     this.#weights = options.models.weights;
     this.metrics = createServiceMetrics(() => this.status());
+    if (this.#weights) registerWeightMetrics(this.metrics.registry, this.#weights);
     this.#runner = new RolloutRunner({ ...options, logger: this.logger, metrics: this.metrics });
     const pools = this.#runner.capacity;
     const localLimit = options.localRollouts ?? (options.pipeline === 'serial' ? pools.run : pools.init + pools.run + pools.eval);
