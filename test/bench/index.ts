@@ -20,6 +20,7 @@ const BENCHES: Record<string, () => Promise<{ default: () => Promise<void> }>> =
   'heartbeat-flood': () => import('./heartbeat-flood.ts'),
   startup: () => import('./startup.ts'),
   'dynamic-sampling': () => import('./dynamic-sampling.ts'),
+  weights: () => import('./weights.ts'),
 };
 
 const chosen = process.argv.slice(2);

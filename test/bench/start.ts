@@ -70,7 +70,7 @@ async function loneFloor(dir: string): Promise<{ roundTrip: number; accept: numb
         id: work.id, task_id: work.taskId, sample_index: 0, env: 'math', state: 'done', reward: 1, reward_components: null,
         verify_extras: { extracted_answer: '8' }, critical_error: null, filter: false, error: null, advantage: null, credit: null,
         timing: { init: { queued_ms: 0, active_ms: 0 }, run: { queued_ms: 0, active_ms: 1 }, eval: { queued_ms: 0, active_ms: 0 }, total_ms: 1 },
-        response: null, messages: [{ role: 'user', content: 'What is 3+5?' }, { role: 'assistant', content: '\\boxed{8}' }], turns: [], finished_at: new Date().toISOString(),
+        response: null, messages: [{ role: 'user', content: 'What is 3+5?' }, { role: 'assistant', content: '\\boxed{8}' }], turns: [], weight_version_min: null, weight_version_max: null, stale: false, finished_at: new Date().toISOString(),
       };
       await store.commitMany([{ rolloutId: work.id, attempt: work.attempt, result, workerId: 'service' }]);
       if (i >= 200) {

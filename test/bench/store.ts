@@ -62,6 +62,9 @@ function payload(id: string): RolloutResult {
       { role: 'assistant', content: 'The answer is \\boxed{42}.' },
     ],
     turns: [turn(0), turn(1), turn(2)] as RolloutResult['turns'],
+    weight_version_min: null,
+    weight_version_max: null,
+    stale: false,
     finished_at: new Date().toISOString(),
   };
 }

@@ -77,6 +77,9 @@ describe('node routes: bad requests', () => {
   it('a node that leaves is answered 404 until it registers again', async () => {
     expect(await register({ ...registration, node_id: 'n2' })).toMatchObject({ status: 201 });
     expect(await call('/v1/nodes/n2/heartbeat', { as: 'n2', body: { leases: [] } })).toEqual({ status: 200, json: { renewed: [], lost: [], cancel: [] } });
+    // a node that reads pauses of generation (x-rollserve-node-features: weights) hears of them; an older one gets the form above
+    const features = { ...auth, 'x-rollserve-node-credential': credentials.get('n2')!, 'x-rollserve-node-features': 'weights' };
+    expect(await getJson(url, '/v1/nodes/n2/heartbeat', { body: { leases: [] }, headers: features })).toEqual({ status: 200, json: { renewed: [], lost: [], cancel: [], generation_paused: false } });
     expect(await call('/v1/nodes/n2/claim', { as: 'n2', body: { limit: 1, wait_ms: 0 } })).toEqual({ status: 200, json: { claims: [] } });
     expect(await call('/v1/nodes/n2', { as: 'n2', method: 'DELETE' })).toEqual({ status: 200, json: { released: 0 } });
     expectError(await call('/v1/nodes/n2/heartbeat', { as: 'n2', body: { leases: [] } }), 404, 'NOT_FOUND');
@@ -120,12 +123,14 @@ describe('a node of rollserve before issue 24', () => {
     expect(committed.json).toEqual({ results: [{ rollout_id: 'old-whole', status: 'committed' }, { rollout_id: 'old-encoded', status: 'committed' }] });
     for (const id of ids) {
       const { json } = await call(`/v1/rollouts/${id}`);
-      expect(Object.keys(json.result)).toEqual(['id', 'task_id', 'sample_index', 'env', 'state', 'reward', 'reward_components', 'verify_extras', 'critical_error', 'filter', 'error', 'advantage', 'credit', 'timing', 'response', 'messages', 'turns', 'finished_at']);
+      expect(Object.keys(json.result)).toEqual(['id', 'task_id', 'sample_index', 'env', 'state', 'reward', 'reward_components', 'verify_extras', 'critical_error', 'filter', 'error', 'advantage', 'credit', 'timing', 'response', 'messages', 'turns', 'weight_version_min', 'weight_version_max', 'stale', 'finished_at']);
       expect(json.result).toMatchObject({
         task_id: id, sample_index: 0, verify_extras: { tag: id }, critical_error: null, finished_at: '2026-01-01T00:00:00.000Z',
+        // (from before weight versions: none)
+        weight_version_min: null, weight_version_max: null, stale: false,
         timing: { init: { queued_ms: 1, active_ms: 2 }, run: { queued_ms: 3, active_ms: 4 }, eval: { queued_ms: 5, active_ms: 6 }, total_ms: 21 },
         response: { output: [{ prompt_token_ids: [1, 2], generation_token_ids: [3], generation_log_probs: [-1] }] },
-        turns: [{ prompt_token_ids: [1, 2], generation_token_ids: [3], generation_logprobs: [-1], finish_reason: 'stop', llm_latency_ms: 5, normalized_return: null, tool_calls: [{ duration_ms: 3, execution: { exit_code: 0, timed_out: false, exception: null } }] }],
+        turns: [{ prompt_token_ids: [1, 2], generation_token_ids: [3], generation_logprobs: [-1], finish_reason: 'stop', llm_latency_ms: 5, weight_version: null, normalized_return: null, tool_calls: [{ duration_ms: 3, execution: { exit_code: 0, timed_out: false, exception: null } }] }],
       });
       expect(json.result.turns[0]).not.toHaveProperty('promptTokenIds');
     }

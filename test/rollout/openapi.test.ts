@@ -201,6 +201,20 @@ describe('the OpenAPI document against real responses', () => {
     expect((await exercise('DELETE /v1/llm-backends/{id}', '/v1/llm-backends/second')).status).toBe(404);
   });
 
+  it('weights: announce, read, pause, resume, and their errors', async () => {
+    expect((await exercise('POST /v1/weights', '/v1/weights', { body: { version: 1 } })).json).toMatchObject({ newest: 1, default: 1, pause: null });
+    expect((await exercise('POST /v1/weights', '/v1/weights', { body: { version: -1 } })).status).toBe(422);
+    expect((await exercise('POST /v1/weights', '/v1/weights', { body: { version: 2, backends: ['nope'] } })).status).toBe(404);
+    expect((await exercise('POST /v1/weights', '/v1/weights', { raw: '{nope' })).status).toBe(400);
+    expect((await exercise('GET /v1/weights', '/v1/weights')).json).toMatchObject({ newest: 1, in_flight: 0 });
+    expect((await exercise('POST /v1/weights/pause', '/v1/weights/pause', { body: { mode: 'sometimes' } })).status).toBe(422);
+    expect((await exercise('POST /v1/weights/pause', '/v1/weights/pause', { raw: '{nope' })).status).toBe(400);
+    expect((await exercise('POST /v1/weights/pause', '/v1/weights/pause', { body: { mode: 'finish' } })).json).toMatchObject({ mode: 'finish', in_flight: 0, state: { pause: { mode: 'finish' } } });
+    expect((await exercise('POST /v1/weights/resume', '/v1/weights/resume', { body: { backends: ['x'] } })).status).toBe(422);
+    expect((await exercise('POST /v1/weights/resume', '/v1/weights/resume', { raw: '[' })).status).toBe(400);
+    expect((await exercise('POST /v1/weights/resume', '/v1/weights/resume', { body: {} })).json).toMatchObject({ newest: 1, pause: null });
+  });
+
   it('rollouts: submit, stream, groups, list, get, training view, cancel, and their errors', async () => {
     const submitted = await exercise('POST /v1/rollouts', '/v1/rollouts', { body: { tasks: [task('o1', '1+1', '2', { n: 2 }), task('o2', '2+2', '5')] } });
     expect(submitted.status).toBe(202);

@@ -38,6 +38,9 @@ const result = (id: string, taskId: string, sampleIndex = 0, extra: Partial<Roll
   response: null,
   messages: [{ role: 'user', content: `question ${taskId}` }, { role: 'assistant', content: '42' }],
   turns: [],
+  weight_version_min: null,
+  weight_version_max: null,
+  stale: false,
   finished_at: '2026-01-01T00:00:00.000Z',
   ...extra,
 });
@@ -50,7 +53,7 @@ function multiTurn(id: string, taskId: string, sampleIndex = 0, extra: Partial<R
     const generation = Array.from({ length: 30 }, (_, i) => 10_000 + t * 100 + i);
     turns.push({
       index: t, prompt_token_ids: prompt, generation_token_ids: generation, generation_logprobs: generation.map((g) => -(g % 7) / 4), finish_reason: 'tool_calls',
-      text: null, reasoning: null, tool_calls: [], llm_latency_ms: 1, backend: 'b', code: null, status: 'none', malformed: null,
+      text: null, reasoning: null, tool_calls: [], llm_latency_ms: 1, backend: 'b', weight_version: null, code: null, status: 'none', malformed: null,
       rewards: { format: null, tool: null, outcome: null, shaping: null }, reward: 0, return: 0, normalized_return: null,
     });
     prompt = [...prompt, ...generation, ...Array.from({ length: 100 }, (_, i) => 20_000 + t * 1_000 + i)];
@@ -127,9 +130,9 @@ export function describeStoreSuite(engine: StoreSuiteEngine): void {
 
     it('applies its migrations once', async () => {
       expect(store.kind).toBe(kind);
-      expect(await store.schemaVersion()).toBe(2);
+      expect(await store.schemaVersion()).toBe(3);
       const again = await open();
-      expect(await again.schemaVersion()).toBe(2);
+      expect(await again.schemaVersion()).toBe(3);
     });
 
     it('accepts a commit only from the worker holding the lease at that attempt, in the same statement as the fence', async () => {
@@ -193,13 +196,21 @@ export function describeStoreSuite(engine: StoreSuiteEngine): void {
       await store.claim({ workerId: 'n1', limit: 1, leaseMs: 60_000 });
       await store.close();
       // back to version 1, as a database written by the release before
-      const downgrade = 'DROP TABLE nodes; DELETE FROM schema_version WHERE version = 2;';
+      const downgrade = 'DROP TABLE settings; DROP TABLE nodes; DELETE FROM schema_version WHERE version >= 2;';
       await engine.exec(url, downgrade);
       const migrated = await open();
-      expect(await migrated.schemaVersion()).toBe(2);
+      expect(await migrated.schemaVersion()).toBe(3);
       expect(await migrated.getRollout('old')).toMatchObject({ state: 'leased', workerId: 'n1', attempt: 1 });
       await migrated.putNodeCredential({ nodeId: 'n1', credentialHash: 'dd'.repeat(32), issuedAt: 1 });
       expect(await migrated.getNodeCredential('n1')).toMatchObject({ credentialHash: 'dd'.repeat(32) });
+    });
+
+    it('keeps settings across a reopening (schema version 3: the weight state of a pause for a weight update)', async () => {
+      expect(await store.getSetting('weights')).toBeUndefined();
+      await store.putSetting('weights', { newest: 3, pause: { mode: 'abort' } });
+      await store.putSetting('weights', { newest: 4, pause: null });
+      const again = await open();
+      expect(await again.getSetting('weights')).toEqual({ newest: 4, pause: null });
     });
 
     it('puts tasks idempotently by id, a batch whole or not at all', async () => {
@@ -421,8 +432,10 @@ export function describeStoreSuite(engine: StoreSuiteEngine): void {
         turns: [0, 1].map((index) => ({
           index, prompt_token_ids: index === 0 ? [1, 2] : [1, 2, 9, 3], generation_token_ids: [9], generation_logprobs: [-1], finish_reason: 'stop', text: 't', reasoning: null,
           tool_calls: [{ id: 'c', name: 'bash', arguments: '{}', output: 'o', status: 'ok', execution: { exit_code: 0, timed_out: false, exception: null }, code: 'ls', duration_ms: 2 }],
-          llm_latency_ms: 1, backend: 'b', code: 'ls', status: 'ok', malformed: null, rewards: { format: 0, tool: 1, outcome: 0, shaping: 0 }, reward: 0, return: 0, normalized_return: null,
+          llm_latency_ms: 1, backend: 'b', weight_version: null, code: 'ls', status: 'ok', malformed: null, rewards: { format: 0, tool: 1, outcome: 0, shaping: 0 }, reward: 0, return: 0, normalized_return: null,
         })),
+        // (results from before weight versions read back with them null)
+        weight_version_min: null, weight_version_max: null, stale: false,
         finished_at: '2026-01-01T00:00:00.000Z',
       });
       // (JSON text compared: the keys come in the order the API sends them)

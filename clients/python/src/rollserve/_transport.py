@@ -189,7 +189,7 @@ class Transport:
             except ValueError as error:
                 raise RolloutServiceError(status, "PROTOCOL", f"the answer is not JSON: {data[:200]!r}", method=method, path=path) from error
 
-    def open_stream(self, ids: Sequence[str], view: Optional[str] = None, max_response_tokens: Optional[int] = None) -> Tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    def open_stream(self, ids: Sequence[str], view: Optional[str] = None, max_response_tokens: Optional[int] = None, max_staleness: Optional[int] = None) -> Tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         """One attempt at the NDJSON stream of ``ids``; the caller retries. A short list goes
         in the query string (``GET /v1/rollouts/stream?ids=...``); a long one in a JSON body
         (``POST /v1/rollouts/stream``), which takes any number of ids where a query string past
@@ -199,10 +199,13 @@ class Transport:
         headers["accept"] = "application/x-ndjson"
         joined = ",".join(ids)
         extra: Dict[str, Any] = {**({"view": view} if view else {}), **({"max_response_tokens": max_response_tokens} if max_response_tokens is not None else {})}
+        # a staleness bound flags stale results (`stale`); the client leaves them out itself when
+        # asked to, so that what it waits for still arrives
+        bound = {} if max_staleness is None else {"max_staleness": str(max_staleness)}
         if len(quote(joined, safe=",:")) <= MAX_IDS_CHARS:
-            method, target, payload = "GET", self.path("/v1/rollouts/stream", {"ids": joined, "format": "ndjson", **extra}), None
+            method, target, payload = "GET", self.path("/v1/rollouts/stream", {"ids": joined, "format": "ndjson", **extra, **bound}), None
         else:
-            body = {"ids": list(ids), "format": "ndjson", **extra}
+            body = {"ids": list(ids), "format": "ndjson", **extra, **({} if max_staleness is None else {"staleness": {"max_versions": max_staleness}})}
             method, target, payload = "POST", self.path("/v1/rollouts/stream"), json.dumps(body, separators=(",", ":")).encode()
             headers["content-type"] = "application/json"
         try:
@@ -254,11 +257,12 @@ class ResultStream:
     A dropped connection is reopened (with backoff; ``retries`` failures in a row without a new
     result give up) and results seen before are skipped."""
 
-    def __init__(self, transport: Transport, ids: Sequence[str], emit: Emit, view: Optional[str] = None, max_response_tokens: Optional[int] = None) -> None:
+    def __init__(self, transport: Transport, ids: Sequence[str], emit: Emit, view: Optional[str] = None, max_response_tokens: Optional[int] = None, max_staleness: Optional[int] = None) -> None:
         self.transport = transport
         self.emit = emit
         self.view = view
         self.max_response_tokens = max_response_tokens
+        self.max_staleness = max_staleness
         unique = list(dict.fromkeys(ids))
         if not unique:
             raise ValueError("iter_results needs at least one id")
@@ -301,7 +305,7 @@ class ResultStream:
                     break
                 conn: Optional[http.client.HTTPConnection] = None
                 try:
-                    conn, response = self.transport.open_stream(pending, self.view, self.max_response_tokens)
+                    conn, response = self.transport.open_stream(pending, self.view, self.max_response_tokens, self.max_staleness)
                     with self._lock:
                         self._open.add(conn)
                     if self._stop.is_set():

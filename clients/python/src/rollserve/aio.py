@@ -5,10 +5,11 @@ blocks the event loop."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Dict, Iterable, List, Optional, Tuple, Union
+import contextlib
+from typing import Any, AsyncIterator, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from ._transport import ResultStream
-from .client import Client, Grouper, Ids, SampledGroups, Task, warn_drift
+from .client import Client, Grouper, Ids, SampledGroups, Task, WeightUpdate, _stale_filter, warn_drift
 from .models import Group, Page, Result, Rollout, Sampling, Submission, TaskRollouts, TrainingView, as_id_list, materialize, warned
 
 
@@ -26,6 +27,40 @@ class AsyncBackends:
         await asyncio.to_thread(self._c.backends.remove, id)
 
 
+class AsyncWeights:
+    """The asyncio twin of :class:`rollserve.client.Weights`.
+
+    >>> async with client.weights.update(mode="abort") as update:
+    ...     await sync_weights_into_vllm(step)
+    ...     update.version = step
+    """
+
+    def __init__(self, client: Client) -> None:
+        self._c = client
+
+    async def state(self) -> Dict[str, Any]:
+        return await asyncio.to_thread(self._c.weights.state)
+
+    async def announce(self, version: int, backends: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+        return await asyncio.to_thread(self._c.weights.announce, version, backends)
+
+    async def pause(self, mode: str = "abort") -> Dict[str, Any]:
+        return await asyncio.to_thread(self._c.weights.pause, mode)
+
+    async def resume(self, version: Optional[int] = None, backends: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+        return await asyncio.to_thread(self._c.weights.resume, version, backends)
+
+    @contextlib.asynccontextmanager
+    async def update(self, mode: str = "abort") -> AsyncIterator[WeightUpdate]:
+        update = WeightUpdate(await self.pause(mode))
+        try:
+            yield update
+        except BaseException:
+            update.resumed = await self.resume()
+            raise
+        update.resumed = await self.resume(update.version, update.backends)
+
+
 class AsyncClient:
     """The asyncio twin of :class:`rollserve.Client` (same arguments, same methods, awaited;
     ``iter_results``/``iter_groups``/``list`` are async iterators).
@@ -40,6 +75,7 @@ class AsyncClient:
         self.sync = Client(url, token, timeout, **options)
         self.url = url
         self.backends = AsyncBackends(self.sync)
+        self.weights = AsyncWeights(self.sync)
 
     async def __aenter__(self) -> "AsyncClient":
         return self
@@ -99,7 +135,7 @@ class AsyncClient:
     async def cancel(self, id: str, *, wait: bool = True) -> Union[Rollout, TaskRollouts]:
         return await asyncio.to_thread(lambda: self.sync.cancel(id, wait=wait))
 
-    async def _stream(self, ids: List[str], view: Optional[str] = None, watch: bool = False, max_response_tokens: Optional[int] = None) -> AsyncIterator[Dict[str, Any]]:
+    async def _stream(self, ids: List[str], view: Optional[str] = None, watch: bool = False, max_response_tokens: Optional[int] = None, max_staleness: Optional[int] = None) -> AsyncIterator[Dict[str, Any]]:
         """As :meth:`Client._stream`: ``/v1/status`` asked after every ``warning_check`` seconds
         without a result (at once with ``watch``); with ``watch`` its warnings raise."""
         if watch:
@@ -114,7 +150,7 @@ class AsyncClient:
             except RuntimeError:  # the loop is closed: nobody is listening
                 pass
 
-        stream = ResultStream(self.sync._t, ids, emit, view, max_response_tokens).start()
+        stream = ResultStream(self.sync._t, ids, emit, view, max_response_tokens, max_staleness).start()
         remaining = len(stream.chunks)
         try:
             while remaining:
@@ -133,46 +169,53 @@ class AsyncClient:
             stream.stop()
             self.sync.reconnects += stream.reconnects
 
-    async def iter_results(self, ids: Ids) -> AsyncIterator[Result]:
+    async def iter_results(self, ids: Ids, *, max_staleness: Optional[int] = None, stale: str = "flag") -> AsyncIterator[Result]:
         """As :meth:`Client.iter_results`, without blocking the loop."""
         ids = materialize(ids)
-        async for raw in self._stream(as_id_list(ids), None, warned(ids)):
-            yield Result.from_json(raw)
+        drop = _stale_filter(stale)
+        async for raw in self._stream(as_id_list(ids), None, warned(ids), max_staleness=max_staleness):
+            if not (drop and raw.get("stale")):
+                yield Result.from_json(raw)
 
-    async def wait(self, ids: Ids) -> List[Result]:
-        results = [r async for r in self.iter_results(ids)]
+    async def wait(self, ids: Ids, *, max_staleness: Optional[int] = None, stale: str = "flag") -> List[Result]:
+        results = [r async for r in self.iter_results(ids, max_staleness=max_staleness, stale=stale)]
         return sorted(results, key=lambda r: (r.task_id, r.sample_index))
 
     async def training(self, id: str, *, max_response_tokens: Optional[int] = None) -> Union[TrainingView, List[Optional[TrainingView]]]:
         return await asyncio.to_thread(lambda: self.sync.training(id, max_response_tokens=max_response_tokens))
 
-    async def iter_training(self, ids: Ids, *, max_response_tokens: Optional[int] = None) -> AsyncIterator[TrainingView]:
+    async def iter_training(self, ids: Ids, *, max_response_tokens: Optional[int] = None, max_staleness: Optional[int] = None, stale: str = "flag") -> AsyncIterator[TrainingView]:
         """As :meth:`Client.iter_training`, without blocking the loop."""
         ids = materialize(ids)
-        async for raw in self._stream(as_id_list(ids), "training", warned(ids), max_response_tokens):
+        drop = _stale_filter(stale)
+        async for raw in self._stream(as_id_list(ids), "training", warned(ids), max_response_tokens=max_response_tokens, max_staleness=max_staleness):
+            if drop and raw.get("stale"):
+                continue
             view = TrainingView.from_json(raw)
             warn_drift([view])
             yield view
 
-    def iter_training_groups(self, tasks: Ids, *, refresh: bool = True, max_response_tokens: Optional[int] = None) -> AsyncIterator[Group]:
+    def iter_training_groups(self, tasks: Ids, *, refresh: bool = True, max_response_tokens: Optional[int] = None, max_staleness: Optional[int] = None, stale: str = "flag") -> AsyncIterator[Group]:
         """As :meth:`Client.iter_training_groups`, without blocking the loop."""
-        return self._groups(tasks, refresh, "training", max_response_tokens)
+        return self._groups(tasks, refresh, "training", max_response_tokens=max_response_tokens, max_staleness=max_staleness, drop_stale=_stale_filter(stale))
 
-    def iter_groups(self, tasks: Ids, *, refresh: bool = True) -> AsyncIterator[Group]:
+    def iter_groups(self, tasks: Ids, *, refresh: bool = True, max_staleness: Optional[int] = None, stale: str = "flag") -> AsyncIterator[Group]:
         """As :meth:`Client.iter_groups`, without blocking the loop."""
-        return self._groups(tasks, refresh, None)
+        return self._groups(tasks, refresh, None, max_staleness=max_staleness, drop_stale=_stale_filter(stale))
 
-    async def _groups(self, tasks: Ids, refresh: bool, view: Optional[str], max_response_tokens: Optional[int] = None) -> AsyncIterator[Group]:
+    async def _groups(self, tasks: Ids, refresh: bool, view: Optional[str], *, max_response_tokens: Optional[int] = None, max_staleness: Optional[int] = None, drop_stale: bool = False) -> AsyncIterator[Group]:
         tasks = materialize(tasks)
         grouper = Grouper(await asyncio.to_thread(self.sync._members, tasks))
-        async for raw in self._stream(list(grouper.members), view, warned(tasks), max_response_tokens):
+        async for raw in self._stream(list(grouper.members), view, warned(tasks), max_response_tokens=max_response_tokens, max_staleness=max_staleness):
             group = grouper.add(TrainingView.from_json(raw) if view else Result.from_json(raw))
             if group is None:
                 continue
             if refresh and Grouper.lacks_advantages(group):
                 group = Grouper.refreshed_training(group, await self.training(group.task_id, max_response_tokens=max_response_tokens)) if view else Grouper.refreshed(group, await self.get(group.task_id))
-            warn_drift(group.results)
-            yield group
+            group = Grouper.fresh(group, drop_stale)
+            if group is not None:
+                warn_drift(group.results)
+                yield group
 
 
 class AsyncSampledGroups:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import time
 import uuid
 import warnings
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ._transport import _NETWORK, ResultStream, Transport
 from .errors import DriftWarning, RolloutServiceError, ServiceConnectionError, ServiceWarning, ServiceWarningError
@@ -83,6 +84,16 @@ class Grouper:
         # Streamed before the group was complete, a sample may not carry the advantage the
         # service has filled in since; GET gives the finished group as the service has it.
         return len(group) > 1 and any(r.advantage is None for r in group.results)
+
+    @staticmethod
+    def fresh(group: Group, drop_stale: bool) -> Optional[Group]:
+        """The group without its stale samples when they are dropped (None when none is left)."""
+        if not drop_stale:
+            return group
+        kept = [sample for sample in group.results if not sample.stale]
+        if not kept:
+            return None
+        return group if len(kept) == len(group.results) else Group(task_id=group.task_id, results=kept)
 
     @staticmethod
     def refreshed_training(group: Group, views: Union[TrainingView, List[Optional[TrainingView]]]) -> Group:
@@ -196,6 +207,77 @@ def _sampling_id(sampling: Union[str, Sampling]) -> str:
     return sampling.id if isinstance(sampling, Sampling) else sampling
 
 
+class WeightUpdate:
+    """A weight update under way (:meth:`Weights.update`): set ``version`` to the version the
+    backends serve once the new weights are loaded; generation resumes on it. Left None (or on an
+    exception), the update failed and generation resumes on the old weights."""
+
+    def __init__(self, paused: Dict[str, Any]) -> None:
+        #: What the pause answered: its mode, the generations in flight, how many were aborted.
+        self.paused = paused
+        self.version: Optional[int] = None
+        self.backends: Optional[Sequence[str]] = None
+        #: What the resume answered (the weight state and ``paused_ms``), once it has.
+        self.resumed: Optional[Dict[str, Any]] = None
+
+
+def _stale_filter(stale: str) -> bool:
+    if stale not in ("flag", "filter"):
+        raise ValueError(f"stale is 'flag' or 'filter', not {stale!r}")
+    return stale == "filter"
+
+
+class Weights:
+    """Weight versions and pauses of generation for a weight update (asynchronous RL): the
+    trainer says which integer version the backends serve after each weight sync, and every
+    turn of every rollout records the version that generated it (``turn["weight_version"]``,
+    ``Result.weight_version_min``/``max``).
+
+    >>> with client.weights.update(mode="abort") as update:   # generation paused, in-flight aborted
+    ...     sync_weights_into_vllm(step)
+    ...     update.version = step                             # resumed on it; an exception: on the old
+    """
+
+    def __init__(self, transport: Transport) -> None:
+        self._t = transport
+
+    def state(self) -> Dict[str, Any]:
+        """The versions announced (``default``, per backend), the ``newest``, the ``pause`` if any."""
+        return dict(self._t.request("GET", "/v1/weights"))
+
+    def announce(self, version: int, backends: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+        """The backends named (all, and any added later, when none) serve ``version`` now."""
+        body: Dict[str, Any] = {"version": version, **({"backends": list(backends)} if backends else {})}
+        return dict(self._t.request("POST", "/v1/weights", body))
+
+    def pause(self, mode: str = "abort") -> Dict[str, Any]:
+        """Pauses generation: no new policy call starts; those in flight are aborted (redone on the
+        new weights after the resume) or, with ``mode="finish"``, end on the old ones. Answers once
+        none is in flight: then load the new weights. The pause outlives a restart of the service."""
+        return dict(self._t.request("POST", "/v1/weights/pause", {"mode": mode}))
+
+    def resume(self, version: Optional[int] = None, backends: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+        """Resumes generation: with ``version``, on the new weights (announced first); without, the
+        update failed and the old weights go on."""
+        body: Dict[str, Any] = {}
+        if version is not None:
+            body["version"] = version
+            if backends:
+                body["backends"] = list(backends)
+        return dict(self._t.request("POST", "/v1/weights/resume", body))
+
+    @contextlib.contextmanager
+    def update(self, mode: str = "abort") -> Iterator[WeightUpdate]:
+        """Pauses generation for the block, then resumes it on ``update.version`` (see WeightUpdate)."""
+        update = WeightUpdate(self.pause(mode))
+        try:
+            yield update
+        except BaseException:
+            update.resumed = self.resume()
+            raise
+        update.resumed = self.resume(update.version, update.backends)
+
+
 def _seg(id: str) -> str:
     from urllib.parse import quote
 
@@ -232,6 +314,7 @@ class Client:
         self.url = url
         self.warning_check = warning_check
         self.backends = Backends(self._t)
+        self.weights = Weights(self._t)
         #: Reconnections of result streams so far (dropped connections).
         self.reconnects = 0
 
@@ -363,7 +446,7 @@ class Client:
 
     # streams -------------------------------------------------------------------------------
 
-    def _stream(self, ids: List[str], view: Optional[str] = None, watch: bool = False, max_response_tokens: Optional[int] = None) -> Iterator[Tuple[str, Any]]:
+    def _stream(self, ids: List[str], view: Optional[str] = None, watch: bool = False, max_response_tokens: Optional[int] = None, max_staleness: Optional[int] = None) -> Iterator[Tuple[str, Any]]:
         """The results of ``ids``. ``/v1/status`` is asked after every ``warning_check`` seconds
         without a result (and at once with ``watch``: tasks whose submit was warned). With
         ``watch``, its warnings raise ServiceWarningError: the stream would wait for ever. Else
@@ -373,7 +456,7 @@ class Client:
             self._check_warnings()
         said: set = set()
         items: "queue.Queue[Tuple[str, Any]]" = queue.Queue()
-        stream = ResultStream(self._t, ids, items.put, view, max_response_tokens).start()
+        stream = ResultStream(self._t, ids, items.put, view, max_response_tokens, max_staleness).start()
         remaining = len(stream.chunks)
         try:
             while remaining:
@@ -392,17 +475,22 @@ class Client:
             stream.stop()
             self.reconnects += stream.reconnects
 
-    def iter_results(self, ids: Ids) -> Iterator[Result]:
+    def iter_results(self, ids: Ids, *, max_staleness: Optional[int] = None, stale: str = "flag") -> Iterator[Result]:
         """Results of rollouts or tasks (ids, a SubmittedTask or a Submission) as they finish,
         those already finished first, each once; ends when all are finished. A dropped stream
-        is reopened and the results seen before are skipped."""
+        is reopened and the results seen before are skipped. With ``max_staleness`` (k): a result
+        whose oldest turn is more than k weight versions behind the newest announced is stale:
+        ``stale="flag"`` yields it with ``stale`` True, ``"filter"`` leaves it out."""
         ids = materialize(ids)
-        for _, raw in self._stream(as_id_list(ids), None, warned(ids)):
-            yield Result.from_json(raw)
+        drop = _stale_filter(stale)
+        for _, raw in self._stream(as_id_list(ids), None, warned(ids), max_staleness=max_staleness):
+            if not (drop and raw.get("stale")):
+                yield Result.from_json(raw)
 
-    def wait(self, ids: Ids) -> List[Result]:
-        """All results of ``ids``, once finished, in the order of their rollout ids."""
-        results = list(self.iter_results(ids))
+    def wait(self, ids: Ids, *, max_staleness: Optional[int] = None, stale: str = "flag") -> List[Result]:
+        """All results of ``ids``, once finished, in the order of their rollout ids (a staleness
+        bound as :meth:`iter_results`)."""
+        results = list(self.iter_results(ids, max_staleness=max_staleness, stale=stale))
         return sorted(results, key=lambda r: (r.task_id, r.sample_index))
 
     def _members(self, tasks: Ids) -> Dict[str, List[str]]:
@@ -426,39 +514,45 @@ class Client:
         query: Dict[str, Any] = {"view": "training", "max_response_tokens": max_response_tokens}
         return parse_training(self._t.request("GET", f"/v1/rollouts/{_seg(id)}", query=query))
 
-    def iter_training(self, ids: Ids, *, max_response_tokens: Optional[int] = None) -> Iterator[TrainingView]:
+    def iter_training(self, ids: Ids, *, max_response_tokens: Optional[int] = None, max_staleness: Optional[int] = None, stale: str = "flag") -> Iterator[TrainingView]:
         """As :meth:`iter_results`, as training views: what a loss needs, each token id once (a
         Result repeats the conversation in every turn; at working sizes most of its bytes)."""
         ids = materialize(ids)
-        for _, raw in self._stream(as_id_list(ids), "training", warned(ids), max_response_tokens):
+        drop = _stale_filter(stale)
+        for _, raw in self._stream(as_id_list(ids), "training", warned(ids), max_response_tokens=max_response_tokens, max_staleness=max_staleness):
+            if drop and raw.get("stale"):
+                continue
             view = TrainingView.from_json(raw)
             warn_drift([view])
             yield view
 
-    def iter_training_groups(self, tasks: Ids, *, refresh: bool = True, max_response_tokens: Optional[int] = None) -> Iterator[Group]:
+    def iter_training_groups(self, tasks: Ids, *, refresh: bool = True, max_response_tokens: Optional[int] = None, max_staleness: Optional[int] = None, stale: str = "flag") -> Iterator[Group]:
         """As :meth:`iter_groups`, each group's samples as TrainingViews."""
-        return self._groups(tasks, refresh, "training", max_response_tokens)
+        return self._groups(tasks, refresh, "training", max_response_tokens=max_response_tokens, max_staleness=max_staleness, drop_stale=_stale_filter(stale))
 
-    def iter_groups(self, tasks: Ids, *, refresh: bool = True) -> Iterator[Group]:
+    def iter_groups(self, tasks: Ids, *, refresh: bool = True, max_staleness: Optional[int] = None, stale: str = "flag") -> Iterator[Group]:
         """Whole groups (all n samples of a task) as each task's last sample finishes. Task
         ids or SubmittedTasks (a Submission: no extra call to learn each task's n). With
         ``refresh``, a group whose streamed samples lack advantages is read again from the
         service (which fills them once the group is complete); else it is yielded as is.
         Tasks whose submit was warned (no policy backend) raise ServiceWarningError while the
-        warning holds, instead of waiting for ever."""
-        return self._groups(tasks, refresh, None)
+        warning holds, instead of waiting for ever. A staleness bound as :meth:`iter_results`:
+        ``"filter"`` leaves a group's stale samples out (a group with none left is not yielded)."""
+        return self._groups(tasks, refresh, None, max_staleness=max_staleness, drop_stale=_stale_filter(stale))
 
-    def _groups(self, tasks: Ids, refresh: bool, view: Optional[str], max_response_tokens: Optional[int] = None) -> Iterator[Group]:
+    def _groups(self, tasks: Ids, refresh: bool, view: Optional[str], *, max_response_tokens: Optional[int] = None, max_staleness: Optional[int] = None, drop_stale: bool = False) -> Iterator[Group]:
         tasks = materialize(tasks)
         grouper = Grouper(self._members(tasks))
-        for _, raw in self._stream(list(grouper.members), view, warned(tasks), max_response_tokens):
+        for _, raw in self._stream(list(grouper.members), view, warned(tasks), max_response_tokens=max_response_tokens, max_staleness=max_staleness):
             group = grouper.add(TrainingView.from_json(raw) if view else Result.from_json(raw))
             if group is None:
                 continue
             if refresh and Grouper.lacks_advantages(group):
                 group = Grouper.refreshed_training(group, self.training(group.task_id, max_response_tokens=max_response_tokens)) if view else Grouper.refreshed(group, self.get(group.task_id))
-            warn_drift(group.results)
-            yield group
+            group = Grouper.fresh(group, drop_stale)
+            if group is not None:
+                warn_drift(group.results)
+                yield group
 
 
 def task_members(task_id: str, view: Union[Rollout, TaskRollouts]) -> List[str]:

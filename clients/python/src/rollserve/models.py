@@ -51,6 +51,13 @@ class Result(_Raw):
     #: How the turns' rewards, returns and advantages were computed (settings, components, shaping,
     #: group statistics); None until the service has it.
     credit: Optional[Dict[str, Any]] = None
+    #: The oldest and newest weight version of its turns (each turn's ``weight_version``): None when
+    #: the trainer announced none (``Client.announce_weights``), or from a service before versions.
+    weight_version_min: Optional[int] = None
+    weight_version_max: Optional[int] = None
+    #: Judged stale by a staleness bound (too many versions behind the newest): not an infrastructure
+    #: failure (those have a ``critical_error``).
+    stale: bool = False
 
     @classmethod
     def from_json(cls, raw: Dict[str, Any]) -> "Result":
@@ -75,6 +82,9 @@ class Result(_Raw):
             finished_at=raw.get("finished_at", ""),
             raw=raw,
             credit=raw.get("credit"),
+            weight_version_min=raw.get("weight_version_min"),
+            weight_version_max=raw.get("weight_version_max"),
+            stale=bool(raw.get("stale", False)),
         )
 
     @property
@@ -117,6 +127,11 @@ class TrainingView(_Raw):
     turns: List[Dict[str, Any]]
     credit: Optional[Dict[str, Any]]
     raw: Dict[str, Any] = field(default_factory=dict)
+    #: The oldest and newest weight version of its turns (each turn's ``weight_version``).
+    weight_version_min: Optional[int] = None
+    weight_version_max: Optional[int] = None
+    #: Judged stale by a staleness bound.
+    stale: bool = False
 
     @classmethod
     def from_json(cls, raw: Dict[str, Any]) -> "TrainingView":
@@ -138,6 +153,9 @@ class TrainingView(_Raw):
             turns=raw.get("turns") or [],
             credit=raw.get("credit"),
             raw=raw,
+            weight_version_min=raw.get("weight_version_min"),
+            weight_version_max=raw.get("weight_version_max"),
+            stale=bool(raw.get("stale", False)),
         )
 
     @property

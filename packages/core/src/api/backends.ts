@@ -1,7 +1,7 @@
 import { createRoute, OpenAPIHono, z } from '@hono/zod-openapi';
 import { RolloutError } from '../errors.ts';
 import type { ApiContext } from './context.ts';
-import { errorResponses, LlmBackend } from './wire.ts';
+import { errorResponses, LlmBackend, listedBackends } from './wire.ts';
 
 export const AddBackend = z
   .strictObject({
@@ -48,10 +48,11 @@ const removeRoute = createRoute({
 });
 
 /** /v1/llm-backends: the policy's inference servers, managed at run time. */
-export function backendsApi({ options }: ApiContext): OpenAPIHono {
+export function backendsApi(ctx: ApiContext): OpenAPIHono {
+  const { options } = ctx;
   const app = new OpenAPIHono();
 
-  app.openapi(listRoute, (c) => c.json({ backends: (options.backends?.list() ?? []) as Array<z.infer<typeof LlmBackend>> }, 200));
+  app.openapi(listRoute, (c) => c.json({ backends: listedBackends(ctx) }, 200));
 
   app.openapi(addRoute, (c) => {
     if (!options.backends) throw new RolloutError({ code: 'NOT_FOUND', message: 'this service manages no LLM backends' });

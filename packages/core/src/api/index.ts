@@ -12,6 +12,7 @@ import { BodyTooLargeError, decodeInTurn, DEFAULT_MAX_BODY_BYTES, LARGE_BODY_BYT
 import { operationOf, rolloutOpenApi } from './openapi.ts';
 import type { RolloutService } from '../service/service.ts';
 import { backendsApi } from './backends.ts';
+import { weightsApi } from './weights.ts';
 import type { ApiContext, RolloutApiOptions } from './context.ts';
 import { docsApi } from './docs.ts';
 import { notJson, unprocessable } from './parse.ts';
@@ -208,6 +209,7 @@ export function createRolloutApi(service: RolloutService, options: RolloutApiOpt
   app.route('/', samplingApi(ctx));
   app.route('/', rolloutsApi(ctx, warnings));
   app.route('/', backendsApi(ctx));
+  app.route('/', weightsApi(ctx));
   app.route('/', docsApi());
   app.route('/', prorlApi(ctx));
   app.route('/', gymAgentApi(ctx));

@@ -2,6 +2,7 @@ import { createRoute, OpenAPIHono, z } from '@hono/zod-openapi';
 import {
   HeartbeatAnswer,
   NODE_CREDENTIAL_HEADER,
+  NODE_FEATURES_HEADER,
   NodeClaim,
   NodeClaimRequest,
   NodeClaims,
@@ -138,7 +139,13 @@ export function nodesApi({ service }: ApiContext): OpenAPIHono {
 
   app.openapi(listRoute, (c) => c.json({ nodes: nodes.nodes() }, 200));
 
-  app.openapi(heartbeatRoute, async (c) => c.json(await nodes.heartbeat(auth(c), c.req.valid('json').leases), 200));
+  // what a node reads beyond the first form of the protocol (an older node's schemas are strict)
+  const readsWeights = (c: { req: { header(name: string): string | undefined } }) => (c.req.header(NODE_FEATURES_HEADER) ?? '').split(',').some((f) => f.trim() === 'weights');
+
+  app.openapi(heartbeatRoute, async (c) => {
+    const answer = await nodes.heartbeat(auth(c), c.req.valid('json').leases);
+    return c.json(readsWeights(c) ? { ...answer, generation_paused: service.generationPaused } : answer, 200);
+  });
 
   app.openapi(claimRoute, async (c) => {
     const { limit, wait_ms } = c.req.valid('json');
@@ -154,7 +161,9 @@ export function nodesApi({ service }: ApiContext): OpenAPIHono {
   });
 
   // (the messages and tools are the agent loop's; the schema checks only their shape)
-  app.openapi(modelRoute, async (c) => c.json(toWireModelTurn(await nodes.modelTurn(auth(c), c.req.valid('json') as unknown as NodeModelRequest, c.req.raw.signal)), 200));
+  app.openapi(modelRoute, async (c) =>
+    c.json(toWireModelTurn(await nodes.modelTurn(auth(c), c.req.valid('json') as unknown as NodeModelRequest, c.req.raw.signal), readsWeights(c)), 200),
+  );
 
   app.openapi(deregisterRoute, async (c) => c.json(await nodes.deregisterNode(auth(c)), 200));
 

@@ -13,6 +13,7 @@ const INFO = {
 const TAGS = [
   { name: 'Rollouts', description: "A trainer's routes: submit tasks, read, list, cancel and stream their results" },
   { name: 'LLM backends', description: "The policy's inference servers, added and removed at run time (a checkpoint swap)" },
+  { name: 'Weights', description: "A trainer's routes for asynchronous RL: weight versions announced after a weight sync, pauses of generation for a weight update" },
   { name: 'Service', description: 'Status, metrics, liveness and this document' },
   { name: 'Rollout nodes', description: 'What `rollserve node` calls (with the node token when the service has one); not for trainers' },
   { name: 'ProRL Agent', description: "ProRL Agent Server's API, for ProRL's own clients (FastAPI's error shapes)" },
@@ -40,6 +41,10 @@ const OPERATIONS: Record<string, [operationId: string, tag: Tag]> = {
   'GET /v1/llm-backends': ['listLlmBackends', 'LLM backends'],
   'POST /v1/llm-backends': ['addLlmBackend', 'LLM backends'],
   'DELETE /v1/llm-backends/{id}': ['removeLlmBackend', 'LLM backends'],
+  'GET /v1/weights': ['getWeights', 'Weights'],
+  'POST /v1/weights': ['announceWeights', 'Weights'],
+  'POST /v1/weights/pause': ['pauseGeneration', 'Weights'],
+  'POST /v1/weights/resume': ['resumeGeneration', 'Weights'],
   'GET /v1/status': ['getStatus', 'Service'],
   'GET /metrics': ['getMetrics', 'Service'],
   'GET /health': ['getHealth', 'Service'],

@@ -171,7 +171,9 @@ export function rolloutsApi({ service }: ApiContext, warnings: BackendWarnings):
     submitRoute,
     async (c) => {
       const request = c.req.valid('json');
-      const tasks = 'tasks' in request ? request.tasks : [request];
+      // the batch's staleness bound is each task's that names none
+      const bound = 'tasks' in request ? request.staleness : undefined;
+      const tasks = 'tasks' in request ? (bound ? request.tasks.map((task) => (task.staleness ? task : { ...task, staleness: bound })) : request.tasks) : [request];
       checkSampling(tasks, 'tasks' in request);
       const dynamic = 'tasks' in request ? request.dynamic_sampling : undefined;
       const started = dynamic ? await service.sample(tasks, dynamic) : undefined;

@@ -1,7 +1,7 @@
 import { createRoute, OpenAPIHono, z } from '@hono/zod-openapi';
 import type { ApiContext } from './context.ts';
 import type { BackendWarnings } from './rollouts.ts';
-import { errorResponses, Status, type LlmBackend } from './wire.ts';
+import { errorResponses, listedBackends, Status } from './wire.ts';
 
 const statusRoute = createRoute({
   method: 'get',
@@ -32,13 +32,23 @@ const healthRoute = createRoute({
 });
 
 /** /v1/status, /metrics and /health. */
-export function statusApi({ service, options }: ApiContext, warnings: BackendWarnings): OpenAPIHono {
+export function statusApi(ctx: ApiContext, warnings: BackendWarnings): OpenAPIHono {
+  const { service } = ctx;
   const app = new OpenAPIHono();
   app.openapi(healthRoute, (c) => c.json({ status: 'ok' as const }, 200));
   app.openapi(statusRoute, async (c) => {
-    const llm_backends = (options.backends?.list() ?? []) as Array<z.infer<typeof LlmBackend>>;
-    return c.json({ ...service.status(), environments: service.environments, llm_backends, warnings: await warnings.current() }, 200);
+    const llm_backends = listedBackends(ctx);
+    return c.json({ ...service.status(), environments: service.environments, llm_backends, warnings: await warnings.current(), weights: weightsStatus(service) }, 200);
   });
   app.openapi(metricsRoute, async (c) => c.text(await service.metrics.registry.metrics(), 200, { 'content-type': service.metrics.registry.contentType }));
   return app;
+}
+
+function weightsStatus(service: ApiContext['service']) {
+  try {
+    const { newest, default: version, pause, in_flight } = service.weightState();
+    return { newest, default: version, paused: pause !== null, in_flight };
+  } catch {
+    return null; // no weight versions where the service does not route the policy's turns
+  }
 }

@@ -9,7 +9,7 @@ import { RolloutError } from '../errors.ts';
 import type { RolloutService, Sampling } from '../service/service.ts';
 import { SamplingStatus } from '../protocol/sampling.ts';
 import { SamplingIdParam } from './sampling.ts';
-import { RolloutGroup, RolloutResult } from '../protocol/rollout.ts';
+import { RolloutGroup, RolloutResult, StalenessBound } from '../protocol/rollout.ts';
 import { DEFAULT_STREAM_KEEP_ALIVE_MS, type ApiContext } from './context.ts';
 import { trainingView } from '../protocol/training-view.ts';
 import { errorResponses, MaxResponseTokens, toTrainingGroup, TrainingGroup, TrainingView, trainingViewOptions, ViewParam, wantsTrainingView } from './wire.ts';
@@ -28,8 +28,46 @@ const StreamRequest = z
     format: z.enum(['ndjson', 'sse']).optional().openapi({ description: 'NDJSON by default, SSE with `sse` or `Accept: text/event-stream`' }),
     view: ViewParam,
     max_response_tokens: MaxResponseTokens,
+    /** A staleness bound judged as each result is sent (see StalenessBound): `flag` marks it `stale`, `filter` leaves it out. */
+    staleness: StalenessBound.optional(),
   })
   .openapi('StreamRequest');
+
+/** The stream's staleness bound in a query: `max_staleness=k` and `stale=flag|filter`. */
+const StalenessQuery = {
+  max_staleness: z
+    .string()
+    .regex(/^\d{1,9}$/, 'max_staleness: a whole number of versions')
+    .optional()
+    .openapi({ description: 'A staleness bound: a sample whose oldest turn is more than this many weight versions behind the newest announced is stale' }),
+  stale: z
+    .enum(['flag', 'filter'])
+    .optional()
+    .openapi({ description: 'With max_staleness: flag (the default) sends a stale sample with `stale: true`; filter leaves it out of the stream' }),
+};
+
+function boundOf(query: { max_staleness?: string | undefined; stale?: 'flag' | 'filter' | undefined }): StalenessBound | undefined {
+  if (query.max_staleness === undefined) {
+    if (query.stale !== undefined) throw new RolloutError({ code: 'UNPROCESSABLE', message: 'stale: given only with max_staleness' });
+    return undefined;
+  }
+  return { max_versions: Number(query.max_staleness), action: query.stale ?? 'flag' };
+}
+
+/**
+ * A stream's judge of staleness: a result as it is sent (flagged `stale` when it is), or null
+ * when the bound filters it out. A result its task's bound already judged stale stays so.
+ */
+function staleJudge(service: RolloutService, bound: StalenessBound | undefined): (result: RolloutResult) => RolloutResult | null {
+  if (!bound) return (result) => result;
+  return (result) => {
+    const newest = service.newestWeightVersion;
+    const oldest = result.weight_version_min;
+    const stale = result.stale || (newest !== null && oldest !== null && newest - oldest > bound.max_versions);
+    if (!stale) return result;
+    return bound.action === 'filter' ? null : result.stale ? result : { ...result, stale: true };
+  };
+}
 
 const KEEP_ALIVE =
   'The headers are sent at once, before any result; an idle stream gets a keep-alive after 15 s of silence: an empty line in NDJSON (skip blank lines), a `: keep-alive` comment in SSE.';
@@ -47,7 +85,7 @@ const streamRoute = createRoute({
   path: '/v1/rollouts/stream',
   summary:
     'Results as they complete: NDJSON (default) or SSE (`format=sse` or Accept: text/event-stream). With `ids`, the stream includes those already finished and ends when all are.',
-  request: { query: z.object({ ids: Ids.optional(), format: Format, view: ViewParam, max_response_tokens: MaxResponseTokens }) },
+  request: { query: z.object({ ids: Ids.optional(), format: Format, view: ViewParam, max_response_tokens: MaxResponseTokens, ...StalenessQuery }) },
   responses: { 200: RESULTS_200, ...errorResponses(400, 401, 404, 422) },
 });
 
@@ -65,7 +103,7 @@ const groupsRoute = createRoute({
   summary:
     'Whole groups as they complete: each task once all its samples have finished, advantages and credit filled. NDJSON (default) or SSE; ends when every task named was sent.',
   request: {
-    query: z.object({ ids: Ids.min(1).openapi({ description: 'Comma-separated task ids (many: POST them)' }), format: Format, view: ViewParam, max_response_tokens: MaxResponseTokens }),
+    query: z.object({ ids: Ids.min(1).openapi({ description: 'Comma-separated task ids (many: POST them)' }), format: Format, view: ViewParam, max_response_tokens: MaxResponseTokens, ...StalenessQuery }),
   },
   responses: { 200: GROUPS_200, ...errorResponses(400, 401, 404, 422) },
 });
@@ -210,7 +248,13 @@ async function toNode(
 }
 
 /** Results of `wanted` (all results when empty) as they complete; ends once all of `wanted` were written. */
-async function pumpResults(service: RolloutService, wanted: Set<string>, sink: Sink<RolloutResult>, aborted: AbortSignal): Promise<void> {
+async function pumpResults(
+  service: RolloutService,
+  wanted: Set<string>,
+  sink: Sink<RolloutResult>,
+  aborted: AbortSignal,
+  judge: (result: RolloutResult) => RolloutResult | null,
+): Promise<void> {
   const queue: RolloutResult[] = [];
   const signal = waiter();
   const unsubscribe = service.onResult((result) => {
@@ -233,7 +277,9 @@ async function pumpResults(service: RolloutService, wanted: Set<string>, sink: S
       }
       if (!remaining.delete(next.id) && wanted.size > 0) continue;
       const last = wanted.size > 0 && remaining.size === 0;
-      await sink.emit(next, last);
+      const judged = judge(next);
+      // a stale result the bound filters is not sent (the stream still ends after the last one)
+      if (judged !== null) await sink.emit(judged, last);
       if (last) return;
     }
   } finally {
@@ -248,6 +294,7 @@ async function pumpGroups(
   tasks: Map<string, string[]>,
   sink: Sink<RolloutGroup>,
   aborted: AbortSignal,
+  judge: (result: RolloutResult) => RolloutResult | null,
 ): Promise<void> {
   const byRollout = new Map<string, string>();
   for (const [taskId, members] of tasks) for (const member of members) byRollout.set(member, taskId);
@@ -279,8 +326,9 @@ async function pumpGroups(
       tasks.delete(taskId);
       // read back from the store: the group's credit was added when its last sample was stored
       const stored = await service.results(members);
-      const results = members.map((id) => stored.get(id)!);
-      await sink.emit({ task_id: taskId, results }, tasks.size === 0);
+      // a bound that filters leaves stale samples out; a group with none left is not sent
+      const results = members.map((id) => judge(stored.get(id)!)).filter((result) => result !== null);
+      if (results.length > 0) await sink.emit({ task_id: taskId, results }, tasks.size === 0);
     }
   } finally {
     aborted.removeEventListener('abort', signal.wake);
@@ -379,39 +427,41 @@ export function streamApi({ service, options }: ApiContext): OpenAPIHono {
 
   // `ids` (rollout or task ids) narrows the stream and ends it once all of them are finished,
   // results already finished included.
-  const results = async (c: Context, ids: readonly string[], format: 'ndjson' | 'sse', view: string | undefined, cap: number | undefined) => {
+  const results = async (c: Context, ids: readonly string[], format: 'ndjson' | 'sse', view: string | undefined, cap: number | undefined, bound: StalenessBound | undefined) => {
     const training = wantsTrainingView(view);
     const viewOptions = trainingViewOptions(training, cap);
     const wire = training ? (result: RolloutResult) => trainingView(result, viewOptions) : (result: RolloutResult) => result;
     const wanted = await resultsOf(service, ids);
     const aborted = clientGone(c);
-    return send(c, format, keepAliveMs, aborted, { event: 'result', id: (result) => result.id, wire }, (sink) => pumpResults(service, wanted, sink, aborted));
+    const judge = staleJudge(service, bound);
+    return send(c, format, keepAliveMs, aborted, { event: 'result', id: (result) => result.id, wire }, (sink) => pumpResults(service, wanted, sink, aborted, judge));
   };
   app.openapi(streamRoute, (c) => {
     const query = c.req.valid('query');
-    return results(c, splitIds(query.ids), formatOf(c, query.format), query.view, query.max_response_tokens);
+    return results(c, splitIds(query.ids), formatOf(c, query.format), query.view, query.max_response_tokens, boundOf(query));
   });
   app.openapi(streamPostRoute, (c) => {
     const body = c.req.valid('json');
-    return results(c, body.ids, formatOf(c, body.format), body.view, body.max_response_tokens);
+    return results(c, body.ids, formatOf(c, body.format), body.view, body.max_response_tokens, body.staleness);
   });
 
   // Whole groups, with the group's advantages and credit filled in (what a GRPO/GTPO trainer consumes).
-  const groups = async (c: Context, ids: readonly string[], format: 'ndjson' | 'sse', view: string | undefined, cap: number | undefined) => {
+  const groups = async (c: Context, ids: readonly string[], format: 'ndjson' | 'sse', view: string | undefined, cap: number | undefined, bound: StalenessBound | undefined) => {
     const training = wantsTrainingView(view);
     const viewOptions = trainingViewOptions(training, cap);
     const wire = training ? (group: RolloutGroup) => toTrainingGroup(group, viewOptions) : (group: RolloutGroup) => group;
     const tasks = await groupsOf(service, ids);
     const aborted = clientGone(c);
-    return send(c, format, keepAliveMs, aborted, { event: 'group', id: (group) => group.task_id, wire }, (sink) => pumpGroups(service, tasks, sink, aborted));
+    const judge = staleJudge(service, bound);
+    return send(c, format, keepAliveMs, aborted, { event: 'group', id: (group) => group.task_id, wire }, (sink) => pumpGroups(service, tasks, sink, aborted, judge));
   };
   app.openapi(groupsRoute, (c) => {
     const query = c.req.valid('query');
-    return groups(c, splitIds(query.ids), formatOf(c, query.format), query.view, query.max_response_tokens);
+    return groups(c, splitIds(query.ids), formatOf(c, query.format), query.view, query.max_response_tokens, boundOf(query));
   });
   app.openapi(groupsPostRoute, (c) => {
     const body = c.req.valid('json');
-    return groups(c, body.ids, formatOf(c, body.format), body.view, body.max_response_tokens);
+    return groups(c, body.ids, formatOf(c, body.format), body.view, body.max_response_tokens, body.staleness);
   });
 
   // A dynamic sampling's kept groups, then its counts.

@@ -54,8 +54,16 @@ export const LlmBackend = z
     last_error: z.string().nullable(),
     /** When an unhealthy backend is probed next. */
     next_probe_in_ms: z.number().nullable(),
+    /** The weight version it serves, as the trainer announced it (`POST /v1/weights`); null before any. */
+    weight_version: z.number().int().nullable(),
   })
   .openapi('LlmBackend');
+
+/** The backends as the API lists them: each with the weight version it serves. */
+export const listedBackends = ({ service, options }: { service: { weightVersionOf(id: string): number | null }; options: { backends?: { list(): unknown[] } | undefined } }) =>
+  (options.backends?.list() ?? []).map((backend) => ({ ...(backend as object), weight_version: service.weightVersionOf((backend as { id: string }).id) })) as Array<
+    z.infer<typeof LlmBackend>
+  >;
 
 const StageStatus = z.strictObject({ queued: z.number().int(), active: z.number().int(), pool: z.number().int() });
 
@@ -80,6 +88,10 @@ export const Status = z
     llm_backends: z.array(LlmBackend),
     /** What stops work from going on now, e.g. rollouts waiting for a policy backend when there is none. */
     warnings: z.array(z.string()),
+    /** Weight versions (`GET /v1/weights`): the newest announced, whether generation is paused for a weight update; null when the service does not route the policy's turns. */
+    weights: z
+      .strictObject({ newest: z.number().int().nullable(), default: z.number().int().nullable(), paused: z.boolean(), in_flight: z.number().int() })
+      .nullable(),
   })
   .openapi('Status');
 
@@ -104,6 +116,10 @@ export const TrainingView = z
     truncated: z.boolean(),
     turns: z.array(z.record(z.string(), z.unknown())),
     credit: z.record(z.string(), z.unknown()).nullable(),
+    /** The oldest and newest weight version of its turns (each turn's is `turns[].weight_version`). */
+    weight_version_min: z.number().int().nullable(),
+    weight_version_max: z.number().int().nullable(),
+    stale: z.boolean(),
   })
   .openapi('TrainingView');
 

@@ -5,3 +5,4 @@ export { LlmBackendError, type LlmBackendErrorOptions, type LlmFailureKind } fro
 export { tokenCompletion, tokenCompletionBody, tokenizeChat } from './token-completion.ts';
 export { TokenConversation } from './token-conversation.ts';
 export type * from './types.ts';
+export { Weights, type PauseMode, type PauseOutcome, type WeightState } from './weights.ts';

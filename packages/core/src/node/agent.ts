@@ -78,6 +78,7 @@ export class RolloutNode {
       runner: this.runner,
       leases: this.#leases,
       serviceLostMs: options.serviceLostMs ?? 300_000,
+      generationPaused: (paused) => models.generationPaused(paused),
       slurmCheck: options.slurmCheck,
       closing: () => this.#closing !== undefined,
       end: (leave) => void this.#close(leave),

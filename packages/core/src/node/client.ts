@@ -7,6 +7,7 @@ import {
   fromWireModelTurn,
   HeartbeatAnswer,
   NODE_CREDENTIAL_HEADER,
+  NODE_FEATURES_HEADER,
   NodeClaims,
   NodeCommitAnswer,
   NodeRegistered,
@@ -84,6 +85,8 @@ export class NodeClient {
     this.#base = options.serviceUrl.replace(/\/+$/, '');
     this.#headers = {
       'content-type': 'application/json',
+      // it reads weight versions and pauses (an older service ignores the header)
+      [NODE_FEATURES_HEADER]: 'weights',
       ...(options.token ? { authorization: `Bearer ${options.token}` } : {}),
       ...(options.credential ? { [NODE_CREDENTIAL_HEADER]: options.credential } : {}),
     };

@@ -26,6 +26,8 @@ export interface ServiceContactOptions {
   /** Ends the node: `leave` after a refusal (it commits what finished and deregisters), not for an orphan. */
   end: (leave: boolean) => void;
   emit: (event: NodeEvent) => void;
+  /** What each heartbeat answer says of a pause of generation for a weight update (see RemoteModelProvider). */
+  generationPaused?: (paused: boolean) => void;
 }
 
 /**
@@ -190,6 +192,7 @@ export class ServiceContact {
         try {
           const answer = await client.heartbeat(this.#nodeId, held, AbortSignal.any([signal, AbortSignal.timeout(this.#timings.node_timeout_ms)]));
           this.#lastContact = Math.max(this.#lastContact, sent);
+          if (answer.generation_paused !== undefined) this.#options.generationPaused?.(answer.generation_paused);
           for (const id of answer.lost) leases.lose(id, 'service');
           for (const id of answer.cancel) {
             if (runner.abort(id, 'cancelled by a client')) emit({ type: 'cancel', rolloutId: id });

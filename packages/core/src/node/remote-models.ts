@@ -23,7 +23,37 @@ export interface RemoteModelsOptions {
  * it); aborting the rollout aborts the request, and with it the service's call to the backend.
  */
 export class RemoteModelProvider implements ModelProvider {
+  /** Pause time each rollout's turns waited at the service (a weight update), as the service said with each turn. */
+  readonly #paused = new Map<string, number>();
+  /** When each rollout's turn under way was sent. */
+  readonly #sent = new Map<string, number>();
+  /**
+   * Pauses of generation as heartbeats told of them ([start, end), end Infinity while on): a turn
+   * under way waits through them at the service, which says how long only once it answers, and
+   * the rollout's deadline must not pass meanwhile.
+   */
+  #pauses: Array<[number, number]> = [];
+
   constructor(private readonly options: RemoteModelsOptions) {}
+
+  pausedMs(rolloutId: string): number {
+    const told = this.#paused.get(rolloutId) ?? 0;
+    const sent = this.#sent.get(rolloutId);
+    if (sent === undefined) return told;
+    // the turn under way: its overlap with the pauses heard of (the service's own count replaces it once the turn is back)
+    const now = performance.now();
+    let waiting = 0;
+    for (const [start, end] of this.#pauses) waiting += Math.max(0, Math.min(end, now) - Math.max(start, sent));
+    return told + waiting;
+  }
+
+  /** What the service's heartbeat answer says of a pause of generation. */
+  generationPaused(paused: boolean): void {
+    const last = this.#pauses.at(-1);
+    const on = last !== undefined && last[1] === Number.POSITIVE_INFINITY;
+    if (paused && !on) this.#pauses = [...this.#pauses.slice(-15), [performance.now(), Number.POSITIVE_INFINITY]];
+    else if (!paused && on) last[1] = performance.now();
+  }
 
   forRollout(rolloutId: string, _policy: RolloutTask['policy']): CallModel {
     const { client, nodeId } = this.options;
@@ -34,7 +64,15 @@ export class RemoteModelProvider implements ModelProvider {
           const attempt = this.options.attemptOf(rolloutId);
           if (attempt === undefined) throw new RolloutError({ code: 'CANCELLED', message: `rollout "${rolloutId}" is no longer held by this node` });
           try {
-            return await client.modelTurn(nodeId, { rollout_id: rolloutId, attempt, messages: request.messages, tools: request.tools }, signal);
+            this.#sent.set(rolloutId, performance.now());
+            let turn: Awaited<ReturnType<typeof client.modelTurn>>;
+            try {
+              turn = await client.modelTurn(nodeId, { rollout_id: rolloutId, attempt, messages: request.messages, tools: request.tools }, signal);
+            } finally {
+              this.#sent.delete(rolloutId);
+            }
+            if (turn.pausedMs > 0) this.#paused.set(rolloutId, (this.#paused.get(rolloutId) ?? 0) + turn.pausedMs);
+            return turn;
           } catch (error) {
             // an unknown node (the service restarted) or a credential not taken: register again, then try once more
             if (RolloutError.isInstance(error) && (error.code === 'NOT_FOUND' || error.code === 'UNAUTHORIZED') && !registeredAgain) {
@@ -52,7 +90,9 @@ export class RemoteModelProvider implements ModelProvider {
     };
   }
 
-  release(_rolloutId: string): void {
+  release(rolloutId: string): void {
     // The service forgets a rollout's backend when its lease ends.
+    this.#paused.delete(rolloutId);
+    this.#sent.delete(rolloutId);
   }
 }

@@ -29,6 +29,10 @@ export interface ModelTurn {
   usage: { promptTokens: number; completionTokens: number };
   backend: string | null;
   latencyMs: number;
+  /** The weight version of the backend that generated it (announced by the trainer), null when none. */
+  weightVersion: number | null;
+  /** How long the turn waited for a pause of generation (a weight update) to end before it ran; not the policy's time. */
+  pausedMs: number;
 }
 
 /**

@@ -65,7 +65,49 @@ export const isLegacyResult = (value: unknown): boolean => isObject(value) && !(
  * A result in today's form from either form (freshly parsed, its arrays are shared): camelCase keys
  * renamed, keys rollserve does not know dropped, the rest in the order the API sends them.
  */
-export const toCurrentResult = (value: unknown): RolloutResult => result(value, 'snake') as RolloutResult;
+export const toCurrentResult = (value: unknown): RolloutResult => withWeightFields(result(value, 'snake') as RolloutResult);
+
+/**
+ * A result from before weight versions (issue 25) with their fields: null versions on each turn
+ * and the result, not stale. A result that has them is given back as it is; one without has its
+ * keys rebuilt in the schema's order (the order the API sends them in).
+ */
+export function withWeightFields(value: RolloutResult): RolloutResult {
+  if (!isObject(value)) return value;
+  const turns = Array.isArray(value.turns) ? value.turns : undefined;
+  const turnsWhole = turns === undefined || turns.every((turn) => !isObject(turn) || 'weight_version' in turn);
+  if ('stale' in value && 'weight_version_min' in value && 'weight_version_max' in value && turnsWhole) return value;
+  const out: Record<string, unknown> = {};
+  const given = value as unknown as Record<string, unknown>;
+  for (const key of RESULT_KEYS) {
+    if (key in given) out[key] = key === 'turns' && !turnsWhole ? turns!.map(withTurnVersion) : given[key];
+    else if (key === 'weight_version_min' || key === 'weight_version_max') out[key] = null;
+    else if (key === 'stale') out[key] = false;
+  }
+  return out as unknown as RolloutResult;
+}
+
+const RESULT_KEYS = keysOf(RolloutResult);
+const TURN_KEYS = keysOf(TurnRecord);
+
+function withTurnVersion(turn: unknown): unknown {
+  if (!isObject(turn) || 'weight_version' in turn) return turn;
+  const out: Record<string, unknown> = {};
+  for (const key of TURN_KEYS) {
+    if (key in turn) out[key] = turn[key];
+    else if (key === 'weight_version') out[key] = null;
+  }
+  return out;
+}
 
 /** A result in the camelCase form, for a service from before issue 24. */
-export const toLegacyResult = (current: RolloutResult): Record<string, unknown> => result(current, 'camel') as Record<string, unknown>;
+export function toLegacyResult(current: RolloutResult): Record<string, unknown> {
+  // weight versions came after that form: a service that reads it knows none of them
+  const { weightVersionMin: _min, weightVersionMax: _max, stale: _stale, ...legacy } = result(current, 'camel') as Record<string, unknown>;
+  if (Array.isArray(legacy.turns)) legacy.turns = legacy.turns.map((turn: unknown) => {
+    if (!isObject(turn)) return turn;
+    const { weightVersion: _version, ...rest } = turn;
+    return rest;
+  });
+  return legacy;
+}

@@ -36,6 +36,14 @@ export const isReservedNodeId = (nodeId: string): boolean => nodeId.toLowerCase(
  */
 export const NODE_CREDENTIAL_HEADER = 'x-rollserve-node-credential';
 
+/**
+ * What a node says it reads beyond the protocol's first form, on every call (a header, which an
+ * older service ignores): `weights`, a model turn's `weight_version` and `paused_ms` and a
+ * heartbeat answer's `generation_paused`. Without it the service answers in the older form, which
+ * an older node's strict schemas take.
+ */
+export const NODE_FEATURES_HEADER = 'x-rollserve-node-features';
+
 /** Rollouts a node holds at most: its claims, heartbeats and commits are bounded by it. */
 export const MAX_NODE_ROLLOUTS = 10_000;
 
@@ -156,6 +164,11 @@ export const HeartbeatAnswer = z
     lost: z.array(z.string()),
     /** Rollouts a client cancelled: abort them and commit their cancelled results. */
     cancel: z.array(z.string()),
+    /**
+     * Whether generation is paused for a weight update (its time is nobody's: a node leaves it out
+     * of its rollouts' time limits). Sent to a node that reads it (NODE_FEATURES_HEADER).
+     */
+    generation_paused: z.boolean().optional(),
   })
   .openapi('NodeHeartbeatAnswer');
 export type HeartbeatAnswer = z.infer<typeof HeartbeatAnswer>;
@@ -250,11 +263,16 @@ export const WireModelTurn = z
     usage: z.strictObject({ prompt_tokens: z.number(), completion_tokens: z.number() }),
     backend: z.string().nullable(),
     latency_ms: z.number(),
+    /** The generating backend's weight version; absent from an older service (read as null). */
+    weight_version: z.number().int().nullable().optional(),
+    /** How long the turn waited at the service for a pause of generation to end; absent from an older service. */
+    paused_ms: z.number().nonnegative().optional(),
   })
   .openapi('NodeModelTurn');
 export type WireModelTurn = z.infer<typeof WireModelTurn>;
 
-export const toWireModelTurn = (t: ModelTurn): WireModelTurn => ({
+/** A turn on the wire; `weights`: with its weight version and pause time (a node that reads them, see NODE_FEATURES_HEADER). */
+export const toWireModelTurn = (t: ModelTurn, weights = true): WireModelTurn => ({
   content: t.content,
   reasoning: t.reasoning,
   tool_calls: t.toolCalls,
@@ -265,6 +283,7 @@ export const toWireModelTurn = (t: ModelTurn): WireModelTurn => ({
   usage: { prompt_tokens: t.usage.promptTokens, completion_tokens: t.usage.completionTokens },
   backend: t.backend,
   latency_ms: t.latencyMs,
+  ...(weights ? { weight_version: t.weightVersion, paused_ms: t.pausedMs } : {}),
 });
 
 export const fromWireModelTurn = (w: WireModelTurn): ModelTurn => ({
@@ -278,6 +297,8 @@ export const fromWireModelTurn = (w: WireModelTurn): ModelTurn => ({
   usage: { promptTokens: w.usage.prompt_tokens, completionTokens: w.usage.completion_tokens },
   backend: w.backend,
   latencyMs: w.latency_ms,
+  weightVersion: w.weight_version ?? null,
+  pausedMs: w.paused_ms ?? 0,
 });
 
 /**

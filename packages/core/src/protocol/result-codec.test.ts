@@ -18,6 +18,7 @@ function turn(index: number, prompt_token_ids: number[] | null, generation_token
     tool_calls: [{ id: `call_${index}`, name: 'read', arguments: '{"path":"a"}', output: 'x'.repeat(50), status: 'ok', execution: { exit_code: 0, timed_out: false, exception: null }, code: null, duration_ms: 1 }],
     llm_latency_ms: 3,
     backend: 'b1',
+    weight_version: null,
     code: null,
     status: 'ok',
     malformed: null,
@@ -45,7 +46,7 @@ function multiTurn(turnCount: number, { drift = false }: { drift?: boolean } = {
     id: 'r1', task_id: 't1', sample_index: 0, env: 'swe', state: 'done', reward: 1, reward_components: null, verify_extras: {}, critical_error: null,
     filter: false, error: null, advantage: null, credit: null,
     timing: { init: { queued_ms: 0, active_ms: 1 }, run: { queued_ms: 0, active_ms: 2 }, eval: { queued_ms: 0, active_ms: 3 }, total_ms: 6 },
-    response: null, messages: [{ role: 'user', content: 'fix it' }], turns, finished_at: '2026-01-01T00:00:00.000Z',
+    response: null, messages: [{ role: 'user', content: 'fix it' }], turns, weight_version_min: null, weight_version_max: null, stale: false, finished_at: '2026-01-01T00:00:00.000Z',
   };
   result.response = buildResponse({ id: 'r1', model: 'm', turns, tools: [], usage: { input: 1, output: 2 } });
   return result;
@@ -134,13 +135,15 @@ const todays = {
     {
       index: 0, prompt_token_ids: [1, 2, 3], generation_token_ids: [4, 5], generation_logprobs: [-0.5, -0.25], finish_reason: 'tool_calls', text: 'look first', reasoning: null,
       tool_calls: [{ id: 'c0', name: 'bash', arguments: '{"command":"ls"}', output: 'a.txt', status: 'ok', execution: { exit_code: 0, timed_out: false, exception: null }, code: 'ls', duration_ms: 12 }],
-      llm_latency_ms: 30, backend: 'b1', code: 'ls', status: 'ok', malformed: null, rewards: { format: 0, tool: 1, outcome: 0, shaping: 0 }, reward: 0, return: 0.9, normalized_return: 0.5,
+      llm_latency_ms: 30, backend: 'b1', weight_version: null, code: 'ls', status: 'ok', malformed: null, rewards: { format: 0, tool: 1, outcome: 0, shaping: 0 }, reward: 0, return: 0.9, normalized_return: 0.5,
     },
     {
       index: 1, prompt_token_ids: [1, 2, 3, 4, 5, 6, 7], generation_token_ids: [8], generation_logprobs: [-1], finish_reason: 'stop', text: '\\boxed{1}', reasoning: 'so',
-      tool_calls: [], llm_latency_ms: 20, backend: 'b1', code: null, status: 'none', malformed: null, rewards: { format: 0, tool: 1, outcome: 1, shaping: 0 }, reward: 1, return: 1, normalized_return: null,
+      tool_calls: [], llm_latency_ms: 20, backend: 'b1', weight_version: null, code: null, status: 'none', malformed: null, rewards: { format: 0, tool: 1, outcome: 1, shaping: 0 }, reward: 1, return: 1, normalized_return: null,
     },
   ],
+  // (from before weight versions: null, not stale)
+  weight_version_min: null, weight_version_max: null, stale: false,
   metadata: { sourceRow: 7 },
   finished_at: '2026-01-01T00:00:00.000Z',
 };

@@ -1,4 +1,4 @@
-import { isLegacyResult, toCurrentResult } from './legacy-result.ts';
+import { isLegacyResult, toCurrentResult, withWeightFields } from './legacy-result.ts';
 import type { RolloutResult, TurnRecord } from './rollout.ts';
 
 // How a result is stored, and sent by a node: with each token id once. A turn's prompt is the
@@ -113,7 +113,7 @@ const isObject = (value: unknown): value is Record<string, unknown> => typeof va
  * malformed encoding fails with an Error saying where (in the names of its version).
  */
 export function decodeResult(stored: unknown): RolloutResult {
-  if (!isObject(stored) || stored[ENCODING] === undefined) return isLegacyResult(stored) ? toCurrentResult(stored) : (stored as RolloutResult);
+  if (!isObject(stored) || stored[ENCODING] === undefined) return isLegacyResult(stored) ? toCurrentResult(stored) : withWeightFields(stored as RolloutResult);
   const version = stored[ENCODING];
   if (version !== VERSION && version !== 1) throw new Error(`token encoding ${JSON.stringify(version)} is not one this version of rollserve reads (1, ${VERSION})`);
   const field = (own: (typeof RESPONSE_FIELDS)[number][1]) => (version === 1 ? LEGACY_TURN_FIELDS[own] : own);
@@ -147,5 +147,5 @@ export function decodeResult(stored: unknown): RolloutResult {
       }
     });
   }
-  return version === 1 ? toCurrentResult(result) : (result as unknown as RolloutResult);
+  return version === 1 ? toCurrentResult(result) : withWeightFields(result as unknown as RolloutResult);
 }

@@ -180,6 +180,23 @@ export const CreditConfig = z.strictObject({
 });
 export type CreditSettings = z.output<typeof CreditConfig>;
 
+/**
+ * A staleness bound (asynchronous RL): a sample whose oldest turn was generated more than
+ * `max_versions` weight versions behind the newest version the trainer announced
+ * (`POST /v1/weights`) is stale. `flag` (the default) keeps it with `stale: true`; `filter` also
+ * sets `filter: true` (not to be trained on). Either way `stale` tells it apart from an
+ * infrastructure failure, which has a `critical_error`. Judged when the sample finishes; a
+ * sample with no announced version on its turns is never stale.
+ */
+export const StalenessBound = z
+  .strictObject({
+    /** How many versions behind the newest a sample's oldest turn may be. */
+    max_versions: z.number().int().min(0).max(1_000_000),
+    action: z.enum(['flag', 'filter']).default('flag'),
+  })
+  .meta({ id: 'StalenessBound' });
+export type StalenessBound = z.output<typeof StalenessBound>;
+
 /** One task: a dataset row, its environment, the policy, and how many samples (a GRPO group). */
 export const RolloutTask = z.strictObject({
   /** Caller-chosen id; resubmitting a known id returns what it has (idempotent). */
@@ -200,6 +217,8 @@ export const RolloutTask = z.strictObject({
   turn_rewards: TurnRewardWeights.optional(),
   /** Opaque; returned with every result. */
   metadata: z.record(z.string(), z.unknown()).optional(),
+  /** A staleness bound for this task's samples (see StalenessBound); omitted: the batch's, or none. */
+  staleness: StalenessBound.optional(),
 });
 
 /** A batch of tasks. Unknown fields here and in a task are errors that name them (a typo is not a default). */
@@ -208,6 +227,8 @@ export const SubmitBatch = z
     tasks: z.array(RolloutTask).min(1).max(10_000),
     /** The tasks are a pool to sample groups from until enough are informative (see DynamicSampling). */
     dynamic_sampling: DynamicSampling.optional(),
+    /** The staleness bound of every task of the batch that names none of its own. */
+    staleness: StalenessBound.optional(),
   })
   .superRefine((batch, ctx) => {
     const sampling = batch.dynamic_sampling;
@@ -280,6 +301,11 @@ export const TurnRecord = z
     tool_calls: z.array(ToolCallRecord),
     llm_latency_ms: z.number(),
     backend: z.string().nullable(),
+    /**
+     * The weight version (an integer the trainer announced with `POST /v1/weights`) of the backend
+     * when it generated this turn; null when none was announced (or a result from before versions).
+     */
+    weight_version: z.number().int().nullable(),
     /** The code the turn executed: its tool calls' code joined by newlines, null with none. */
     code: z.string().nullable(),
     /**
@@ -372,6 +398,14 @@ export const RolloutResult = z
     /** The chat messages as the policy saw them, final assistant turn included. */
     messages: z.array(z.record(z.string(), z.unknown())),
     turns: z.array(TurnRecord),
+    /** The oldest and newest of its turns' `weight_version`s; null when no turn has one. */
+    weight_version_min: z.number().int().nullable(),
+    weight_version_max: z.number().int().nullable(),
+    /**
+     * Whether the task's staleness bound judged it stale when it finished (its oldest turn too
+     * many versions behind the newest announced one; see StalenessBound). False without a bound.
+     */
+    stale: z.boolean(),
     /** The task's metadata. */
     metadata: z.record(z.string(), z.unknown()).optional(),
     finished_at: z.string(),

@@ -19,6 +19,8 @@ export interface TrainingTurn {
   return: number;
   /** The turn's advantage (its normalised return); null until the group is complete, or without one. */
   advantage: number | null;
+  /** The weight version that generated the turn (its logprobs are that version's); null when none was announced. */
+  weight_version: number | null;
 }
 
 /**
@@ -56,6 +58,11 @@ export interface TrainingView {
   truncated: boolean;
   turns: TrainingTurn[];
   credit: CreditRecord | null;
+  /** The oldest and newest weight version of its turns (null when none has one). */
+  weight_version_min: number | null;
+  weight_version_max: number | null;
+  /** Judged stale by a staleness bound (its task's, or the stream's): too many versions behind the newest. */
+  stale: boolean;
 }
 
 /** Whether `sequence` starts with `first` then `second` (compared in place: a copy of both per turn made the view quadratic in a rollout's length). */
@@ -172,7 +179,11 @@ export function trainingView(result: RolloutResult, options: TrainingViewOptions
       reward: turn.reward,
       return: turn.return,
       advantage: turn.normalized_return,
+      weight_version: turn.weight_version ?? null,
     })),
     credit: result.credit ?? null,
+    weight_version_min: result.weight_version_min ?? null,
+    weight_version_max: result.weight_version_max ?? null,
+    stale: result.stale ?? false,
   };
 }

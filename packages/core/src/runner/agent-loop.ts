@@ -225,6 +225,7 @@ function turnRecord(index: number, model: ModelTurn): TurnRecord {
     tool_calls: [],
     llm_latency_ms: model.latencyMs,
     backend: model.backend,
+    weight_version: model.weightVersion,
     code: null,
     status: 'none',
     malformed: null,

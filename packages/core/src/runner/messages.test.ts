@@ -39,7 +39,7 @@ describe('Responses input to chat messages', () => {
 });
 
 describe('NeMo Gym response from turns', () => {
-  const base = { prompt_token_ids: [1, 2], generation_token_ids: [3], generation_logprobs: [-0.1], llm_latency_ms: 1, backend: 'b', rewards: { format: 1, tool: 1, outcome: 0, shaping: 0 }, reward: 0, return: 0, normalized_return: null, code: null, status: 'ok' as const, malformed: null };
+  const base = { prompt_token_ids: [1, 2], generation_token_ids: [3], generation_logprobs: [-0.1], llm_latency_ms: 1, backend: 'b', weight_version: null, rewards: { format: 1, tool: 1, outcome: 0, shaping: 0 }, reward: 0, return: 0, normalized_return: null, code: null, status: 'ok' as const, malformed: null };
   const turns: TurnRecord[] = [
     { ...base, index: 0, finish_reason: 'tool_calls', text: '', reasoning: 'think', tool_calls: [{ id: 'c1', name: 'bash', arguments: '{}', output: 'out', status: 'ok', execution: null, code: null, duration_ms: 1 }] },
     { ...base, index: 1, prompt_token_ids: [1, 2, 3, 4], generation_token_ids: [5, 6], generation_logprobs: [-0.2, -0.3], finish_reason: 'stop', text: 'done', reasoning: null, tool_calls: [] },

@@ -79,3 +79,31 @@ export function createServiceMetrics(status: StatusSource): ServiceMetrics {
     finished: new Counter({ name: 'rollserve_rollouts_finished_total', help: 'Finished rollouts', labelNames: ['state', 'critical_error'], registers: [registry] }),
   };
 }
+
+/** Gauges of the weight versions and pauses for weight updates (asynchronous RL), on `registry`. */
+export function registerWeightMetrics(registry: Registry, weights: { readonly newest: number | null; readonly paused: boolean; readonly inFlight: number }): void {
+  new Gauge({
+    name: 'rollserve_weight_version_newest',
+    help: 'The newest weight version the trainer announced (-1 before any)',
+    registers: [registry],
+    collect() {
+      this.set(weights.newest ?? -1);
+    },
+  });
+  new Gauge({
+    name: 'rollserve_generation_paused',
+    help: 'Whether generation is paused for a weight update (1) or not (0)',
+    registers: [registry],
+    collect() {
+      this.set(weights.paused ? 1 : 0);
+    },
+  });
+  new Gauge({
+    name: 'rollserve_generations_in_flight',
+    help: 'Policy generations under way',
+    registers: [registry],
+    collect() {
+      this.set(weights.inFlight);
+    },
+  });
+}

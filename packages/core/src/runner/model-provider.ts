@@ -1,11 +1,20 @@
 import type { CallModel } from './agent-loop.ts';
 import { LlmBackendPool, TokenConversation } from '../llm/index.ts';
+import { chatCompletion } from '../llm/chat-completion.ts';
+import { Weights } from '../llm/weights.ts';
 import type { RolloutTask } from '../protocol/rollout.ts';
 
 /** Where the policy's turns go: one sticky caller per rollout. */
 export interface ModelProvider {
   forRollout(rolloutId: string, policy: RolloutTask['policy']): CallModel;
   release(rolloutId: string): void;
+  /**
+   * The weight versions and the pause gate of weight updates, where the provider routes turns
+   * itself (the service's pool; a node's turns go through the service's).
+   */
+  readonly weights?: Weights;
+  /** Pause time a rollout's turns have waited so far (left out of its time limit). */
+  pausedMs?(rolloutId: string): number;
 }
 
 /**
@@ -18,7 +27,18 @@ export class PoolModelProvider implements ModelProvider {
   readonly #direct = new Map<string, { pool: LlmBackendPool; rollouts: number }>();
   readonly #rolloutPools = new Map<string, { pool: LlmBackendPool; key?: string }>();
 
-  constructor(readonly pool: LlmBackendPool) {}
+  readonly weights: Weights;
+
+  constructor(
+    readonly pool: LlmBackendPool,
+    weights?: Weights,
+  ) {
+    this.weights = weights ?? new Weights();
+  }
+
+  pausedMs(rolloutId: string): number {
+    return this.weights.pausedMs(rolloutId);
+  }
 
   #poolFor(policy: RolloutTask['policy']): { pool: LlmBackendPool; key?: string } {
     if (!policy.base_url) return { pool: this.pool };
@@ -48,9 +68,14 @@ export class PoolModelProvider implements ModelProvider {
         ...(request.tools.length > 0 ? { tools: request.tools } : {}),
         sampling: { ...sampling, ...(max_tokens === undefined ? {} : { max_tokens }) },
       };
-      const result = tokens
-        ? await tokens.turn((call) => pool.send(rolloutId, call, { signal }), chat)
-        : await pool.chat(rolloutId, chat, { signal });
+      // Each request records the version its backend serves as it is sent (a pause keeps updates
+      // from landing mid-generation): the turn keeps its generation's, the last request's.
+      const generated = await this.weights.generate(rolloutId, signal, (gated, started) =>
+        tokens
+          ? tokens.turn((call) => pool.send(rolloutId, (backend, o) => (started(backend.id), call(backend, o)), { signal: gated }), chat)
+          : pool.send(rolloutId, (backend, o) => (started(backend.id), chatCompletion(backend, chat, o)), { signal: gated }),
+      );
+      const result = generated.value;
       return {
         content: result.message.content,
         reasoning: result.message.reasoning ?? null,
@@ -62,6 +87,8 @@ export class PoolModelProvider implements ModelProvider {
         usage: { promptTokens: result.usage.promptTokens, completionTokens: result.usage.completionTokens },
         backend: result.backendId,
         latencyMs: result.latencyMs,
+        weightVersion: generated.version,
+        pausedMs: generated.pausedMs,
       };
     };
   }
@@ -70,6 +97,7 @@ export class PoolModelProvider implements ModelProvider {
     const entry = this.#rolloutPools.get(rolloutId);
     if (!entry) return;
     this.#rolloutPools.delete(rolloutId);
+    this.weights.forget(rolloutId);
     entry.pool.release(rolloutId);
     const direct = entry.key === undefined ? undefined : this.#direct.get(entry.key);
     if (direct && --direct.rollouts === 0) {

@@ -2,7 +2,7 @@ import { RolloutError } from '../errors.ts';
 import type { Job } from './job.ts';
 import { assignSampleCredit } from './rewards/assign.ts';
 import { resolveCredit } from './rewards/settings.ts';
-import type { CriticalError, RolloutResult, StageName } from '../protocol/rollout.ts';
+import type { CriticalError, RolloutResult, StageName, TurnRecord } from '../protocol/rollout.ts';
 
 /** What RUN produced (or, cut short, had produced): the trajectory a result carries however it ends. */
 export type Trajectory = Pick<RolloutResult, 'response' | 'messages' | 'turns'>;
@@ -116,6 +116,8 @@ export function rolloutResult(job: Job, { policyTimeout, ...outcome }: Outcome):
     response: outcome.response,
     messages: outcome.messages,
     turns: outcome.turns,
+    ...weightVersionRange(outcome.turns),
+    stale: false,
     ...(job.task.metadata ? { metadata: job.task.metadata } : {}),
     finished_at: new Date().toISOString(),
   };
@@ -126,3 +128,15 @@ export function rolloutResult(job: Job, { policyTimeout, ...outcome }: Outcome):
   return result;
 }
 
+
+/** The oldest and newest weight version of a rollout's turns (null without any). */
+export function weightVersionRange(turns: readonly TurnRecord[]): { weight_version_min: number | null; weight_version_max: number | null } {
+  let min: number | null = null;
+  let max: number | null = null;
+  for (const { weight_version: version } of turns) {
+    if (version === null || version === undefined) continue;
+    if (min === null || version < min) min = version;
+    if (max === null || version > max) max = version;
+  }
+  return { weight_version_min: min, weight_version_max: max };
+}

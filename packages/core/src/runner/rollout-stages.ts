@@ -127,12 +127,14 @@ export class RolloutStages {
         'run',
         job,
         (signal) => runAgentLoop(this.#loopOptions(callModel, signal)),
-        // starts after the policy acted are its time (SessionTools.startupBeforeActMs)
-        () => tools.startupBeforeActMs(),
+        // starts after the policy acted are its time (SessionTools.startupBeforeActMs); a pause of
+        // generation for a weight update is nobody's
+        () => tools.startupBeforeActMs() + this.#pausedMs(),
       )
       .finally(() => {
-        // RUN is the first stage charged to the time limit: what it used is job.usedMs now
-        this.#policyRunMs = job.usedMs - this.#modelTime.ms;
+        // RUN is the first stage charged to the time limit: what it used is job.usedMs now (the
+        // pause left out of both)
+        this.#policyRunMs = job.usedMs - (this.#modelTime.ms - this.#pausedMs());
         this.#modelTime.stop();
       });
     this.#keep(loop);
@@ -145,6 +147,11 @@ export class RolloutStages {
       this.#stage = 'init';
       throw loop.startError!;
     }
+  }
+
+  /** Time this rollout's turns waited for pauses of generation (weight updates). */
+  #pausedMs(): number {
+    return this.#parts.models.pausedMs?.(this.#job.id) ?? 0;
   }
 
   #loopOptions(callModel: CallModel, signal: AbortSignal): AgentLoopOptions {

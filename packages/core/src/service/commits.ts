@@ -18,6 +18,8 @@ export interface CommitsOptions {
   cancelRequested: (rolloutId: string) => boolean;
   /** @default 5 (see RolloutServiceOptions.maxAttempts) */
   maxAttempts?: number;
+  /** The newest weight version the trainer announced (what staleness is measured against); null before any. */
+  newestWeights?: () => number | null;
 }
 
 /**
@@ -33,6 +35,7 @@ export class Commits {
   readonly #finished: (result: RolloutResult) => void;
   readonly #cancelRequested: (rolloutId: string) => boolean;
   readonly #maxAttempts: number;
+  readonly #newestWeights: () => number | null;
   /** Commits of one task run one at a time (the last sample of a group sees all the others). */
   readonly #taskLocks = new Map<string, Promise<unknown>>();
   /** Commits of the service's own results under way (a shutdown lets them finish). */
@@ -49,6 +52,7 @@ export class Commits {
     this.#finished = options.finished;
     this.#cancelRequested = options.cancelRequested;
     this.#maxAttempts = options.maxAttempts ?? 5;
+    this.#newestWeights = options.newestWeights ?? (() => null);
   }
 
   /** Commits a result the service's own pools produced; a shutdown waits for it (see settleOwn). */
@@ -87,7 +91,25 @@ export class Commits {
    * finish gets the group's credit computed and the others' results amended, in the same
    * transaction. Then its waiters and listeners hear of it.
    */
-  commit(workerId: string, attempt: number, result: RolloutResult, groupSize?: number, unheld = false): Promise<NodeCommitStatus> {
+  async commit(workerId: string, attempt: number, given: RolloutResult, groupSize?: number, unheld = false): Promise<NodeCommitStatus> {
+    return this.#commitJudged(workerId, attempt, await this.#judgedStale(given), groupSize, unheld);
+  }
+
+  /**
+   * A result judged by its task's staleness bound (see StalenessBound) against the newest weight
+   * version now: stale, it is flagged (`stale`), and with the bound's `filter`, filtered too.
+   * Only a result behind the newest version at all has its task read.
+   */
+  async #judgedStale(result: RolloutResult): Promise<RolloutResult> {
+    const newest = this.#newestWeights();
+    const oldest = result.weight_version_min;
+    if (newest === null || oldest === null || oldest === undefined || newest - oldest <= 0 || result.stale) return result;
+    const bound = (await this.#store.getTask(result.task_id))?.task.staleness;
+    if (!bound || newest - oldest <= bound.max_versions) return result;
+    return { ...result, stale: true, filter: bound.action === 'filter' ? true : result.filter };
+  }
+
+  #commitJudged(workerId: string, attempt: number, result: RolloutResult, groupSize?: number, unheld = false): Promise<NodeCommitStatus> {
     const commit = async (): Promise<NodeCommitStatus> => {
       let amend: RolloutResult[] = [];
       let whole = true;
@@ -173,6 +195,9 @@ export class Commits {
       response: null,
       messages: [],
       turns: [],
+      weight_version_min: null,
+      weight_version_max: null,
+      stale: false,
       ...(task?.task.metadata ? { metadata: task.task.metadata } : {}),
       finished_at: new Date().toISOString(),
     };

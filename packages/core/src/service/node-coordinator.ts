@@ -36,6 +36,8 @@ export interface CoordinatorOptions {
   workArrived: () => void;
   /** Whether the service runs rollouts itself now (see RolloutServiceOptions.runLocally). */
   runsLocally: () => boolean;
+  /** Whether generation is paused for a weight update (no lease is overdue then). */
+  paused?: () => boolean;
   /** Whether Slurm reported a run of a job gone (see NodeWatch). */
   isGoneRun: (run: string) => boolean;
   leaseMs: number;
@@ -76,6 +78,7 @@ export class Coordinator implements NodeCoordinator {
   readonly #environments: readonly string[];
   readonly #workArrived: () => void;
   readonly #runsLocally: () => boolean;
+  readonly #paused: () => boolean;
   readonly #isGoneRun: (run: string) => boolean;
   readonly #leaseMs: number;
   readonly #heartbeatMs: number;
@@ -95,6 +98,7 @@ export class Coordinator implements NodeCoordinator {
     this.#environments = options.environments;
     this.#workArrived = options.workArrived;
     this.#runsLocally = options.runsLocally;
+    this.#paused = options.paused ?? (() => false);
     this.#isGoneRun = options.isGoneRun;
     this.#leaseMs = options.leaseMs;
     this.#heartbeatMs = options.heartbeatMs;
@@ -168,7 +172,8 @@ export class Coordinator implements NodeCoordinator {
     node.lastSeen = Date.now();
     // a lease past its life is not renewed: it runs out, and its rollout is re-issued
     const now = Date.now();
-    const overdue = leases.filter((lease) => {
+    // while generation is paused for a weight update, rollouts wait through no fault of their own
+    const overdue = this.#paused() ? [] : leases.filter((lease) => {
       const known = this.#nodes.lease(lease.rollout_id);
       return known?.nodeId === nodeId && known.attempt === lease.attempt && known.renewUntil !== undefined && now > known.renewUntil;
     });

@@ -6,7 +6,9 @@ import { importJournal } from '../store/import-journal.ts';
 import { openStore } from '../store/open.ts';
 import type { RetentionPolicy, RolloutStore } from '../store/types.ts';
 import type { ModelTurn } from '../runner/agent-loop.ts';
-import { createServiceMetrics, type ServiceMetrics } from '../runner/metrics.ts';
+import { createServiceMetrics, registerWeightMetrics, type ServiceMetrics } from '../runner/metrics.ts';
+import { Weights, type PauseMode, type PauseOutcome, type WeightState } from '../llm/weights.ts';
+import { RolloutError } from '../errors.ts';
 import type {
   HeartbeatAnswer,
   NodeAuth,
@@ -86,6 +88,9 @@ export interface RolloutServiceOptions extends Omit<RolloutRunnerOptions, 'metri
 }
 
 
+/** The store's key of the weight state (Weights.state()). */
+const WEIGHTS_SETTING = 'weights';
+
 /**
  * The rollout service: accepts tasks, keeps them, their leases and their results in a store
  * (results leave memory once stored), and has them run: by its own INIT/RUN/EVAL pools (a
@@ -116,6 +121,10 @@ export class RolloutService implements NodeCoordinator {
   readonly #leaseMs: number;
   readonly #heartbeatMs: number;
   readonly #nodeTimeoutMs: number;
+  /** The weight versions and the pause gate of the policy's turns (the model provider's), when it routes them itself. */
+  readonly #weights: Weights | undefined;
+  /** Changes of the weight state, one at a time (each stored before it is answered). */
+  #weightsChange: Promise<unknown> = Promise.resolve();
   #timers: NodeJS.Timeout[] = [];
   #closed = false;
 
@@ -128,7 +137,9 @@ export class RolloutService implements NodeCoordinator {
     this.#leaseMs = options.leaseMs ?? 30_000;
     this.#heartbeatMs = options.heartbeatMs ?? 2_000;
     this.#nodeTimeoutMs = options.nodeTimeoutMs ?? 10_000;
+    this.#weights = options.models.weights;
     this.metrics = createServiceMetrics(() => this.status());
+    if (this.#weights) registerWeightMetrics(this.metrics.registry, this.#weights);
     this.#runner = new RolloutRunner({ ...options, logger: this.logger, metrics: this.metrics });
     const pools = this.#runner.capacity;
     const localLimit = options.localRollouts ?? (options.pipeline === 'serial' ? pools.run : pools.init + pools.run + pools.eval);
@@ -141,6 +152,7 @@ export class RolloutService implements NodeCoordinator {
       closed,
       finished: (result) => this.#finished(result),
       cancelRequested: (id) => this.#nodes.cancelRequested(id),
+      newestWeights: () => this.#weights?.newest ?? null,
       ...(options.maxAttempts === undefined ? {} : { maxAttempts: options.maxAttempts }),
     });
     this.#feed = new Feed({ store, runner: this.#runner, nodes: this.#nodes, commits: this.#commits });
@@ -187,6 +199,7 @@ export class RolloutService implements NodeCoordinator {
       environments: this.environments,
       workArrived,
       runsLocally: () => this.#scheduler.runsLocally(),
+      paused: () => this.#weights?.paused === true,
       isGoneRun: (run) => this.#watch.isGoneRun(run),
       leaseMs: this.#leaseMs,
       heartbeatMs: this.#heartbeatMs,
@@ -217,6 +230,10 @@ export class RolloutService implements NodeCoordinator {
       const imported = await importJournal(this.store, this.#options.importJournal);
       if (imported.imported) this.logger.info({ journal: this.#options.importJournal, ...imported }, 'journal imported into the store');
     }
+    // A pause for a weight update outlives a restart (the trainer is still mid-update): what is
+    // re-run waits at its first turn until the resume.
+    const kept = this.#weights ? await this.store.getSetting(WEIGHTS_SETTING) : undefined;
+    if (kept !== undefined) this.#weights!.restore(kept as WeightState);
     const requeued = [...(await this.store.releaseWorker(LOCAL)), ...(await this.store.expireLeases())];
     if (this.#options.retention) await this.#prune();
     await this.#feed.recount();
@@ -308,6 +325,88 @@ export class RolloutService implements NodeCoordinator {
     local.stages.init.queued += Math.max(0, inFlight - this.#scheduler.running - this.#nodes.leases);
     // the keys in the order the API sends them
     return { stages: local.stages, rollouts: { ...counts, in_flight: inFlight, drifted: this.#feed.drifted }, live_sessions: local.live_sessions, live_sandboxes: local.live_sandboxes, nodes: this.#nodes.up() };
+  }
+
+  // ----- weight versions and pauses for weight updates (asynchronous RL) ----------------------
+
+  /** The weight state: versions announced, the newest, the pause if any, and generations in flight. */
+  weightState(): WeightState & { in_flight: number } {
+    const weights = this.#requireWeights();
+    return { ...weights.state(), in_flight: weights.inFlight };
+  }
+
+  /** The trainer's word that `backends` (all when none are named) serve `version` now; kept in the store. */
+  announceWeights(version: number, backends?: readonly string[]): Promise<WeightState & { in_flight: number }> {
+    const weights = this.#requireWeights();
+    return this.#changeWeights((target) => target.announce(version, backends));
+  }
+
+  /**
+   * Pauses generation for a weight update (see Weights.pause); answered once no generation is in
+   * flight, the pause kept in the store first (a restart stays paused).
+   */
+  async pauseGeneration(mode: PauseMode): Promise<PauseOutcome & { state: WeightState }> {
+    const weights = this.#requireWeights();
+    let drained!: Promise<PauseOutcome>;
+    await this.#changeWeights((target) => {
+      const pausing = target.pause(mode);
+      if (target === weights) drained = pausing;
+    });
+    const outcome = await drained;
+    this.logger.info(outcome, 'generation paused for a weight update');
+    return { ...outcome, state: weights.state() };
+  }
+
+  /** Ends a pause: with a version, the update's (announced first); without, the old weights go on (the update failed). */
+  async resumeGeneration(version?: number, backends?: readonly string[]): Promise<WeightState & { in_flight: number; paused_ms: number }> {
+    const weights = this.#requireWeights();
+    const since = weights.state().pause?.since;
+    const state = await this.#changeWeights((target) => target.resume(version, backends));
+    const pausedMs = since === undefined ? 0 : Math.max(0, Date.now() - Date.parse(since));
+    // the pause was nobody's time: leases' lives move on by it
+    this.#nodes.extendLeases(pausedMs);
+    this.logger.info({ version: version ?? null, paused_ms: pausedMs }, 'generation resumed');
+    return { ...state, paused_ms: pausedMs };
+  }
+
+  /** Whether generation is paused for a weight update. */
+  get generationPaused(): boolean {
+    return this.#weights?.paused === true;
+  }
+
+  /** The newest weight version announced (what staleness bounds measure against); null before any. */
+  get newestWeightVersion(): number | null {
+    return this.#weights?.newest ?? null;
+  }
+
+  /** The weight version a backend serves as announced (null: none announced, or no weight versions here). */
+  weightVersionOf(backendId: string): number | null {
+    return this.#weights?.versionOf(backendId) ?? null;
+  }
+
+  #requireWeights(): Weights {
+    if (!this.#weights) throw new RolloutError({ code: 'NOT_FOUND', message: 'this service does not route the policy\'s turns (no weight versions)' });
+    return this.#weights;
+  }
+
+  /**
+   * Stores a change of the weight state, then applies it; changes run one at a time. Stored
+   * first: a change the store could not take fails and changes nothing (a resume that failed
+   * leaves generation paused, as the store says), and a restart finds what was last answered.
+   */
+  #changeWeights(change: (target: Weights) => void): Promise<WeightState & { in_flight: number }> {
+    const weights = this.#weights!;
+    const run = this.#weightsChange.then(async () => {
+      // the change on a copy first (it validates, and gives the state to store)
+      const next = new Weights();
+      next.restore(weights.state());
+      change(next);
+      await this.store.putSetting(WEIGHTS_SETTING, next.state());
+      change(weights);
+      return { ...weights.state(), in_flight: weights.inFlight };
+    });
+    this.#weightsChange = run.catch(() => undefined);
+    return run;
   }
 
   // ----- rollout nodes (NodeCoordinator) -----------------------------------------------------

@@ -425,6 +425,17 @@ export class SqlStore implements RolloutStore {
     await this.#dialect.connection((c) => c.run('DELETE FROM nodes WHERE id = ?', [nodeId]));
   }
 
+  async getSetting(key: string): Promise<unknown> {
+    const [row] = await this.#dialect.connection((c) => c.all<{ value: string }>('SELECT value FROM settings WHERE key = ?', [key]));
+    return row === undefined ? undefined : (JSON.parse(row.value) as unknown);
+  }
+
+  async putSetting(key: string, value: unknown): Promise<void> {
+    await this.#dialect.connection((c) =>
+      c.run('INSERT INTO settings (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value', [key, JSON.stringify(value)]),
+    );
+  }
+
   async schemaVersion(): Promise<number> {
     const [row] = await this.#dialect.connection((c) => c.all<{ version: number | null }>('SELECT max(version) AS version FROM schema_version'));
     return row?.version ?? 0;

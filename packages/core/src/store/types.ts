@@ -257,6 +257,9 @@ export interface RolloutStore {
   deleteNodeCredential(nodeId: string): Promise<void>;
 
   /** The applied schema version (see the migrations). */
+  /** A setting of the service's kept across restarts (JSON), undefined when never put. */
+  getSetting(key: string): Promise<unknown>;
+  putSetting(key: string, value: unknown): Promise<void>;
   schemaVersion(): Promise<number>;
   close(): Promise<void>;
 }

@@ -15,6 +15,7 @@ function turn(index: number, calls: Call[] = [], text: string | null = null): Tu
     index,
     prompt_token_ids: null,
     generation_token_ids: null,
+    weight_version: null,
     generation_logprobs: null,
     finish_reason: 'stop',
     text,

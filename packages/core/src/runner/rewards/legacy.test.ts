@@ -9,6 +9,7 @@ function turn(index: number, statuses: ToolCallRecord['status'][]): TurnRecord {
     index,
     prompt_token_ids: null,
     generation_token_ids: null,
+    weight_version: null,
     generation_logprobs: null,
     finish_reason: 'stop',
     text: null,

@@ -56,4 +56,14 @@ export const MIGRATIONS: readonly Migration[] = [
       );
     `,
   },
+  {
+    // the service's own settings that outlive a restart (the weight versions and a pause for a weight update)
+    version: 3,
+    sql: `
+      CREATE TABLE settings (
+        key text PRIMARY KEY,
+        value text NOT NULL
+      );
+    `,
+  },
 ];
