@@ -15,6 +15,7 @@ import { BASE_ENV, DEFAULT_WORKDIR, type ResolvedSandboxSpec, type SandboxLimitS
 import { agentScript } from './agent.ts';
 import { ARGS_FD, buildBwrapArgs, bwrapArgsOnFd, DEFAULT_HOST_ROOT_DIRS, DEVICES, scanRoot, type BwrapArgsInput, type RootEntry } from './args.ts';
 import { tmpfsMountsAvailable, tmpfsPrefix, type TmpfsMount } from './mounts.ts';
+import { KernelForkServers } from './fork-server.ts';
 import { BwrapSandbox } from './sandbox.ts';
 
 export interface BwrapProviderOptions {
@@ -58,6 +59,12 @@ export interface BwrapProviderOptions {
    * @default 0
    */
   warm?: number;
+  /**
+   * Start Python kernels (`Sandbox.forkKernel`) as forks of a fork server per interpreter that
+   * has imported the kernel and IPython once (fork-server.ts), in sandboxes without image or
+   * binds. @default true
+   */
+  kernelForkServer?: boolean;
 }
 
 
@@ -99,6 +106,8 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
   const pool: BwrapSandbox[] = [];
   let filling = 0;
   let providerClosed = false;
+  const rootNames = (options.hostRootDirs ?? DEFAULT_HOST_ROOT_DIRS).filter((name) => existsSync(join('/', name)));
+  const forkServers = options.kernelForkServer === false ? undefined : new KernelForkServers(new Set(rootNames));
 
   const cgroups = options.cgroups !== false && cgroupSupport() !== null;
   const mountTmpfs = tmpfsMountsAvailable(user);
@@ -271,6 +280,8 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
       ...(user === undefined || image !== undefined || rootInput ? {} : { uid: user.uid, gid: user.gid }),
     });
     const sandbox = new BwrapSandbox(id, workdir, { ...spec, resources: { ...resources, maxOpenFiles: openFiles } }, init, user, cgroup, { host: inputHost, mounted: mountTmpfs }, [base], image?.release);
+    // the host's root as it is: a fork of the host's interpreter is the sandbox's
+    if (spec.image === undefined && spec.binds === undefined) sandbox.forkServers = forkServers;
     try {
       // bwrap waits for its options: it makes the sandbox's namespaces once it is in the cgroup,
       // so the cgroup namespace's root is the sandbox's cgroup and /proc/self/cgroup inside
@@ -327,7 +338,7 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
     },
     async close() {
       providerClosed = true;
-      await Promise.all(pool.splice(0).map((sandbox) => sandbox.close()));
+      await Promise.all([...pool.splice(0).map((sandbox) => sandbox.close()), forkServers?.close()]);
     },
   };
 }
