@@ -1,0 +1,216 @@
+import { readdirSync, readFileSync } from 'node:fs';
+import { afterAll, afterEach, describe, expect, it } from 'vitest';
+import { bwrapAvailable, createBwrapProvider, PythonKernel, type Sandbox, type SandboxSpec } from '@rollserve/core/sandbox';
+import type { KernelForkServer, KernelForkServers } from '../../packages/core/src/sandbox/bwrap/fork-server.ts';
+
+// Python kernels forked from the provider's fork server (sandbox/bwrap/fork-server.ts): two
+// kernels forked from one server share nothing (files, processes, network, environment, Python
+// state), each is held to its sandbox's limits and cgroup with no capability left, a sandbox with
+// explicit resources is served the same way, and a killed server is replaced and leaves nothing.
+
+const skip = bwrapAvailable() ? undefined : 'bwrap is not installed';
+if (skip !== undefined) console.warn(`[kernel fork server] skipping: ${skip}`);
+
+const serversOf = (sandbox: Sandbox): KernelForkServers => (sandbox as unknown as { forkServers: KernelForkServers }).forkServers;
+const pidOf = (kernel: PythonKernel): number => (kernel as unknown as { process: { pid: number } }).process.pid;
+const statOf = (pid: number): string[] | undefined => {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'latin1');
+    return stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  } catch {
+    return undefined;
+  }
+};
+const parentOf = (pid: number): number | undefined => {
+  const fields = statOf(pid);
+  return fields === undefined ? undefined : Number(fields[1]);
+};
+/** Live (not zombie) children of `pid`. */
+const childrenOf = (pid: number): number[] =>
+  readdirSync('/proc')
+    .filter((name) => /^\d+$/.test(name))
+    .map(Number)
+    .filter((child) => {
+      const fields = statOf(child);
+      return fields !== undefined && Number(fields[1]) === pid && fields[0] !== 'Z';
+    });
+const alive = (pid: number): boolean => {
+  const fields = statOf(pid);
+  return fields !== undefined && fields[0] !== 'Z';
+};
+
+describe.skipIf(skip !== undefined)('kernels forked from one fork server', () => {
+  const provider = createBwrapProvider();
+  const open: Array<{ kernel?: PythonKernel; sandbox: Sandbox }> = [];
+  const start = async (spec: SandboxSpec = {}, options: { shell?: 'plain' } = {}) => {
+    const sandbox = await provider.create(spec);
+    const entry: { kernel?: PythonKernel; sandbox: Sandbox } = { sandbox };
+    open.push(entry);
+    entry.kernel = await PythonKernel.start(sandbox, options);
+    return { sandbox, kernel: entry.kernel };
+  };
+  const server = (sandbox: Sandbox): KernelForkServer => {
+    const running = serversOf(sandbox).running();
+    expect(running).toHaveLength(1);
+    return running[0]!;
+  };
+  afterEach(async () => {
+    for (const { kernel, sandbox } of open.splice(0)) {
+      await kernel?.close();
+      await sandbox.close();
+    }
+  });
+  afterAll(async () => {
+    await provider.close();
+  });
+
+  it('forks IPython kernels that keep magics and rich tracebacks, as a spawned kernel has them', async () => {
+    const { sandbox, kernel } = await start();
+    expect(kernel.mode).toBe('ipython');
+    // a fork: its parent is the fork server (which reaps it), not an nsenter of the service
+    expect(parentOf(pidOf(kernel))).toBe(server(sandbox).pid);
+    const spawnedProvider = createBwrapProvider({ kernelForkServer: false });
+    const spawnedSandbox = await spawnedProvider.create();
+    const spawned = await PythonKernel.start(spawnedSandbox);
+    try {
+      expect(spawned.mode).toBe('ipython');
+      for (const cell of ['x = 6 * 7\nx', 'def f():\n    return 1 / 0\nf()', '%time y = sum(range(10))', '!echo shell', 'import os\nos.getcwd(), os.environ["HOME"], os.environ["PWD"]', '_i1', 'x +']) {
+        const [forked, baseline] = [await kernel.run(cell), await spawned.run(cell)];
+        // %time's figures vary from run to run
+        const timing = (text: string) => text.replace(/[\d.]+ [µnm]?s/g, 'T');
+        expect({ ...forked, stdout: timing(forked.stdout) }, cell).toEqual({ ...baseline, stdout: timing(baseline.stdout) });
+      }
+      const traceback = (await kernel.run('def g():\n    raise ValueError("v")\ng()')).error!.traceback;
+      expect(traceback).toMatch(/ipython-input-\d+-\w+.*\n.*g\(\)/s);
+      expect(traceback).toMatch(/ValueError: v/);
+    } finally {
+      await spawned.close();
+      await spawnedSandbox.close();
+      await spawnedProvider.close();
+    }
+  });
+
+  it('gives two kernels forked from one server nothing of each other: files, processes, network, environment, Python state', async () => {
+    const a = await start({ env: { ONLY_IN_A: 'a' } });
+    const b = await start();
+    expect(server(a.sandbox)).toBe(server(b.sandbox));
+    const planted = await a.kernel.run(
+      [
+        'import os, sys, socket, subprocess, json, types',
+        'secret = "a-only"',
+        'json.planted = True',
+        'sys.modules["planted_module"] = types.ModuleType("planted_module")',
+        'os.environ["SET_IN_A"] = "1"',
+        'open("/tmp/a-file", "w").write("a")',
+        'open("a-workspace-file", "w").write("a")',
+        'listener = socket.socket(); listener.bind(("127.0.0.1", 5555)); listener.listen()',
+        'sleeper = subprocess.Popen(["sleep", "1000"])',
+        'os.getpid(), os.environ["ONLY_IN_A"]',
+      ].join('\n'),
+    );
+    expect(planted.status, JSON.stringify(planted)).toBe('ok');
+    const seen = await b.kernel.run(
+      [
+        'import os, sys, socket, json',
+        'listener = socket.socket(); listener.bind(("127.0.0.1", 5555)); listener.listen()',
+        'names = set()',
+        'for pid in os.listdir("/proc"):',
+        '    if pid.isdigit():',
+        '        try: names.add(open("/proc/%s/comm" % pid).read().strip())',
+        '        except OSError: pass',
+        '({',
+        '  "secret": "secret" in globals(),',
+        '  "json": hasattr(json, "planted"),',
+        '  "module": "planted_module" in sys.modules,',
+        '  "env": sorted(k for k in os.environ if k in ("ONLY_IN_A", "SET_IN_A")),',
+        '  "tmp": os.path.exists("/tmp/a-file"),',
+        '  "workspace": os.path.exists("a-workspace-file"),',
+        '  "sleep": "sleep" in names,',
+        '  "interfaces": sorted(name for _, name in socket.if_nameindex()),',
+        '})',
+      ].join('\n'),
+    );
+    expect(seen.status, JSON.stringify(seen)).toBe('ok');
+    expect(seen.result).toBe("{'secret': False, 'json': False, 'module': False, 'env': [], 'tmp': False, 'workspace': False, 'sleep': False, 'interfaces': ['lo']}");
+    // and A still has all of it
+    expect((await a.kernel.run('secret, json.planted, os.path.exists("/tmp/a-file"), sleeper.poll()')).result).toBe("('a-only', True, True, None)");
+  });
+
+  it('leaves a kernel no capability, no new privileges, the sandbox uid, its cgroup and the limits a sandbox given explicit resources sets', async () => {
+    const resources = { memoryMib: 512, maxProcesses: 40, maxOpenFiles: 100, cpuSeconds: 77, maxFileSizeMib: 3 };
+    const { sandbox, kernel } = await start({ resources });
+    // the fast path for explicit resources too
+    expect(parentOf(pidOf(kernel))).toBe(server(sandbox).pid);
+    const status = await kernel.run('print(open("/proc/self/status").read())\nprint(open("/proc/self/limits").read())\nprint(open("/proc/self/cgroup").read())');
+    const uid = (await sandbox.exec('id -u')).stdout.trim();
+    expect(status.stdout).toMatch(/^CapInh:\s+0+$/m);
+    expect(status.stdout).toMatch(/^CapPrm:\s+0+$/m);
+    expect(status.stdout).toMatch(/^CapEff:\s+0+$/m);
+    expect(status.stdout).toMatch(/^CapBnd:\s+0+$/m);
+    expect(status.stdout).toMatch(/^CapAmb:\s+0+$/m);
+    expect(status.stdout).toMatch(/^NoNewPrivs:\s+1$/m);
+    expect(status.stdout).toMatch(new RegExp(`^Uid:\\s+${uid}\\s+${uid}\\s+${uid}\\s+${uid}$`, 'm'));
+    const limit = (name: string) => new RegExp(`^${name}\\s+(\\S+)\\s+(\\S+)`, 'm').exec(status.stdout)?.slice(1);
+    expect(limit('Max address space')).toEqual([String(512 * 1024 * 1024), String(512 * 1024 * 1024)]);
+    expect(limit('Max processes')).toEqual(['40', '40']);
+    expect(limit('Max open files')).toEqual(['100', '100']);
+    expect(limit('Max cpu time')).toEqual(['77', '77']);
+    expect(limit('Max file size')).toEqual([String(3 * 1024 * 1024), String(3 * 1024 * 1024)]);
+    expect(limit('Max core file size')).toEqual(['0', '0']);
+    // the limits hold
+    expect((await kernel.run('x = bytearray(600 << 20)')).error?.ename).toBe('MemoryError');
+    expect((await kernel.run('open("big", "wb").write(b"x" * (4 << 20))')).error?.ename).toMatch(/OSError|File/);
+    expect((await kernel.run('fds = [open("/dev/null") for _ in range(200)]')).error?.evalue).toMatch(/Too many open files/);
+    // in the sandbox's cgroup namespace, and so in its cgroup
+    const cgroups = (sandbox as unknown as { cgroup?: { procsFiles: string[] } }).cgroup;
+    if (cgroups !== undefined) {
+      expect(status.stdout).toMatch(/^0::\/$/m);
+      for (const file of cgroups.procsFiles) expect(readFileSync(file, 'utf8').split('\n')).toContain(String(pidOf(kernel)));
+    }
+  });
+
+  it('replaces a killed fork server: its kernels live on in their sandboxes, and nothing is left once they close', async () => {
+    const first = await start();
+    const old = server(first.sandbox);
+    const oldPid = old.pid!;
+    const oldKernel = pidOf(first.kernel);
+    process.kill(oldPid, 'SIGKILL');
+    await old.ended;
+    // the kernel it forked still answers
+    expect((await first.kernel.run('21 * 2')).result).toBe('42');
+    const second = await start();
+    const replacement = server(second.sandbox);
+    expect(replacement.pid).not.toBe(oldPid);
+    expect((await second.kernel.run('21 * 2')).result).toBe('42');
+    // a kernel forked by the dead server ends with its close (by pid, checked to be it still)
+    await first.kernel.close();
+    await first.sandbox.close();
+    expect(alive(oldKernel)).toBe(false);
+    const secondKernel = pidOf(second.kernel);
+    await second.kernel.close();
+    await second.sandbox.close();
+    expect(alive(secondKernel)).toBe(false);
+    // the server reaped its kernel and the fork that entered the sandbox: no child left
+    for (let i = 0; i < 100 && childrenOf(replacement.pid!).length > 0; i++) await new Promise((resolve) => setTimeout(resolve, 20));
+    expect(childrenOf(replacement.pid!)).toEqual([]);
+    const closing = createBwrapProvider();
+    const sandbox = await closing.create();
+    const kernel = await PythonKernel.start(sandbox);
+    const serverPid = server(sandbox).pid!;
+    const kernelPid = pidOf(kernel);
+    await closing.close();
+    // the provider's close ends its server; the sandbox's close, its kernel
+    expect(alive(serverPid)).toBe(false);
+    await sandbox.close();
+    expect(alive(kernelPid)).toBe(false);
+  });
+
+  it('starts a plain kernel from the same server when asked, and spawns one where the environment changes the interpreter', async () => {
+    const plain = await start({}, { shell: 'plain' });
+    expect(plain.kernel.mode).toBe('plain');
+    expect(parentOf(pidOf(plain.kernel))).toBe(server(plain.sandbox).pid);
+    const changed = await start({ env: { PYTHONPATH: '/tmp/lib' } });
+    expect(parentOf(pidOf(changed.kernel))).not.toBe(server(changed.sandbox).pid);
+    expect((await changed.kernel.run('import sys\n"/tmp/lib" in sys.path')).result).toBe('True');
+  });
+});
