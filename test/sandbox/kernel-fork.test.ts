@@ -61,7 +61,7 @@ describe.skipIf(skip !== undefined)('kernels forked from one fork server', () =>
     }
   });
   afterAll(async () => {
-    await provider.close();
+    await provider.close?.();
   });
 
   it('forks IPython kernels that keep magics and rich tracebacks, as a spawned kernel has them', async () => {
@@ -86,7 +86,7 @@ describe.skipIf(skip !== undefined)('kernels forked from one fork server', () =>
     } finally {
       await spawned.close();
       await spawnedSandbox.close();
-      await spawnedProvider.close();
+      await spawnedProvider.close?.();
     }
   });
 
@@ -198,7 +198,7 @@ describe.skipIf(skip !== undefined)('kernels forked from one fork server', () =>
     const kernel = await PythonKernel.start(sandbox);
     const serverPid = server(sandbox).pid!;
     const kernelPid = pidOf(kernel);
-    await closing.close();
+    await closing.close?.();
     // the provider's close ends its server; the sandbox's close, its kernel
     expect(alive(serverPid)).toBe(false);
     await sandbox.close();
