@@ -19,6 +19,7 @@ Protocol on stdin/stdout, one JSON object a line:
 """
 
 import ctypes
+import gc
 import json
 import os
 import select
@@ -30,6 +31,7 @@ import tempfile
 INPUT_MOUNT = "/run/rollserve-in"
 
 libc = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWPID = 0x20000000
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 PR_CAPBSET_DROP = 24
@@ -129,14 +131,22 @@ def _prepare_ipython(kernel):
 
 
 def _adopt_ipython(shell):
-    """The forked shell takes the sandbox's places: its directory history, IPython's directory."""
+    """The forked shell takes the sandbox's places: its directory history, IPython's directory
+    (made as InteractiveShell makes it, without its observers' cost: ≈ 4 ms a kernel)."""
     from IPython.paths import get_ipython_dir
 
     ipython = shell.shell
     ipython.history_manager.dir_hist[:] = [os.getcwd()]
     try:
-        ipython.ipython_dir = get_ipython_dir()
-        ipython.init_profile_dir(None)
+        home = get_ipython_dir()
+        profile = ipython.profile_dir
+        location = os.path.join(home, "profile_default")
+        os.makedirs(location, exist_ok=True)
+        ipython._trait_values["ipython_dir"] = home
+        profile._trait_values["location"] = location
+        for name in ("security", "log", "startup", "pid", "static"):
+            profile._trait_values[name + "_dir"] = os.path.join(location, getattr(profile, name + "_dir_name"))
+        profile.check_dirs()
     except Exception:
         pass  # an unwritable HOME: the spawned kernel would have warned and gone on as well
 
@@ -148,7 +158,9 @@ class Server:
         # kernels not yet reaped (their pids are theirs), and those whose start failed
         self.kernels = set()
         self.ended = set()
+        self.early = {}  # exit codes of kernels reaped while their start was pending
         self.starting = {}  # status pipe fd -> [request id, bytes, kernel pid]
+        self.root = os.geteuid() == 0
         self.out = bytearray()
 
     def send(self, message):
@@ -163,20 +175,27 @@ class Server:
 
     def start(self, request):
         r, w = os.pipe()
+
+        def child():
+            os.close(r)
+            _enter(request, w, self.kernel, self.ipython, in_pidns=self.root)
+
         try:
-            pid = os.fork()
+            pid = _fork_in_pidns(int(request["init"]), int(request["pidns"]), child) if self.root else os.fork()
         except OSError as exc:
             os.close(r)
             os.close(w)
             self.send({"id": request.get("id"), "error": "fork: %s" % exc})
             return
         if pid == 0:
-            os.close(r)
-            _enter(request, w, self.kernel, self.ipython)
+            child()
             os._exit(1)  # not reached
         os.close(w)
         os.set_blocking(r, False)
         self.starting[r] = [request.get("id"), b"", None]
+        if self.root:
+            self.starting[r][2] = pid
+            self.kernels.add(pid)
 
     def status(self, fd):
         entry = self.starting[fd]
@@ -202,7 +221,8 @@ class Server:
         mode = next((line[1:] for line in lines if line.startswith("R")), None)
         pid = entry[2]
         if error is None and (mode is None or pid is None or pid not in self.kernels):
-            error = "the kernel ended before it listened"
+            error = "the kernel ended before it listened (exit code %s)" % self.early.get(pid)
+        self.early.pop(pid, None)
         if error is not None:
             if pid is not None:
                 self.kill(pid)
@@ -230,11 +250,13 @@ class Server:
                 return
             if pid in self.kernels:
                 self.kernels.discard(pid)
+                code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
                 if pid in self.ended:
                     self.ended.discard(pid)  # its start failed: the service never saw it
                 elif not any(entry[2] == pid for entry in self.starting.values()):
-                    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
                     self.send({"exit": pid, "code": code})
+                else:
+                    self.early[pid] = code
 
     def run(self):
         wake_r, wake_w = os.pipe()
@@ -273,26 +295,70 @@ class Server:
                         self.start(request)
 
 
-def _enter(request, status, kernel, ipython):
-    """In the fork: enter the sandbox, fork the kernel into its pid namespace, report, exit."""
+def _open_ns(init, ns, pidns):
+    fd = os.open("/proc/%d/ns/%s" % (init, ns), os.O_RDONLY | os.O_CLOEXEC)
+    # the init's pid may have been reused since the service looked: its pid namespace says
+    if ns == "pid" and os.fstat(fd).st_ino != pidns:
+        os.close(fd)
+        raise OSError("the sandbox's init is gone")
+    return fd
+
+
+def _fork_in_pidns(init, pidns, child):
+    """Forks straight into the sandbox's pid namespace (root only: CAP_SYS_ADMIN in the server's
+    own user namespace) and runs `child()` there, which never returns. The namespace for children
+    is a thread's own and cannot be set back (EINVAL), so a thread of its own sets it and forks,
+    then ends: one fork where a non-root server needs two (the second after entering the
+    sandbox's user namespace). The fork goes on in that thread, its only one, as its main one."""
+    import threading
+
+    result = {}
+
+    def fork():
+        try:
+            fd = _open_ns(init, "pid", pidns)
+            try:
+                _check(libc.setns(fd, CLONE_NEWPID), "setns pid")
+            finally:
+                os.close(fd)
+            pid = os.fork()
+        except OSError as exc:
+            result["error"] = exc
+            return
+        if pid == 0:
+            try:
+                child()
+            finally:
+                os._exit(1)
+        result["pid"] = pid
+
+    thread = threading.Thread(target=fork)
+    thread.start()
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    return result["pid"]
+
+
+def _enter(request, status, kernel, ipython, in_pidns):
+    """In the fork: enter the sandbox and become the kernel, after one more fork (the pid
+    namespace is entered by the next child) unless the fork is in the sandbox's pid namespace."""
     try:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        # dies with the fork server while it starts
-        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if not in_pidns:
+            # dies with the fork server while it starts
+            _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         os.closerange(3, status)
         os.closerange(status + 1, 65536)
         init = int(request["init"])
         fds = {}
         for ns in NS_ORDER:
-            if ns in ("user", "mnt", "pid") or ns in request.get("ns", []):
-                fds[ns] = os.open("/proc/%d/ns/%s" % (init, ns), os.O_RDONLY | os.O_CLOEXEC)
-        # the init's pid may have been reused since the service looked: its namespace says
-        if os.fstat(fds["pid"]).st_ino != int(request["pidns"]):
-            raise OSError("the sandbox's init is gone")
+            if (ns in ("user", "mnt", "pid") or ns in request.get("ns", [])) and not (in_pidns and ns == "pid"):
+                fds[ns] = _open_ns(init, ns, int(request["pidns"]))
         for path in request.get("cgroup_procs", []):
             with open(path, "w") as f:
-                f.write(str(os.getpid()))
+                f.write("0")  # this process (its pid is the sandbox's in there)
         user = request.get("user")
         if user is not None:
             os.setgroups([])
@@ -305,7 +371,7 @@ def _enter(request, status, kernel, ipython):
             if ns in fds:
                 _check(libc.setns(fds[ns], 0), "setns %s" % ns)
                 os.close(fds[ns])
-        pid = os.fork()
+        pid = 0 if in_pidns else os.fork()
     except BaseException as exc:  # noqa: B902
         _report(status, "Ecannot enter the sandbox: %s" % exc)
         os._exit(1)
@@ -365,5 +431,9 @@ def main(kernel_source, plain=False):
     os.chdir("/")
     kernel = _load_kernel(kernel_source)
     ipython = None if plain else _prepare_ipython(kernel)
+    # what is made by now is every kernel's, read-only in effect: the collector of a kernel skips
+    # it, so its pages stay shared with the server rather than copied on the first collection
+    gc.collect()
+    gc.freeze()
     os.write(1, ("READY %s\n" % ("ipython" if ipython is not None else "plain")).encode())
     Server(kernel, ipython).run()
