@@ -33,6 +33,7 @@ INPUT_MOUNT = "/run/rollserve-in"
 libc = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWPID = 0x20000000
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
 PR_SET_DUMPABLE = 4
 PR_CAPBSET_DROP = 24
 PR_SET_CHILD_SUBREAPER = 36
@@ -405,6 +406,9 @@ def _become_kernel(request, status, kernel, ipython):
     sys.argv = [INPUT_MOUNT + "/rollserve_kernel.py", request["socket"]]
     if sys.path and sys.path[0] == "":
         sys.path[0] = INPUT_MOUNT
+    # named after its socket, as a spawned kernel's command line is: the kernel's processes can be told apart
+    name = os.path.basename(request["socket"]).rsplit(".", 1)[0][:15].encode()
+    libc.prctl(PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
     plain = request.get("plain") or ipython is None
     shell = kernel.PlainShell() if plain else ipython
     if not plain:

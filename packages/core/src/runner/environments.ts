@@ -1,4 +1,4 @@
-import { createSandboxProvider, defaultSandboxProviderName } from '../sandbox/registry.ts';
+import { createSandboxProvider } from '../sandbox/registry.ts';
 import type { SandboxProvider, SandboxSpec } from '../sandbox/types.ts';
 import type { Environment } from '../spec/environment.ts';
 
@@ -74,16 +74,15 @@ export class RunnerEnvironments {
 
   /** Closes every environment (one with a `setup` only if it ran, with what it returned). */
   async close(): Promise<void> {
-    await Promise.all([
-      this.#sandboxes.close(),
-      ...this.#list.map(async (env) => {
+    await Promise.all(
+      this.#list.map(async (env) => {
         if (!env.setup) return env.close?.(undefined);
         const started = this.#setups.get(env.name);
         if (started === undefined) return;
         const ran = await started.then((value) => ({ value }), () => undefined);
         if (ran) await env.close?.(ran.value);
       }),
-    ]);
+    );
   }
 }
 
@@ -98,24 +97,9 @@ class CountedSandboxes {
     this.#fallback = fallback;
   }
 
-  /** Made here, so closed here. */
-  #ownFallback: SandboxProvider | undefined;
-
-  /** bwrap keeps sandboxes of the specs in demand started ahead ('auto': none once idle). */
-  #makeFallback(): SandboxProvider {
-    const name = defaultSandboxProviderName();
-    this.#ownFallback = name === 'bwrap' ? createSandboxProvider('bwrap', { warm: 'auto' }) : createSandboxProvider(name);
-    return this.#ownFallback;
-  }
-
-  /** Ends what the fallback made here keeps started ahead. */
-  async close(): Promise<void> {
-    await this.#ownFallback?.close?.();
-  }
-
   /** `given` (the environment's provider), else the fallback, counted. */
   provider(given?: SandboxProvider): SandboxProvider {
-    const inner = given ?? (this.#fallback ??= this.#makeFallback());
+    const inner = given ?? (this.#fallback ??= createSandboxProvider());
     const known = this.#counted.get(inner);
     if (known) return known;
     const counted: SandboxProvider = {
