@@ -1,4 +1,6 @@
+import { spawnSync } from 'node:child_process';
 import { readdirSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { bwrapAvailable, createBwrapProvider, PythonKernel, type Sandbox, type SandboxSpec } from '@rollserve/core/sandbox';
 import type { KernelForkServer, KernelForkServers } from '../../packages/core/src/sandbox/bwrap/fork-server.ts';
@@ -203,6 +205,35 @@ describe.skipIf(skip !== undefined)('kernels forked from one fork server', () =>
     expect(alive(serverPid)).toBe(false);
     await sandbox.close();
     expect(alive(kernelPid)).toBe(false);
+  });
+
+  it('does the same with the service running as an unprivileged user (a server that forks twice)', () => {
+    if (process.getuid?.() !== 0) return; // the suite runs unprivileged already: the cases above are this one
+    const script = [
+      `import { readFileSync } from 'node:fs';`,
+      `import { createBwrapProvider } from ${JSON.stringify(join(import.meta.dirname, '../../packages/core/src/sandbox/index.ts'))};`,
+      `import { PythonKernel } from ${JSON.stringify(join(import.meta.dirname, '../../packages/core/src/tools/python.ts'))};`,
+      'const provider = createBwrapProvider();',
+      'const [a, b] = [await provider.create(), await provider.create()];',
+      'const [ka, kb] = [await PythonKernel.start(a), await PythonKernel.start(b)];',
+      'const ppid = (pid) => Number(readFileSync(`/proc/${pid}/stat`, "latin1").split(") ")[1].split(" ")[1]);',
+      'const server = a.forkServers.running()[0].pid;',
+      'const forked = [ka, kb].every((k) => ppid(k.process.pid) === server);',
+      `await ka.run(${JSON.stringify('secret = 1\nopen("/tmp/a", "w").write("a")')});`,
+      `const seen = await kb.run(${JSON.stringify('import os\n("secret" in globals(), os.path.exists("/tmp/a"), all(line.split()[1] == "0" * 16 for line in open("/proc/self/status") if line.startswith("Cap")), os.getuid())')});`,
+      'await ka.close(); await kb.close(); await a.close(); await b.close(); await provider.close();',
+      'console.log(JSON.stringify({ uid: process.getuid(), forked, mode: ka.mode, seen: seen.result }));',
+    ].join('\n');
+    const child = spawnSync('setpriv', ['--reuid=65534', '--regid=65534', '--clear-groups', process.execPath, '--import', 'tsx', '--input-type=module', '-e', script], {
+      cwd: join(import.meta.dirname, '../..'),
+      encoding: 'utf8',
+      timeout: 60_000,
+      env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: '/tmp' },
+    });
+    expect(child.stderr).toBe('');
+    const out = JSON.parse(child.stdout.trim().split('\n').at(-1)!) as { uid: number; forked: boolean; mode: string; seen: string };
+    // nothing of the other kernel; CapInh, CapPrm, CapEff, CapBnd and CapAmb all zero
+    expect(out).toEqual({ uid: 65534, forked: true, mode: 'ipython', seen: '(False, False, True, 65534)' });
   });
 
   it('starts a plain kernel from the same server when asked, and spawns one where the environment changes the interpreter', async () => {
