@@ -4,6 +4,8 @@ import { availableParallelism } from 'node:os';
 import { performance } from 'node:perf_hooks';
 import { BashSession, bwrapAvailable, createBwrapProvider, PythonKernel, type Sandbox, type SandboxProvider } from '@rollserve/core/sandbox';
 import type { KernelForkServers } from '../../packages/core/src/sandbox/bwrap/fork-server.ts';
+import { createCodeRunner } from '@rollserve/env-code';
+import { problem } from './code-verify.ts';
 import { heading, latencyLine } from './stats.ts';
 
 // Sandbox + Python kernel ready, and sandboxed ten-turn rollouts (issue 28), each beside its floor
@@ -16,6 +18,7 @@ const TICKS_PER_S = 100;
 const PREVIOUS = {
   ready: 'p50 316-451 ms, 336-426 ms CPU each (spawned kernel importing IPython, through rollserve start)',
   rollouts: '3.4-4.2 rollouts/s (floor then 38-58/s)',
+  verify: '17-23 verifications/s (NeMo Gym code_gen 11-12/s in the same run)',
 };
 
 function treeCpuMs(pids: number[]): number {
@@ -212,6 +215,26 @@ export default async function bench(): Promise<void> {
     console.log(`  spawned kernels (before)  ${tenBefore.perS.toFixed(1)} rollouts/s`);
     console.log(`  floor: bare bwrap + sh + python3 doing the same work  ${floor.perS.toFixed(1)} rollouts/s  (ours ${(ten.perS / floor.perS).toFixed(2)}× the floor)`);
     console.log(`  previous figure: ${PREVIOUS.rollouts}`);
+
+    heading('code verification (environments/code), 10-test submissions, 8 at once, warm sandboxes');
+    for (const [label, kernelForkServer] of [['forked Python (bare fork server)', true], ['new Python per submission (before)', false]] as const) {
+      const provider = createBwrapProvider({ warm: 8, kernelForkServer });
+      const runner = createCodeRunner({ concurrency: 8, provider });
+      try {
+        const submission = problem(10);
+        await closedLoop(8, 16, async () => void (await runner.run(submission)));
+        let failures = 0;
+        const timed = await closedLoop(8, 120, async () => {
+          const { result } = await runner.run(submission);
+          if (!result.every((r) => r === true)) failures++;
+        });
+        console.log(`  ${label.padEnd(36)} ${timed.perS.toFixed(1)} verifications/s${failures > 0 ? `  FAILURES ${failures}` : ''}`);
+      } finally {
+        await runner.close();
+        await provider.close?.();
+      }
+    }
+    console.log(`  previous figure: ${PREVIOUS.verify}`);
 
     heading('an idle fork server');
     const sandbox = await forked.create();

@@ -52,7 +52,7 @@ describe.skipIf(skip !== undefined)('kernels forked from one fork server', () =>
     return { sandbox, kernel: entry.kernel };
   };
   const server = (sandbox: Sandbox): KernelForkServer => {
-    const running = serversOf(sandbox).running();
+    const running = serversOf(sandbox).running().filter((server) => !server.bare);
     expect(running).toHaveLength(1);
     return running[0]!;
   };
@@ -234,6 +234,32 @@ describe.skipIf(skip !== undefined)('kernels forked from one fork server', () =>
     const out = JSON.parse(child.stdout.trim().split('\n').at(-1)!) as { uid: number; forked: boolean; mode: string; seen: string };
     // nothing of the other kernel; CapInh, CapPrm, CapEff, CapBnd and CapAmb all zero
     expect(out).toEqual({ uid: 65534, forked: true, mode: 'ipython', seen: '(False, False, True, 65534)' });
+  });
+
+  it('runs a program as exec would run `python3 -I -c`, forked from a server without IPython: stdin, output, exit code, limits, time limit', async () => {
+    const sandbox = await provider.create({ resources: { memoryMib: 640 } });
+    open.push({ sandbox });
+    const program = [
+      'import sys, os, resource',
+      'data = sys.stdin.read()',
+      'print(data.upper(), "IPython" in sys.modules, sys.argv, os.getcwd(), os.environ["WHO"])',
+      'print(resource.getrlimit(resource.RLIMIT_AS)[0] >> 20, file=sys.stderr)',
+      'sys.exit(3)',
+    ].join('\n');
+    const forking = sandbox.forkPython!({ python: 'python3', code: program, stdin: 'payload', env: { WHO: 'me' } });
+    expect(forking).toBeDefined();
+    const run = await forking!;
+    expect(run).toEqual({ stdout: "PAYLOAD False ['-c'] /workspace me\n", stderr: '640\n', returnCode: 3 });
+    const forked = serversOf(sandbox).running().filter((server) => server.bare);
+    expect(forked).toHaveLength(1);
+    // the payload file is gone once the program holds it: nothing else inside reads it
+    expect((await sandbox.exec('ls /run/rollserve-in | grep -c "^f" || true')).stdout).toBe('0\n');
+    const raised = await sandbox.forkPython!({ python: 'python3', code: 'raise ValueError("v")' })!;
+    expect(raised.returnCode).toBe(1);
+    expect(raised.stderr).toMatch(/ValueError: v/);
+    const slow = await sandbox.forkPython!({ python: 'python3', code: 'import time\ntime.sleep(30)', timeoutMs: 300 })!;
+    expect(slow).toMatchObject({ returnCode: 125, errorType: 'timeout' });
+    expect((await sandbox.exec('ps -e -o comm= | grep -c python3 || true')).stdout).toBe('0\n');
   });
 
   it('starts a plain kernel from the same server when asked, and spawns one where the environment changes the interpreter', async () => {

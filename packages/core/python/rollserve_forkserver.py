@@ -221,6 +221,11 @@ class Server:
         error = next((line[1:] for line in lines if line.startswith("E")), None)
         mode = next((line[1:] for line in lines if line.startswith("R")), None)
         pid = entry[2]
+        if error is None and mode is not None and pid in self.early:
+            # it ran and ended before its report was read here (a short program)
+            self.send({"id": entry[0], "pid": pid, "mode": mode})
+            self.send({"exit": pid, "code": self.early.pop(pid)})
+            return
         if error is None and (mode is None or pid is None or pid not in self.kernels):
             error = "the kernel ended before it listened (exit code %s)" % self.early.get(pid)
         self.early.pop(pid, None)
@@ -406,6 +411,8 @@ def _become_kernel(request, status, kernel, ipython):
     sys.argv = [INPUT_MOUNT + "/rollserve_kernel.py", request["socket"]]
     if sys.path and sys.path[0] == "":
         sys.path[0] = INPUT_MOUNT
+    if request.get("run") is not None:
+        _run_program(request, status)
     # named after its socket, as a spawned kernel's command line is: the kernel's processes can be told apart
     name = os.path.basename(request["socket"]).rsplit(".", 1)[0][:15].encode()
     libc.prctl(PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
@@ -419,6 +426,46 @@ def _become_kernel(request, status, kernel, ipython):
         os.close(status)
 
     kernel.serve(request["socket"], shell, ready)
+
+
+def _run_program(request, status):
+    """`python -I -c <run>` with stdin from a staged file and stdout and stderr to files of the
+    output directory, as the exec agent runs a command; its exit code is the fork's."""
+    source = os.open(request["stdin"], os.O_RDONLY) if request.get("stdin") else os.open("/dev/null", os.O_RDONLY)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    targets = [source, os.open(request["stdout"], flags, 0o600), os.open(request["stderr"], flags, 0o600)]
+    for fd, target in enumerate(targets):
+        os.dup2(target, fd)
+        os.close(target)
+    _report(status, "Rrun")
+    os.close(status)
+    # -I: no script directory, user site or PYTHON* variables (the server was started with -s and
+    # the sandbox's base environment only)
+    sys.argv = ["-c"]
+    if sys.path and sys.path[0] in ("", INPUT_MOUNT):
+        del sys.path[0]
+    code = 0
+    try:
+        exec(compile(request["run"], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+    except SystemExit as exc:
+        if exc.code is None:
+            code = 0
+        elif isinstance(exc.code, int):
+            code = exc.code & 0xFF
+        else:
+            sys.stderr.write("%s\n" % exc.code)
+            code = 1
+    except BaseException:  # noqa: B902
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(code)
 
 
 def _report(fd, line):
@@ -435,9 +482,11 @@ def main(kernel_source, plain=False):
     os.chdir("/")
     kernel = _load_kernel(kernel_source)
     ipython = None if plain else _prepare_ipython(kernel)
-    # what is made by now is every kernel's, read-only in effect: the collector of a kernel skips
-    # it, so its pages stay shared with the server rather than copied on the first collection
-    gc.collect()
-    gc.freeze()
+    if ipython is not None:
+        # what is made by now is every kernel's, read-only in effect: the collector of a kernel
+        # skips it, so its pages stay shared with the server rather than copied on the first
+        # collection. (A plain server, for programs, keeps a fresh interpreter's collector.)
+        gc.collect()
+        gc.freeze()
     os.write(1, ("READY %s\n" % ("ipython" if ipython is not None else "plain")).encode())
     Server(kernel, ipython).run()

@@ -200,6 +200,19 @@ export interface SandboxKernelFork {
   timeoutMs: number;
 }
 
+/** A Python program forked into a sandbox (`Sandbox.forkPython`): `python -I -c code` as exec would run it. */
+export interface SandboxPythonRun {
+  /** The interpreter, as the sandbox's PATH would find it. @example 'python3' */
+  python: string;
+  code: string;
+  stdin?: string | Buffer;
+  env?: Record<string, string>;
+  /** @default DEFAULT_EXEC_TIMEOUT_MS */
+  timeoutMs?: number;
+  /** Output kept per stream (head and tail). @default 10 MiB */
+  maxOutputBytes?: number;
+}
+
 export interface Sandbox {
   readonly id: string;
   readonly provider: string;
@@ -230,6 +243,12 @@ export interface Sandbox {
    * environment that changes the interpreter): `spawn` the kernel then.
    */
   forkKernel?(request: SandboxKernelFork): Promise<{ process: SandboxProcess; mode: string }> | undefined;
+  /**
+   * Runs `python -I -c <code>` in the sandbox as a fork of a prepared interpreter (bwrap: a fork
+   * server without IPython, whose programs find an interpreter close to a new one), with `exec`'s
+   * answer; undefined where there is none: `exec` it then.
+   */
+  forkPython?(request: SandboxPythonRun): Promise<SandboxExecResult> | undefined;
   /**
    * Puts a file of the service's (a script, a kernel's source) where the sandbox can read it but
    * nothing inside can change it or swap the path; returns its path inside the sandbox.

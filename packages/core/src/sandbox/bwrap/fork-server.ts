@@ -29,7 +29,7 @@ const SERVER_SOURCE = fileURLToPath(new URL('../../../python/rollserve_forkserve
  */
 const LOADER =
   "import os;f=os.fdopen(3,'rb');k,_,s=f.read().decode().partition('\\0');f.close();" +
-  "g={'__name__':'rollserve_forkserver'};exec(compile(s,'<rollserve-forkserver>','exec'),g);g['main'](k)";
+  "import sys;g={'__name__':'rollserve_forkserver'};exec(compile(s,'<rollserve-forkserver>','exec'),g);g['main'](k,'bare' in sys.argv)";
 
 /** What a kernel fork needs to know of its sandbox and of itself. */
 export interface KernelForkRequest {
@@ -48,9 +48,13 @@ export interface KernelForkRequest {
   /** The kernel's socket, a path inside the sandbox. */
   socket: string;
   plain: boolean;
+  /** Instead of a kernel: a program run as `python -I -c`, stdin from `stdin`, output to `stdout`, `stderr` (paths inside). */
+  run?: { code: string; stdin: string | undefined; stdout: string; stderr: string };
 }
 
 interface Pending {
+  /** Registered as the answer is read: its exit may be the very next line. */
+  onExit(code: number): void;
   resolve(started: { pid: number; mode: string }): void;
   reject(error: Error): void;
   abandoned: boolean;
@@ -67,8 +71,12 @@ export class KernelForkServer {
   /** Resolves once the server process has ended. */
   readonly ended: Promise<void>;
 
-  constructor(readonly python: string) {
-    this.child = spawn(python, ['-s', '-c', LOADER], {
+  /** `bare`: without IPython, for programs (`forkPython`): what they find in the interpreter is close to a new one's. */
+  constructor(
+    readonly python: string,
+    readonly bare = false,
+  ) {
+    this.child = spawn(python, ['-s', '-c', LOADER, ...(bare ? ['bare'] : [])], {
       env: { ...BASE_ENV, PYTHONUNBUFFERED: '1', PYTHONDONTWRITEBYTECODE: '1' },
       cwd: '/',
       stdio: ['pipe', 'pipe', 'pipe', 'pipe'],
@@ -143,6 +151,7 @@ export class KernelForkServer {
     } else if (entry.abandoned) {
       this.kill(message.pid);
     } else {
+      this.exits.set(message.pid, entry.onExit);
       entry.resolve({ pid: message.pid, mode: message.mode ?? 'plain' });
     }
   }
@@ -155,7 +164,7 @@ export class KernelForkServer {
     await this.ready;
     if (this.dead) throw new RolloutError({ code: 'SANDBOX', message: 'the kernel fork server ended', retryable: true });
     const id = ++this.seq;
-    const entry: Pending = { resolve: () => {}, reject: () => {}, abandoned: false };
+    const entry: Pending = { onExit, resolve: () => {}, reject: () => {}, abandoned: false };
     const started = new Promise<{ pid: number; mode: string }>((resolve, reject) => {
       entry.resolve = resolve;
       entry.reject = reject;
@@ -173,6 +182,7 @@ export class KernelForkServer {
       env: request.env,
       socket: request.socket,
       plain: request.plain,
+      ...(request.run === undefined ? {} : { run: request.run.code, stdin: request.run.stdin ?? null, stdout: request.run.stdout, stderr: request.run.stderr }),
     });
     let timer: NodeJS.Timeout | undefined;
     try {
@@ -182,7 +192,6 @@ export class KernelForkServer {
           timer = setTimeout(() => reject(new RolloutError({ code: 'SANDBOX', message: `kernel fork not ready after ${timeoutMs} ms`, retryable: true })), timeoutMs);
         }),
       ]);
-      this.exits.set(result.pid, onExit);
       return result;
     } catch (error) {
       // a late answer is killed (onMessage)
@@ -259,13 +268,14 @@ export class KernelForkServers {
     return undefined;
   }
 
-  /** The running server for the interpreter at `hostPath` (a new one if it has none or it ended). */
-  get(hostPath: string): KernelForkServer | undefined {
+  /** The running server for the interpreter at `hostPath` (a new one if it has none or it ended); `bare`: see KernelForkServer. */
+  get(hostPath: string, bare = false): KernelForkServer | undefined {
     if (this.closed) return undefined;
-    let server = this.servers.get(hostPath);
+    const key = `${bare ? 'bare' : 'kernel'}:${hostPath}`;
+    let server = this.servers.get(key);
     if (server === undefined || !server.alive()) {
-      server = new KernelForkServer(hostPath);
-      this.servers.set(hostPath, server);
+      server = new KernelForkServer(hostPath, bare);
+      this.servers.set(key, server);
     }
     return server;
   }

@@ -14,11 +14,13 @@ import {
   type ResolvedSandboxResources,
   type ResolvedSandboxSpec,
   type SandboxExecOptions,
+  type SandboxExecResult,
   type SandboxKernelFork,
   type SandboxProcess,
+  type SandboxPythonRun,
   type SandboxStatus,
 } from '../types.ts';
-import type { KernelForkServers } from './fork-server.ts';
+import type { KernelForkRequest, KernelForkServers } from './fork-server.ts';
 import { buildEnterArgs, EXEC_DIR, INPUT_MOUNT, ownNamespaces, type EnterableNamespace } from './args.ts';
 
 /*
@@ -387,8 +389,6 @@ export class BwrapSandbox extends CommandSandbox {
     const python = this.forkServers.resolve(request.python, env);
     const server = python === undefined ? undefined : this.forkServers.get(python);
     if (server === undefined) return undefined;
-    const mib = 1024 * 1024;
-    const limits = this.limits;
     const killOptions = this.killOptions(`ROLLSERVE_SANDBOX=${tag}`);
     let resolveExit: (code: number) => void = () => {};
     const exited = new Promise<number>((resolve) => {
@@ -397,14 +397,7 @@ export class BwrapSandbox extends CommandSandbox {
     return (async () => {
       const { pid, mode } = await server.fork(
         {
-          initPid: this.initPid,
-          pidNamespace: Number(/\[(\d+)\]/.exec(this.pidNamespace!)?.[1] ?? 0),
-          namespaces: this.namespaces,
-          cgroupProcs: this.cgroup?.procsFiles ?? [],
-          user: this.user,
-          rlimits: { as: limits.memoryMib * mib, fsize: limits.maxFileSizeMib * mib, cpu: limits.cpuSeconds, nofile: limits.maxOpenFiles, nproc: limits.maxProcesses, core: 0 },
-          cwd: this.workdir,
-          env,
+          ...this.forkRequest(env),
           socket: `${this.socketDir.sandbox}/${request.socketName}`,
           plain: request.plain || env.ROLLSERVE_PYTHON_SHELL === 'plain',
         },
@@ -453,6 +446,85 @@ export class BwrapSandbox extends CommandSandbox {
       };
       return { process: proc, mode };
     })();
+  }
+
+  forkPython(request: SandboxPythonRun): Promise<SandboxExecResult> | undefined {
+    if (this.closed || this.exited || this.forkServers === undefined || this.pidNamespace === undefined) return undefined;
+    const tag = this.nextTag();
+    const env = this.env(request.env, tag);
+    const python = this.forkServers.resolve(request.python, env);
+    const server = python === undefined ? undefined : this.forkServers.get(python, true);
+    if (server === undefined) return undefined;
+    const id = `f${(++this.seq).toString(36)}${randomBytes(4).toString('hex')}`;
+    const input = join(this.inputDir, `${id}.in`);
+    const out = join(this.execDir, id);
+    const inside = `${this.socketDir.sandbox}/${EXEC_DIR}/${id}`;
+    const killOptions = this.killOptions(`ROLLSERVE_SANDBOX=${tag}`);
+    return (async () => {
+      if (request.stdin !== undefined) writeFileSync(input, request.stdin, { flag: 'wx', mode: 0o644 });
+      let resolveExit: (code: number) => void = () => {};
+      const exited = new Promise<number>((resolve) => {
+        resolveExit = resolve;
+      });
+      const timeoutMs = request.timeoutMs ?? DEFAULT_EXEC_TIMEOUT_MS;
+      let pid: number;
+      try {
+        ({ pid } = await server.fork(
+          {
+            ...this.forkRequest(env),
+            socket: '',
+            plain: true,
+            run: { code: request.code, stdin: request.stdin === undefined ? undefined : `${INPUT_MOUNT}/${id}.in`, stdout: `${inside}.out`, stderr: `${inside}.err` },
+          },
+          timeoutMs,
+          (code) => resolveExit(code),
+        ));
+      } finally {
+        // the program holds it open by now: nothing else inside reads it from here on
+        if (request.stdin !== undefined) unlinkQuiet(input);
+      }
+      const kill = (): void => {
+        server.kill(pid);
+        killTree(undefined, killOptions);
+      };
+      const untrack = this.track(pid, kill);
+      let timer: NodeJS.Timeout | undefined;
+      const outcome = await Promise.race([
+        exited,
+        new Promise<'timeout'>((resolve) => {
+          timer = setTimeout(() => resolve('timeout'), timeoutMs);
+        }),
+      ]);
+      clearTimeout(timer);
+      if (outcome === 'timeout') {
+        kill();
+        await Promise.race([exited, new Promise((resolve) => setTimeout(resolve, 1000))]);
+      }
+      untrack();
+      const cap = request.maxOutputBytes ?? 10 * 1024 * 1024;
+      const stdout = readCapped(`${out}.out`, cap, this.outputDev).toString('utf8');
+      const stderr = readCapped(`${out}.err`, cap, this.outputDev).toString('utf8');
+      for (const suffix of ['.out', '.err']) unlinkQuiet(`${out}${suffix}`);
+      if (this.closed) return { stdout, stderr: `${stderr}${this.closedMessage()}\n`, returnCode: 125, errorType: 'sandbox' as const };
+      if (outcome === 'timeout') return { stdout, stderr: `${stderr}\ncommand timed out after ${timeoutMs} ms\n`, returnCode: 125, errorType: 'timeout' as const };
+      return { stdout, stderr, returnCode: outcome };
+    })();
+  }
+
+  /** What every fork into this sandbox is given: its namespaces, cgroup, uid, limits, workdir and `env`. */
+  private forkRequest(env: Record<string, string>): Omit<KernelForkRequest, 'socket' | 'plain'> {
+    const mib = 1024 * 1024;
+    const limits = this.limits;
+    return {
+      initPid: this.initPid,
+      pidNamespace: Number(/\[(\d+)\]/.exec(this.pidNamespace!)?.[1] ?? 0),
+      namespaces: this.namespaces,
+      cgroupProcs: this.cgroup?.procsFiles ?? [],
+      user: this.user,
+      rlimits: { as: limits.memoryMib * mib, fsize: limits.maxFileSizeMib * mib, cpu: limits.cpuSeconds, nofile: limits.maxOpenFiles, nproc: limits.maxProcesses, core: 0 },
+      cwd: this.workdir,
+      env,
+    };
   }
 
   protected wrap(inner: string[], env: Record<string, string>): HostCommand {
