@@ -188,6 +188,13 @@ export default async function bench(): Promise<void> {
     console.log(`  forked kernel (${ours.mode})                ${latencyLine(ours.latencies)}  ${ours.cpuMs.toFixed(1)} ms CPU each (target ≤ 30 ms p50, ≤ 50 ms CPU)`);
     console.log(`  spawned kernel (${before.mode}), as before     ${latencyLine(before.latencies)}  ${before.cpuMs.toFixed(1)} ms CPU each`);
     console.log(`  previous figure: ${PREVIOUS.ready}`);
+    const pooled = createBwrapProvider({ warm: 'auto' });
+    try {
+      const warmRun = await sandboxAndKernel(pooled, 40);
+      console.log(`  forked kernel, warm: 'auto' sandboxes  ${latencyLine(warmRun.latencies)}  (sandboxes start ahead, beside the loop)`);
+    } finally {
+      await pooled.close?.();
+    }
     const withResources = createBwrapProvider();
     try {
       const latencies: number[] = [];
@@ -203,6 +210,34 @@ export default async function bench(): Promise<void> {
       console.log(`  forked kernel, sandbox with explicit resources  ${latencyLine(latencies.slice(1))}`);
     } finally {
       await withResources.close?.();
+    }
+
+    // where a rollout's CPU goes: each start and its close, alone
+    {
+      const n = 20;
+      const servers = serverPids(forked, await forked.create().then(async (sandbox) => (await sandbox.close(), sandbox)));
+      const parts: Record<string, number> = {};
+      const measure = async (name: string, one: () => Promise<void>) => {
+        const cpu0 = treeCpuMs([process.pid, ...servers]);
+        for (let i = 0; i < n; i++) await one();
+        await new Promise((resolve) => setTimeout(resolve, 100));
+        parts[name] = (treeCpuMs([process.pid, ...servers]) - cpu0) / n;
+      };
+      await measure('sandbox', async () => (await forked.create()).close());
+      await measure('sandbox + kernel', async () => {
+        const sandbox = await forked.create();
+        await (await PythonKernel.start(sandbox)).close();
+        await sandbox.close();
+      });
+      await measure('sandbox + bash', async () => {
+        const sandbox = await forked.create();
+        await (await BashSession.start(sandbox)).close();
+        await sandbox.close();
+      });
+      console.log(
+        `  CPU of each start with its close: sandbox ${parts.sandbox!.toFixed(1)} ms, kernel ${(parts['sandbox + kernel']! - parts.sandbox!).toFixed(1)} ms, ` +
+          `bash ${(parts['sandbox + bash']! - parts.sandbox!).toFixed(1)} ms`,
+      );
     }
 
     heading(`sandboxed ten-turn rollouts (fresh sandbox, 5 bash + 4 Python calls), ${cores * 2} at once`);
