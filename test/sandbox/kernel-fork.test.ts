@@ -269,5 +269,12 @@ describe.skipIf(skip !== undefined)('kernels forked from one fork server', () =>
     const changed = await start({ env: { PYTHONPATH: '/tmp/lib' } });
     expect(parentOf(pidOf(changed.kernel))).not.toBe(server(changed.sandbox).pid);
     expect((await changed.kernel.run('import sys\n"/tmp/lib" in sys.path')).result).toBe('True');
+    // another locale (the encodings an interpreter fixes at start): spawned too
+    const latin = await start({ env: { LANG: 'C', LC_ALL: 'C' } });
+    expect(parentOf(pidOf(latin.kernel))).not.toBe(server(latin.sandbox).pid);
+    // a time zone is the fork's own
+    const tokyo = await start({ env: { TZ: 'Asia/Tokyo' } });
+    expect(parentOf(pidOf(tokyo.kernel))).toBe(server(tokyo.sandbox).pid);
+    expect((await tokyo.kernel.run('import time\ntime.strftime("%Z", time.localtime(0))')).result).toBe("'JST'");
   });
 });

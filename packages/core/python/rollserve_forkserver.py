@@ -405,6 +405,9 @@ def _become_kernel(request, status, kernel, ipython):
         resource.setrlimit(limit, (value, value))
     os.environ.clear()
     os.environ.update(request["env"])
+    import time
+
+    time.tzset()  # a TZ of the sandbox's
     os.chdir(request["cwd"])
     os.environ["PWD"] = request["cwd"]
     tempfile.tempdir = None

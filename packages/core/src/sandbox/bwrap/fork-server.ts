@@ -235,6 +235,8 @@ export class KernelForkServer {
 
 /** Variables that change what an interpreter is (its path, its libraries): a fork of another cannot honour them. */
 const INTERPRETER_VARS = /^(PYTHON|LD_)/;
+/** The locale the fork server starts with (BASE_ENV's). */
+const LOCALE_VARS = ['LANG', 'LC_ALL', 'LC_CTYPE'];
 /** The kernel's own, which the fork server has as well. */
 const KERNEL_VARS = new Set(['PYTHONUNBUFFERED', 'PYTHONDONTWRITEBYTECODE']);
 
@@ -253,6 +255,8 @@ export class KernelForkServers {
    */
   resolve(python: string, env: Record<string, string>): string | undefined {
     if (Object.keys(env).some((name) => INTERPRETER_VARS.test(name) && !KERNEL_VARS.has(name))) return undefined;
+    // the encodings an interpreter takes from its locale at start
+    if (LOCALE_VARS.some((name) => env[name] !== BASE_ENV[name])) return undefined;
     const candidates = python.includes('/') ? [python] : (env.PATH ?? '').split(':').map((dir) => `${dir}/${python}`);
     for (const candidate of candidates) {
       // (a directory the host root does not show, a workspace's bin, may hold another python)
