@@ -1,4 +1,4 @@
-import { spawnSync } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
@@ -205,6 +205,35 @@ describe.skipIf(skip !== undefined)('kernels forked from one fork server', () =>
     expect(alive(serverPid)).toBe(false);
     await sandbox.close();
     expect(alive(kernelPid)).toBe(false);
+  });
+
+  it('leaves nothing when the service is SIGKILLed: the fork server and its kernels die with it', async () => {
+    const script = [
+      `import { createBwrapProvider } from ${JSON.stringify(join(import.meta.dirname, '../../packages/core/src/sandbox/index.ts'))};`,
+      `import { PythonKernel } from ${JSON.stringify(join(import.meta.dirname, '../../packages/core/src/tools/python.ts'))};`,
+      'const provider = createBwrapProvider();',
+      'const sandbox = await provider.create();',
+      'const kernel = await PythonKernel.start(sandbox);',
+      'console.log(JSON.stringify({ server: sandbox.forkServers.running()[0].pid, kernel: kernel.process.pid }));',
+      'setInterval(() => {}, 1000);',
+    ].join('\n');
+    const maker = spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script], {
+      cwd: join(import.meta.dirname, '../..'),
+      stdio: ['ignore', 'pipe', 'inherit'],
+    });
+    const line = await new Promise<string>((resolve, reject) => {
+      let out = '';
+      maker.stdout!.on('data', (chunk: Buffer) => {
+        out += chunk.toString();
+        if (out.includes('\n')) resolve(out.split('\n')[0]!);
+      });
+      maker.once('exit', (code) => reject(new Error(`maker exited with ${code}`)));
+    });
+    const { server, kernel } = JSON.parse(line) as { server: number; kernel: number };
+    expect(alive(server) && alive(kernel)).toBe(true);
+    maker.kill('SIGKILL');
+    for (let i = 0; i < 100 && (alive(server) || alive(kernel)); i++) await new Promise((resolve) => setTimeout(resolve, 50));
+    expect({ server: alive(server), kernel: alive(kernel) }).toEqual({ server: false, kernel: false });
   });
 
   it('does the same with the service running as an unprivileged user (a server that forks twice)', () => {
