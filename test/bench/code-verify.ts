@@ -21,7 +21,7 @@ const SOLUTION = [
   '    main()',
 ].join('\n');
 
-function problem(tests: number): Submission {
+export function problem(tests: number): Submission {
   const inputs: string[] = [];
   const outputs: string[] = [];
   for (let t = 0; t < tests; t++) {

@@ -4,6 +4,7 @@ const BENCHES: Record<string, () => Promise<{ default: () => Promise<void> }>> =
   'verify-http': () => import('./verify-http.ts'),
   tools: () => import('./tools.ts'),
   isolation: () => import('./isolation.ts'),
+  kernel: () => import('./kernel.ts'),
   rollouts: () => import('./rollouts.ts'),
   'code-verify': () => import('./code-verify.ts'),
   swe: () => import('./swe.ts'),

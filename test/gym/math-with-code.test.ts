@@ -40,7 +40,9 @@ function liveKernels(): number {
     try {
       const stat = readFileSync(`/proc/${entry}/stat`, 'utf8');
       parents.set(Number(entry), Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]));
-      commands.set(Number(entry), readFileSync(`/proc/${entry}/cmdline`, 'utf8'));
+      // a spawned kernel's command line names its file; a forked one (the fork server's) is named so
+      const comm = readFileSync(`/proc/${entry}/comm`, 'utf8').trim();
+      commands.set(Number(entry), /^py-[0-9a-f]+$/.test(comm) ? `/${comm}.py\0` : readFileSync(`/proc/${entry}/cmdline`, 'utf8'));
     } catch {
       // gone meanwhile
     }

@@ -177,12 +177,12 @@ export function createCodeRunner(options: CodeRunnerOptions = {}): CodeRunner {
     ]);
     const sandbox = await getProvider().create(spec);
     try {
-      // exec'd: no shell keeps the payload file open for the submission to read through /proc.
-      const executed = await sandbox.exec(`exec ${shQuote(python)} -I -c ${shQuote(BOOT)}`, {
-        stdin: payload,
-        timeoutMs: limitSecs * 1000,
-        maxOutputBytes: 16 * 1024 * 1024,
-      });
+      const run = { stdin: payload, timeoutMs: limitSecs * 1000, maxOutputBytes: 16 * 1024 * 1024 };
+      // A fork of the provider's prepared interpreter where it has one (bwrap: no interpreter
+      // start per submission), else a new one. exec'd: no shell keeps the payload file open for
+      // the submission to read through /proc.
+      const forked = sandbox.forkPython?.({ python, code: BOOT, ...run });
+      const executed = (forked === undefined ? undefined : await forked.catch(() => undefined)) ?? (await sandbox.exec(`exec ${shQuote(python)} -I -c ${shQuote(BOOT)}`, run));
       // A result counts when the harness exited cleanly (or was cut at the global limit after
       // writing it); a killed harness or sandbox does not.
       if (executed.errorType === 'sandbox' || (executed.errorType === undefined && executed.returnCode !== 0)) {

@@ -79,10 +79,10 @@ class PlainShell:
 class IPythonShell:
     mode = "ipython"
 
-    def __init__(self):
+    def __init__(self, **options):
         from IPython.core.interactiveshell import InteractiveShell
 
-        self.shell = InteractiveShell.instance(colors="NoColor")
+        self.shell = InteractiveShell.instance(colors="NoColor", **options)
         self.error = None
         hook = self.shell.displayhook
         hook.write_output_prompt = lambda: None
@@ -209,8 +209,17 @@ class Capture:
 
 
 def main():
-    path = sys.argv[1]
-    shell = _make_shell()
+    serve(sys.argv[1], _make_shell())
+
+
+def _say_ready(mode):
+    sys.stdout.write("READY %s\n" % mode)
+    sys.stdout.flush()
+
+
+def serve(path, shell, ready=_say_ready):
+    """Serves `shell` on the Unix socket `path` until the process ends; `ready(mode)` once it
+    listens (the fork server, rollserve_forkserver.py, calls this in each forked kernel)."""
     signal.signal(signal.SIGINT, _on_sigint)
     requests = queue.Queue()
 
@@ -260,8 +269,7 @@ def main():
             threading.Thread(target=serve, args=(conn,), daemon=True).start()
 
     threading.Thread(target=accept, daemon=True).start()
-    sys.stdout.write("READY %s\n" % shell.mode)
-    sys.stdout.flush()
+    ready(shell.mode)
 
     while True:
         request, send = requests.get()

@@ -186,6 +186,33 @@ export interface SandboxProcess {
   kill(signal?: NodeJS.Signals): void;
 }
 
+/** A Python kernel forked into a sandbox (`Sandbox.forkKernel`). */
+export interface SandboxKernelFork {
+  /** The interpreter, as the sandbox's PATH would find it. @example 'python3' */
+  python: string;
+  /** The kernel's socket, a name in `socketDir`. */
+  socketName: string;
+  /** Environment variables of the kernel over the sandbox's. */
+  env?: Record<string, string>;
+  /** Plain exec rather than IPython's InteractiveShell. */
+  plain: boolean;
+  /** How long to wait for the kernel to listen. */
+  timeoutMs: number;
+}
+
+/** A Python program forked into a sandbox (`Sandbox.forkPython`): `python -I -c code` as exec would run it. */
+export interface SandboxPythonRun {
+  /** The interpreter, as the sandbox's PATH would find it. @example 'python3' */
+  python: string;
+  code: string;
+  stdin?: string | Buffer;
+  env?: Record<string, string>;
+  /** @default DEFAULT_EXEC_TIMEOUT_MS */
+  timeoutMs?: number;
+  /** Output kept per stream (head and tail). @default 10 MiB */
+  maxOutputBytes?: number;
+}
+
 export interface Sandbox {
   readonly id: string;
   readonly provider: string;
@@ -208,6 +235,20 @@ export interface Sandbox {
   spawnPty(argv: string[], options?: SandboxPtyOptions): SandboxPty;
   /** Starts `argv` inside the sandbox with pipes. */
   spawn(argv: string[], options?: SandboxSpawnOptions): SandboxProcess;
+  /**
+   * Starts core's Python kernel (python/rollserve_kernel.py) in the sandbox as a fork of an
+   * interpreter that has imported it, and IPython, already (bwrap's kernel fork server), with
+   * what `spawn` would give it: the sandbox's namespaces, cgroup, uid, limits and environment.
+   * Undefined where the provider has no such interpreter for this sandbox (an image, binds, an
+   * environment that changes the interpreter): `spawn` the kernel then.
+   */
+  forkKernel?(request: SandboxKernelFork): Promise<{ process: SandboxProcess; mode: string }> | undefined;
+  /**
+   * Runs `python -I -c <code>` in the sandbox as a fork of a prepared interpreter (bwrap: a fork
+   * server without IPython, whose programs find an interpreter close to a new one), with `exec`'s
+   * answer; undefined where there is none: `exec` it then.
+   */
+  forkPython?(request: SandboxPythonRun): Promise<SandboxExecResult> | undefined;
   /**
    * Puts a file of the service's (a script, a kernel's source) where the sandbox can read it but
    * nothing inside can change it or swap the path; returns its path inside the sandbox.

@@ -30,8 +30,8 @@ const peakRssMb = () => process.resourceUsage().maxRSS / 1024;
 
 describe.skipIf(skip !== undefined)('the Python kernel\'s channels are bounded', () => {
   const open: Array<{ kernel?: PythonKernel; sandbox: Sandbox }> = [];
-  const start = async () => {
-    const sandbox = await createBwrapProvider().create();
+  const start = async (options: { kernelForkServer?: boolean } = {}) => {
+    const sandbox = await createBwrapProvider(options).create();
     const entry: { kernel?: PythonKernel; sandbox: Sandbox } = { sandbox };
     open.push(entry);
     entry.kernel = await PythonKernel.start(sandbox, { shell: 'plain' });
@@ -69,7 +69,8 @@ describe.skipIf(skip !== undefined)('the Python kernel\'s channels are bounded',
   });
 
   it('ends the sandbox when a cell floods the kernel\'s own stdout pipe', async () => {
-    const { kernel } = await start();
+    // a spawned kernel's stdout is a pipe to the service (a forked one's is /dev/null: below)
+    const { kernel } = await start({ kernelForkServer: false });
     const code = [
       'import gc, os',
       // the kernel keeps its real stdout as a saved descriptor while a cell's output is captured
@@ -82,6 +83,25 @@ describe.skipIf(skip !== undefined)('the Python kernel\'s channels are bounded',
     const result = await kernel.run(code);
     expect(result.error?.ename).toBe('ResourceLimit');
     expect(kernel.limitExceeded()).toMatch(/stdout and stderr/);
+  });
+
+  it('gives a forked kernel no stdout pipe to flood: its own stdout and stderr are /dev/null', async () => {
+    const { sandbox, kernel } = await start();
+    const result = await kernel.run(
+      [
+        'import gc, os',
+        'fds = [fd for o in gc.get_objects() if type(o).__name__ == "Capture" for fd in getattr(o, "saved", [])]',
+        'chunk = b"y" * (1 << 20)',
+        'for _ in range(64):',
+        '    for fd in fds:',
+        '        os.write(fd, chunk)',
+        '[os.readlink("/proc/self/fd/%d" % fd) for fd in fds]',
+      ].join('\n'),
+    );
+    expect(result.status).toBe('ok');
+    expect(result.result).toBe("['/dev/null', '/dev/null']");
+    expect(kernel.limitExceeded()).toBeUndefined();
+    expect(await sandbox.status()).toBe('running');
   });
 
   it('answers huge output, results and exceptions capped, without a limit', async () => {

@@ -2,7 +2,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { chownSync, existsSync, mkdirSync, readFileSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
+import { availableParallelism, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { Writable } from 'node:stream';
 import { RolloutError } from '../../errors.ts';
@@ -15,6 +15,7 @@ import { BASE_ENV, DEFAULT_WORKDIR, type ResolvedSandboxSpec, type SandboxLimitS
 import { agentScript } from './agent.ts';
 import { ARGS_FD, buildBwrapArgs, bwrapArgsOnFd, DEFAULT_HOST_ROOT_DIRS, DEVICES, scanRoot, type BwrapArgsInput, type RootEntry } from './args.ts';
 import { tmpfsMountsAvailable, tmpfsPrefix, type TmpfsMount } from './mounts.ts';
+import { KernelForkServers } from './fork-server.ts';
 import { BwrapSandbox } from './sandbox.ts';
 
 export interface BwrapProviderOptions {
@@ -53,11 +54,20 @@ export interface BwrapProviderOptions {
   /** How long `create` waits for the sandbox to run. @default 10_000 */
   readyTimeoutMs?: number;
   /**
-   * Sandboxes kept started ahead of demand (for specs without image, network, binds, resources or
-   * a custom workdir): `create` then only hands one out. `provider.close()` ends them.
+   * Sandboxes kept started ahead of demand, per spec (its network, workdir and resources; not
+   * for an image or binds): `create` then only hands one out. A number: that many for each spec
+   * asked for, and for the default spec from the start. 'auto': as many as the demand of the last
+   * seconds needs while sandboxes start (at most two per core), none once a spec is not asked for
+   * during IDLE_MS. `provider.close()` ends them.
    * @default 0
    */
-  warm?: number;
+  warm?: number | 'auto';
+  /**
+   * Start Python kernels (`Sandbox.forkKernel`) as forks of a fork server per interpreter that
+   * has imported the kernel and IPython once (fork-server.ts), in sandboxes without image or
+   * binds. @default true
+   */
+  kernelForkServer?: boolean;
 }
 
 
@@ -78,15 +88,29 @@ export function bwrapAvailable(bwrapPath = 'bwrap'): boolean {
   return (process.env.PATH ?? '').split(':').some((dir) => dir !== '' && existsSync(join(dir, bwrapPath)));
 }
 
-/** Specs a warm (pre-started) sandbox can serve: the defaults, plus env and files. */
-function poolable(spec: SandboxSpec): boolean {
-  return (
-    spec.image === undefined &&
-    spec.network !== true &&
-    spec.binds === undefined &&
-    spec.resources === undefined &&
-    (spec.workdir === undefined || spec.workdir === DEFAULT_WORKDIR)
-  );
+/**
+ * The pool a spec's sandboxes come from: sandboxes started for one spec serve any spec with the
+ * same key (env and files are handed over, see `adopt`). None for an image or binds.
+ */
+function poolKey(spec: ResolvedSandboxSpec): string | undefined {
+  if (spec.image !== undefined || spec.binds !== undefined) return undefined;
+  return JSON.stringify([spec.network === true, spec.workdir ?? DEFAULT_WORKDIR, spec.resources]);
+}
+
+/** An 'auto' pool with no demand for this long is emptied. */
+const IDLE_MS = 10_000;
+/** The window over which an 'auto' pool counts its demand. */
+const DEMAND_WINDOW_MS = 2_000;
+
+interface WarmPool {
+  /** The spec its sandboxes start with (no env, no files). */
+  spec: ResolvedSandboxSpec;
+  sandboxes: BwrapSandbox[];
+  filling: number;
+  /** When `create` asked (within DEMAND_WINDOW_MS), for 'auto'. */
+  asks: number[];
+  /** Wall time of a start, moving average (ms), for 'auto'. */
+  startMs: number;
 }
 
 export function createBwrapProvider(options: BwrapProviderOptions = {}): SandboxProvider {
@@ -95,10 +119,13 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
   const user = isRoot ? (options.user ?? { uid: 65534, gid: 65534 }) : undefined;
   const readyTimeoutMs = options.readyTimeoutMs ?? 10_000;
   const warm = options.warm ?? 0;
+  const maxAuto = 2 * availableParallelism();
   let hostEntries: RootEntry[] | undefined;
-  const pool: BwrapSandbox[] = [];
-  let filling = 0;
+  const pools = new Map<string, WarmPool>();
+  let idleTimer: NodeJS.Timeout | undefined;
   let providerClosed = false;
+  const rootNames = (options.hostRootDirs ?? DEFAULT_HOST_ROOT_DIRS).filter((name) => existsSync(join('/', name)));
+  const forkServers = options.kernelForkServer === false ? undefined : new KernelForkServers(new Set(rootNames));
 
   const cgroups = options.cgroups !== false && cgroupSupport() !== null;
   const mountTmpfs = tmpfsMountsAvailable(user);
@@ -271,6 +298,8 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
       ...(user === undefined || image !== undefined || rootInput ? {} : { uid: user.uid, gid: user.gid }),
     });
     const sandbox = new BwrapSandbox(id, workdir, { ...spec, resources: { ...resources, maxOpenFiles: openFiles } }, init, user, cgroup, { host: inputHost, mounted: mountTmpfs }, [base], image?.release);
+    // the host's root as it is: a fork of the host's interpreter is the sandbox's
+    if (spec.image === undefined && spec.binds === undefined) sandbox.forkServers = forkServers;
     try {
       // bwrap waits for its options: it makes the sandbox's namespaces once it is in the cgroup,
       // so the cgroup namespace's root is the sandbox's cgroup and /proc/self/cgroup inside
@@ -289,22 +318,68 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
     return sandbox;
   }
 
-  function refill(): void {
-    while (!providerClosed && pool.length + filling < warm) {
-      filling++;
-      start(resolveSandboxSpec({})).then(
+  /** How many sandboxes `pool` keeps ready now. */
+  function target(pool: WarmPool): number {
+    if (warm !== 'auto') return warm;
+    const now = performance.now();
+    while (pool.asks.length > 0 && pool.asks[0]! < now - DEMAND_WINDOW_MS) pool.asks.shift();
+    // what arrives while one starts, and one more
+    const rate = pool.asks.length / DEMAND_WINDOW_MS;
+    return pool.asks.length === 0 ? 0 : Math.min(maxAuto, Math.ceil(rate * pool.startMs) + 1);
+  }
+
+  function refill(pool: WarmPool): void {
+    const wanted = target(pool);
+    while (!providerClosed && pool.sandboxes.length + pool.filling < wanted) {
+      pool.filling++;
+      const started = performance.now();
+      start(pool.spec).then(
         (sandbox) => {
-          filling--;
+          pool.filling--;
+          pool.startMs = 0.8 * pool.startMs + 0.2 * (performance.now() - started);
           if (providerClosed) void sandbox.close();
-          else pool.push(sandbox);
+          else pool.sandboxes.push(sandbox);
         },
         () => {
-          filling--;
+          pool.filling--;
         },
       );
     }
+    if (warm === 'auto' && idleTimer === undefined) {
+      idleTimer = setInterval(shrink, IDLE_MS / 2);
+      idleTimer.unref();
+    }
   }
-  refill();
+
+  /** 'auto': a pool asked for nothing during IDLE_MS is emptied (an idle provider keeps nothing running). */
+  function shrink(): void {
+    const now = performance.now();
+    for (const [key, pool] of pools) {
+      if (pool.filling > 0 || (pool.asks.length > 0 && pool.asks.at(-1)! > now - IDLE_MS)) continue;
+      pools.delete(key);
+      for (const sandbox of pool.sandboxes.splice(0)) void sandbox.close();
+    }
+    if (pools.size === 0) {
+      clearInterval(idleTimer);
+      idleTimer = undefined;
+    }
+  }
+
+  function poolOf(key: string, spec: ResolvedSandboxSpec): WarmPool {
+    let pool = pools.get(key);
+    if (pool === undefined) {
+      // the pool's sandboxes start without the spec's env and files (adopt hands them over)
+      const { env: _env, files: _files, ...rest } = spec;
+      pool = { spec: rest as ResolvedSandboxSpec, sandboxes: [], filling: 0, asks: [], startMs: 30 };
+      pools.set(key, pool);
+    }
+    return pool;
+  }
+
+  if (typeof warm === 'number' && warm > 0) {
+    const spec = resolveSandboxSpec({});
+    refill(poolOf(poolKey(spec)!, spec));
+  }
 
   return {
     name: 'bwrap',
@@ -312,13 +387,16 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
     async create(requested: SandboxSpec = {}) {
       const spec = resolveSandboxSpec(requested, { name: 'bwrap', limits });
       let sandbox: BwrapSandbox | undefined;
-      if (warm > 0 && poolable(requested)) {
-        while (sandbox === undefined && pool.length > 0) {
-          const candidate = pool.shift()!;
+      const key = warm === 0 ? undefined : poolKey(spec);
+      if (key !== undefined) {
+        const pool = poolOf(key, spec);
+        pool.asks.push(performance.now());
+        while (sandbox === undefined && pool.sandboxes.length > 0) {
+          const candidate = pool.sandboxes.shift()!;
           if (candidate.alive()) sandbox = candidate;
           else void candidate.close();
         }
-        refill();
+        refill(pool);
         sandbox?.adopt(spec);
       }
       sandbox ??= await start(spec);
@@ -327,7 +405,10 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
     },
     async close() {
       providerClosed = true;
-      await Promise.all(pool.splice(0).map((sandbox) => sandbox.close()));
+      clearInterval(idleTimer);
+      const pooled = [...pools.values()].flatMap((pool) => pool.sandboxes.splice(0));
+      pools.clear();
+      await Promise.all([...pooled.map((sandbox) => sandbox.close()), forkServers?.close()]);
     },
   };
 }

@@ -1,6 +1,7 @@
 import type { ChildProcess } from 'node:child_process';
+import { PassThrough } from 'node:stream';
 import { randomBytes } from 'node:crypto';
-import { closeSync, constants, fstatSync, openSync, readSync, statfsSync, statSync, unlinkSync, writeFileSync } from 'node:fs';
+import { closeSync, constants, fstatSync, openSync, readFileSync, readSync, statfsSync, statSync, unlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { SandboxCgroup } from '../cgroup.ts';
 import { CommandSandbox, type HostCommand } from '../command-sandbox.ts';
@@ -13,9 +14,14 @@ import {
   type ResolvedSandboxResources,
   type ResolvedSandboxSpec,
   type SandboxExecOptions,
+  type SandboxExecResult,
+  type SandboxKernelFork,
+  type SandboxProcess,
+  type SandboxPythonRun,
   type SandboxStatus,
 } from '../types.ts';
-import { buildEnterArgs, EXEC_DIR, INPUT_MOUNT, ownNamespaces } from './args.ts';
+import type { KernelForkRequest, KernelForkServers } from './fork-server.ts';
+import { buildEnterArgs, EXEC_DIR, INPUT_MOUNT, ownNamespaces, type EnterableNamespace } from './args.ts';
 
 /*
  * How exec works, and why.
@@ -125,7 +131,10 @@ export class BwrapSandbox extends CommandSandbox {
   private exited = false;
   private readonly exitedPromise: Promise<void>;
   private enter: string[] = [];
+  private namespaces: EnterableNamespace[] = [];
   private pidNamespace: string | undefined;
+  /** The provider's kernel fork servers, where this sandbox's root is the host's (no image, no binds). */
+  forkServers: KernelForkServers | undefined;
   private readonly pending = new Map<string, (code: number) => void>();
   private agentLine = '';
   private seq = 0;
@@ -199,9 +208,10 @@ export class BwrapSandbox extends CommandSandbox {
     (this.socketDir as { host: string }).host = `/proc/${initPid}/root${SOCKET_MOUNT}`;
     this.execDir = join(this.socketDir.host, EXEC_DIR);
     this.outputDev = statSync(this.socketDir.host).dev;
+    this.namespaces = ownNamespaces(initPid);
     this.enter = buildEnterArgs({
       initPid,
-      namespaces: ownNamespaces(initPid),
+      namespaces: this.namespaces,
       ...(this.cgroup === undefined ? {} : { cgroupProcs: this.cgroup.procsFiles }),
       ...(this.user === undefined ? {} : { user: this.user }),
     });
@@ -372,6 +382,151 @@ export class BwrapSandbox extends CommandSandbox {
     return { stdout, stderr, returnCode: outcome };
   }
 
+  forkKernel(request: SandboxKernelFork): Promise<{ process: SandboxProcess; mode: string }> | undefined {
+    if (this.closed || this.exited || this.forkServers === undefined || this.pidNamespace === undefined) return undefined;
+    const tag = this.nextTag();
+    const env = this.env({ PYTHONUNBUFFERED: '1', PYTHONDONTWRITEBYTECODE: '1', ...request.env }, tag);
+    const python = this.forkServers.resolve(request.python, env);
+    const server = python === undefined ? undefined : this.forkServers.get(python);
+    if (server === undefined) return undefined;
+    const killOptions = this.killOptions(`ROLLSERVE_SANDBOX=${tag}`);
+    let resolveExit: (code: number) => void = () => {};
+    const exited = new Promise<number>((resolve) => {
+      resolveExit = resolve;
+    });
+    return (async () => {
+      const { pid, mode } = await server.fork(
+        {
+          ...this.forkRequest(env),
+          socket: `${this.socketDir.sandbox}/${request.socketName}`,
+          plain: request.plain || env.ROLLSERVE_PYTHON_SHELL === 'plain',
+        },
+        request.timeoutMs,
+        (code) => resolveExit(code),
+      );
+      // the kernel's start time: with it, a kernel whose server ended is told from a process that reused its pid
+      const started = startTimeOf(pid);
+      const kill = (): void => {
+        if (server.alive()) server.kill(pid);
+        else {
+          if (started !== undefined && startTimeOf(pid) === started) {
+            for (const target of [-pid, pid]) {
+              try {
+                process.kill(target, 'SIGKILL');
+              } catch {
+                // gone
+              }
+            }
+          }
+          resolveExit(137);
+        }
+        // what it started and what left its process group, by the tag its environment carries
+        killTree(undefined, killOptions);
+      };
+      const untrack = this.track(pid, kill);
+      void exited.then(untrack);
+      const stdin = new PassThrough();
+      stdin.resume();
+      const proc: SandboxProcess = {
+        pid,
+        stdout: new PassThrough(),
+        stderr: new PassThrough(),
+        stdin,
+        exited,
+        kill: (signal?: NodeJS.Signals) => {
+          if (signal === undefined || signal === 'SIGKILL') kill();
+          else if (server.owns(pid)) {
+            try {
+              process.kill(-pid, signal);
+            } catch {
+              // gone
+            }
+          }
+        },
+      };
+      return { process: proc, mode };
+    })();
+  }
+
+  forkPython(request: SandboxPythonRun): Promise<SandboxExecResult> | undefined {
+    if (this.closed || this.exited || this.forkServers === undefined || this.pidNamespace === undefined) return undefined;
+    const tag = this.nextTag();
+    const env = this.env(request.env, tag);
+    const python = this.forkServers.resolve(request.python, env);
+    const server = python === undefined ? undefined : this.forkServers.get(python, true);
+    if (server === undefined) return undefined;
+    const id = `f${(++this.seq).toString(36)}${randomBytes(4).toString('hex')}`;
+    const input = join(this.inputDir, `${id}.in`);
+    const out = join(this.execDir, id);
+    const inside = `${this.socketDir.sandbox}/${EXEC_DIR}/${id}`;
+    const killOptions = this.killOptions(`ROLLSERVE_SANDBOX=${tag}`);
+    return (async () => {
+      if (request.stdin !== undefined) writeFileSync(input, request.stdin, { flag: 'wx', mode: 0o644 });
+      let resolveExit: (code: number) => void = () => {};
+      const exited = new Promise<number>((resolve) => {
+        resolveExit = resolve;
+      });
+      const timeoutMs = request.timeoutMs ?? DEFAULT_EXEC_TIMEOUT_MS;
+      let pid: number;
+      try {
+        ({ pid } = await server.fork(
+          {
+            ...this.forkRequest(env),
+            socket: '',
+            plain: true,
+            run: { code: request.code, stdin: request.stdin === undefined ? undefined : `${INPUT_MOUNT}/${id}.in`, stdout: `${inside}.out`, stderr: `${inside}.err` },
+          },
+          timeoutMs,
+          (code) => resolveExit(code),
+        ));
+      } finally {
+        // the program holds it open by now: nothing else inside reads it from here on
+        if (request.stdin !== undefined) unlinkQuiet(input);
+      }
+      const kill = (): void => {
+        server.kill(pid);
+        killTree(undefined, killOptions);
+      };
+      const untrack = this.track(pid, kill);
+      let timer: NodeJS.Timeout | undefined;
+      const outcome = await Promise.race([
+        exited,
+        new Promise<'timeout'>((resolve) => {
+          timer = setTimeout(() => resolve('timeout'), timeoutMs);
+        }),
+      ]);
+      clearTimeout(timer);
+      if (outcome === 'timeout') {
+        kill();
+        await Promise.race([exited, new Promise((resolve) => setTimeout(resolve, 1000))]);
+      }
+      untrack();
+      const cap = request.maxOutputBytes ?? 10 * 1024 * 1024;
+      const stdout = readCapped(`${out}.out`, cap, this.outputDev).toString('utf8');
+      const stderr = readCapped(`${out}.err`, cap, this.outputDev).toString('utf8');
+      for (const suffix of ['.out', '.err']) unlinkQuiet(`${out}${suffix}`);
+      if (this.closed) return { stdout, stderr: `${stderr}${this.closedMessage()}\n`, returnCode: 125, errorType: 'sandbox' as const };
+      if (outcome === 'timeout') return { stdout, stderr: `${stderr}\ncommand timed out after ${timeoutMs} ms\n`, returnCode: 125, errorType: 'timeout' as const };
+      return { stdout, stderr, returnCode: outcome };
+    })();
+  }
+
+  /** What every fork into this sandbox is given: its namespaces, cgroup, uid, limits, workdir and `env`. */
+  private forkRequest(env: Record<string, string>): Omit<KernelForkRequest, 'socket' | 'plain'> {
+    const mib = 1024 * 1024;
+    const limits = this.limits;
+    return {
+      initPid: this.initPid,
+      pidNamespace: Number(/\[(\d+)\]/.exec(this.pidNamespace!)?.[1] ?? 0),
+      namespaces: this.namespaces,
+      cgroupProcs: this.cgroup?.procsFiles ?? [],
+      user: this.user,
+      rlimits: { as: limits.memoryMib * mib, fsize: limits.maxFileSizeMib * mib, cpu: limits.cpuSeconds, nofile: limits.maxOpenFiles, nproc: limits.maxProcesses, core: 0 },
+      cwd: this.workdir,
+      env,
+    };
+  }
+
   protected wrap(inner: string[], env: Record<string, string>): HostCommand {
     return { argv: [...this.enter, ...inner], env, cwd: '/' };
   }
@@ -470,3 +625,12 @@ async function removeCgroup(cgroup: SandboxCgroup): Promise<void> {
   retry(60);
 }
 
+/** A process's start time (clock ticks after boot: /proc/<pid>/stat's 22nd field), or undefined when it is gone. */
+function startTimeOf(pid: number): string | undefined {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'latin1');
+    return stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19];
+  } catch {
+    return undefined;
+  }
+}

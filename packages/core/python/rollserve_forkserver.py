@@ -1,0 +1,495 @@
+"""rollserve kernel fork server: an interpreter that has imported the kernel (and IPython) once and
+forks a kernel into a running sandbox per request, so no sandbox pays the import.
+
+Started by the service (sandbox/bwrap/fork-server.ts) as `python3 -s -c <loader>`, the loader
+reading this file and the kernel's source from fd 3. It runs on the host, as the service, and
+never runs code of a sandbox: each request is served by a fork that enters the sandbox as an
+entering process would (nsenter -U -m -p ..., after joining its cgroup and, for a root service,
+dropping to the sandbox uid), drops every capability it gained there, sets the sandbox's limits,
+and only then becomes the kernel. What a kernel shares with the fork server is the fork server's
+pristine memory, copied on write; nothing flows back.
+
+Protocol on stdin/stdout, one JSON object a line:
+  -> {"id": 1, "init": 1234, "pidns": 4026532256, "ns": ["net", ...], "cgroup_procs": [...],
+      "user": [65534, 65534] | null, "rlimits": {...}, "cwd": "/workspace", "env": {...},
+      "socket": "/run/rollserve/py-x.sock", "plain": false}
+  <- {"id": 1, "pid": 5678, "mode": "ipython"}      or {"id": 1, "error": "..."}
+  <- {"exit": 5678, "code": 137}                     a kernel ended (the server reaps them)
+  -> {"kill": 5678}                                  SIGKILLs a kernel's process group
+"""
+
+import ctypes
+import gc
+import json
+import os
+import select
+import shutil
+import signal
+import sys
+import tempfile
+
+INPUT_MOUNT = "/run/rollserve-in"
+
+libc = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWPID = 0x20000000
+PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
+PR_SET_DUMPABLE = 4
+PR_CAPBSET_DROP = 24
+PR_SET_CHILD_SUBREAPER = 36
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+LINUX_CAPABILITY_VERSION_3 = 0x20080522
+# nsenter's order: the user namespace first (it gives the capabilities to enter the rest), the
+# mount namespace last (the other namespaces' files are opened through the host's /proc)
+NS_ORDER = ["user", "cgroup", "ipc", "uts", "net", "pid", "mnt"]
+RLIMITS = {
+    "as": "RLIMIT_AS",
+    "fsize": "RLIMIT_FSIZE",
+    "cpu": "RLIMIT_CPU",
+    "nofile": "RLIMIT_NOFILE",
+    "nproc": "RLIMIT_NPROC",
+    "core": "RLIMIT_CORE",
+}
+
+try:
+    with open("/proc/sys/kernel/cap_last_cap") as f:
+        CAP_LAST = int(f.read())
+except OSError:
+    CAP_LAST = 63
+
+
+def _check(result, what):
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, "%s: %s" % (what, os.strerror(err)))
+
+
+def _prctl(option, arg=0):
+    _check(libc.prctl(option, ctypes.c_ulong(arg), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0)), "prctl %d" % option)
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def _drop_capabilities():
+    """Entering a user namespace gives every capability in it; an entering process exec()s as a
+    non-root uid and so loses them, a fork has to give them up itself."""
+    for cap in range(CAP_LAST + 1):
+        _prctl(PR_CAPBSET_DROP, cap)
+    _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+    header = _CapHeader(LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    _check(libc.capset(ctypes.byref(header), data), "capset")
+
+
+def _load_kernel(source):
+    """The kernel as a module named as the spawned kernel's file would be inside (no host path shows)."""
+    import types
+
+    module = types.ModuleType("rollserve_kernel")
+    module.__file__ = INPUT_MOUNT + "/rollserve_kernel.py"
+    sys.modules["rollserve_kernel"] = module
+    exec(compile(source, module.__file__, "exec"), module.__dict__)
+    return module
+
+
+def _prepare_ipython(kernel):
+    """An InteractiveShell made, warmed on a cell of its own and reset, ready to be forked.
+    History is kept in memory (a database file would be one file shared by every fork), and
+    IPython's directory, made at start, lives in a directory removed at once: each kernel makes
+    its own in the sandbox (see _adopt_ipython)."""
+    try:
+        from traitlets.config import Config
+    except Exception:
+        return None
+    home = tempfile.mkdtemp(prefix="rollserve-forkserver-")
+    saved = os.environ.get("IPYTHONDIR")
+    os.environ["IPYTHONDIR"] = home
+    try:
+        config = Config()
+        config.HistoryManager.hist_file = ":memory:"
+        shell = kernel.IPythonShell(config=config)
+        # the first cell pays for lazily made parts (compiler, display formatters, traceback)
+        shell.run("_rollserve_warm = 1\n_rollserve_warm")
+        shell.run("raise ValueError('warm')")
+        shell.shell.reset(new_session=True)
+        return shell
+    except Exception:
+        return None
+    finally:
+        if saved is None:
+            os.environ.pop("IPYTHONDIR", None)
+        else:
+            os.environ["IPYTHONDIR"] = saved
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def _adopt_ipython(shell):
+    """The forked shell takes the sandbox's places: its directory history, IPython's directory
+    (made as InteractiveShell makes it, without its observers' cost: ≈ 4 ms a kernel)."""
+    from IPython.paths import get_ipython_dir
+
+    ipython = shell.shell
+    ipython.history_manager.dir_hist[:] = [os.getcwd()]
+    try:
+        home = get_ipython_dir()
+        profile = ipython.profile_dir
+        location = os.path.join(home, "profile_default")
+        os.makedirs(location, exist_ok=True)
+        ipython._trait_values["ipython_dir"] = home
+        profile._trait_values["location"] = location
+        for name in ("security", "log", "startup", "pid", "static"):
+            profile._trait_values[name + "_dir"] = os.path.join(location, getattr(profile, name + "_dir_name"))
+        profile.check_dirs()
+    except Exception:
+        pass  # an unwritable HOME: the spawned kernel would have warned and gone on as well
+
+
+class Server:
+    def __init__(self, kernel, ipython):
+        self.kernel = kernel
+        self.ipython = ipython
+        # kernels not yet reaped (their pids are theirs), and those whose start failed
+        self.kernels = set()
+        self.ended = set()
+        self.early = {}  # exit codes of kernels reaped while their start was pending
+        self.starting = {}  # status pipe fd -> [request id, bytes, kernel pid]
+        self.root = os.geteuid() == 0
+        self.out = bytearray()
+
+    def send(self, message):
+        self.out += (json.dumps(message) + "\n").encode()
+        while self.out:
+            try:
+                n = os.write(1, self.out)
+            except BlockingIOError:
+                select.select([], [1], [])
+                continue
+            del self.out[:n]
+
+    def start(self, request):
+        r, w = os.pipe()
+
+        def child():
+            os.close(r)
+            _enter(request, w, self.kernel, self.ipython, in_pidns=self.root)
+
+        try:
+            pid = _fork_in_pidns(int(request["init"]), int(request["pidns"]), child) if self.root else os.fork()
+        except OSError as exc:
+            os.close(r)
+            os.close(w)
+            self.send({"id": request.get("id"), "error": "fork: %s" % exc})
+            return
+        if pid == 0:
+            child()
+            os._exit(1)  # not reached
+        os.close(w)
+        os.set_blocking(r, False)
+        self.starting[r] = [request.get("id"), b"", None]
+        if self.root:
+            self.starting[r][2] = pid
+            self.kernels.add(pid)
+
+    def status(self, fd):
+        entry = self.starting[fd]
+        try:
+            chunk = os.read(fd, 4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if chunk:
+            entry[1] += chunk
+            for line in entry[1].split(b"\n")[:-1]:
+                if line.startswith(b"P") and line[1:].isdigit() and entry[2] is None:
+                    entry[2] = int(line[1:])
+                    self.kernels.add(entry[2])
+            done = [line for line in entry[1].split(b"\n")[:-1] if line[:1] in (b"R", b"E")]
+            if not done:
+                return
+        del self.starting[fd]
+        os.close(fd)
+        lines = entry[1].decode("utf-8", "replace").splitlines()
+        error = next((line[1:] for line in lines if line.startswith("E")), None)
+        mode = next((line[1:] for line in lines if line.startswith("R")), None)
+        pid = entry[2]
+        if error is None and mode is not None and pid in self.early:
+            # it ran and ended before its report was read here (a short program)
+            self.send({"id": entry[0], "pid": pid, "mode": mode})
+            self.send({"exit": pid, "code": self.early.pop(pid)})
+            return
+        if error is None and (mode is None or pid is None or pid not in self.kernels):
+            error = "the kernel ended before it listened (exit code %s)" % self.early.get(pid)
+        self.early.pop(pid, None)
+        if error is not None:
+            if pid is not None:
+                self.kill(pid)
+                self.ended.add(pid)
+            self.send({"id": entry[0], "error": error})
+        else:
+            self.send({"id": entry[0], "pid": pid, "mode": mode})
+
+    def kill(self, pid):
+        # only a kernel not yet reaped: its pid (and process group) is still its own
+        if pid in self.kernels:
+            for target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+                try:
+                    target()
+                except OSError:
+                    pass
+
+    def reap(self):
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid in self.kernels:
+                self.kernels.discard(pid)
+                code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+                if pid in self.ended:
+                    self.ended.discard(pid)  # its start failed: the service never saw it
+                elif not any(entry[2] == pid for entry in self.starting.values()):
+                    self.send({"exit": pid, "code": code})
+                else:
+                    self.early[pid] = code
+
+    def run(self):
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_r, False)
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *args: None)
+        buffer = b""
+        while True:
+            ready, _, _ = select.select([0, wake_r, *self.starting], [], [])
+            # the status first: a kernel's pid is written before it can be reaped here
+            for fd in ready:
+                if fd in self.starting:
+                    self.status(fd)
+            if wake_r in ready:
+                try:
+                    while os.read(wake_r, 4096):
+                        pass
+                except BlockingIOError:
+                    pass
+                self.reap()
+            if 0 in ready:
+                chunk = os.read(0, 65536)
+                if not chunk:
+                    return  # the service is gone
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    try:
+                        request = json.loads(line)
+                    except ValueError:
+                        continue
+                    if "kill" in request:
+                        self.kill(int(request["kill"]))
+                    else:
+                        self.start(request)
+
+
+def _open_ns(init, ns, pidns):
+    fd = os.open("/proc/%d/ns/%s" % (init, ns), os.O_RDONLY | os.O_CLOEXEC)
+    # the init's pid may have been reused since the service looked: its pid namespace says
+    if ns == "pid" and os.fstat(fd).st_ino != pidns:
+        os.close(fd)
+        raise OSError("the sandbox's init is gone")
+    return fd
+
+
+def _fork_in_pidns(init, pidns, child):
+    """Forks straight into the sandbox's pid namespace (root only: CAP_SYS_ADMIN in the server's
+    own user namespace) and runs `child()` there, which never returns. The namespace for children
+    is a thread's own and cannot be set back (EINVAL), so a thread of its own sets it and forks,
+    then ends: one fork where a non-root server needs two (the second after entering the
+    sandbox's user namespace). The fork goes on in that thread, its only one, as its main one."""
+    import threading
+
+    result = {}
+
+    def fork():
+        try:
+            fd = _open_ns(init, "pid", pidns)
+            try:
+                _check(libc.setns(fd, CLONE_NEWPID), "setns pid")
+            finally:
+                os.close(fd)
+            pid = os.fork()
+        except OSError as exc:
+            result["error"] = exc
+            return
+        if pid == 0:
+            try:
+                child()
+            finally:
+                os._exit(1)
+        result["pid"] = pid
+
+    thread = threading.Thread(target=fork)
+    thread.start()
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    return result["pid"]
+
+
+def _enter(request, status, kernel, ipython, in_pidns):
+    """In the fork: enter the sandbox and become the kernel, after one more fork (the pid
+    namespace is entered by the next child) unless the fork is in the sandbox's pid namespace."""
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        if not in_pidns:
+            # dies with the fork server while it starts
+            _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        os.closerange(3, status)
+        os.closerange(status + 1, 65536)
+        init = int(request["init"])
+        fds = {}
+        for ns in NS_ORDER:
+            if (ns in ("user", "mnt", "pid") or ns in request.get("ns", [])) and not (in_pidns and ns == "pid"):
+                fds[ns] = _open_ns(init, ns, int(request["pidns"]))
+        for path in request.get("cgroup_procs", []):
+            with open(path, "w") as f:
+                f.write("0")  # this process (its pid is the sandbox's in there)
+        user = request.get("user")
+        if user is not None:
+            os.setgroups([])
+            os.setresgid(user[1], user[1], user[1])
+            os.setresuid(user[0], user[0], user[0])
+            # as exec after setpriv would: /proc/<pid> of the kernel stays its own
+            _prctl(PR_SET_DUMPABLE, 1)
+        _prctl(PR_SET_NO_NEW_PRIVS, 1)
+        for ns in NS_ORDER:
+            if ns in fds:
+                _check(libc.setns(fds[ns], 0), "setns %s" % ns)
+                os.close(fds[ns])
+        pid = 0 if in_pidns else os.fork()
+    except BaseException as exc:  # noqa: B902
+        _report(status, "Ecannot enter the sandbox: %s" % exc)
+        os._exit(1)
+    if pid != 0:
+        _report(status, "P%d" % pid)
+        os._exit(0)
+    try:
+        _become_kernel(request, status, kernel, ipython)
+    except BaseException as exc:  # noqa: B902
+        _report(status, "Ecannot start the kernel: %s" % exc)
+        os._exit(1)
+
+
+def _become_kernel(request, status, kernel, ipython):
+    os.setsid()
+    null = os.open("/dev/null", os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
+    _drop_capabilities()
+    import resource
+
+    for name, value in request.get("rlimits", {}).items():
+        limit = getattr(resource, RLIMITS[name])
+        resource.setrlimit(limit, (value, value))
+    os.environ.clear()
+    os.environ.update(request["env"])
+    import time
+
+    time.tzset()  # a TZ of the sandbox's
+    os.chdir(request["cwd"])
+    os.environ["PWD"] = request["cwd"]
+    tempfile.tempdir = None
+    sys.argv = [INPUT_MOUNT + "/rollserve_kernel.py", request["socket"]]
+    if sys.path and sys.path[0] == "":
+        sys.path[0] = INPUT_MOUNT
+    if request.get("run") is not None:
+        _run_program(request, status)
+    # named after its socket, as a spawned kernel's command line is: the kernel's processes can be told apart
+    name = os.path.basename(request["socket"]).rsplit(".", 1)[0][:15].encode()
+    libc.prctl(PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
+    plain = request.get("plain") or ipython is None
+    shell = kernel.PlainShell() if plain else ipython
+    if not plain:
+        _adopt_ipython(shell)
+
+    def ready(mode):
+        _report(status, "R%s" % mode)
+        os.close(status)
+
+    kernel.serve(request["socket"], shell, ready)
+
+
+def _run_program(request, status):
+    """`python -I -c <run>` with stdin from a staged file and stdout and stderr to files of the
+    output directory, as the exec agent runs a command; its exit code is the fork's."""
+    source = os.open(request["stdin"], os.O_RDONLY) if request.get("stdin") else os.open("/dev/null", os.O_RDONLY)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    targets = [source, os.open(request["stdout"], flags, 0o600), os.open(request["stderr"], flags, 0o600)]
+    for fd, target in enumerate(targets):
+        os.dup2(target, fd)
+        os.close(target)
+    _report(status, "Rrun")
+    os.close(status)
+    # -I: no script directory, user site or PYTHON* variables (the server was started with -s and
+    # the sandbox's base environment only)
+    sys.argv = ["-c"]
+    if sys.path and sys.path[0] in ("", INPUT_MOUNT):
+        del sys.path[0]
+    code = 0
+    try:
+        exec(compile(request["run"], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+    except SystemExit as exc:
+        if exc.code is None:
+            code = 0
+        elif isinstance(exc.code, int):
+            code = exc.code & 0xFF
+        else:
+            sys.stderr.write("%s\n" % exc.code)
+            code = 1
+    except BaseException:  # noqa: B902
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(code)
+
+
+def _report(fd, line):
+    try:
+        os.write(fd, (line + "\n").encode("utf-8", "replace"))
+    except OSError:
+        pass
+
+
+def main(kernel_source, plain=False):
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    # a kernel whose fork (the one that entered the sandbox) exits is reparented here and reaped
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    os.chdir("/")
+    kernel = _load_kernel(kernel_source)
+    ipython = None if plain else _prepare_ipython(kernel)
+    if ipython is not None:
+        # what is made by now is every kernel's, read-only in effect: the collector of a kernel
+        # skips it, so its pages stay shared with the server rather than copied on the first
+        # collection. (A plain server, for programs, keeps a fresh interpreter's collector.)
+        gc.collect()
+        gc.freeze()
+    os.write(1, ("READY %s\n" % ("ipython" if ipython is not None else "plain")).encode())
+    Server(kernel, ipython).run()

@@ -1,0 +1,297 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { accessSync, constants, readFileSync } from 'node:fs';
+import { fileURLToPath } from 'node:url';
+import type { Writable } from 'node:stream';
+import { RolloutError } from '../../errors.ts';
+import { BASE_ENV } from '../types.ts';
+
+/*
+ * The kernel fork server (packages/core/python/rollserve_forkserver.py): one Python process per
+ * interpreter that has imported the kernel and IPython, and made and warmed an InteractiveShell,
+ * once. A kernel is a fork of it that enters the sandbox as `nsenter` would (cgroup, the drop to
+ * the sandbox uid, user namespace first, then the sandbox's others; pid through a second fork),
+ * gives up the capabilities entering gave it, sets the sandbox's rlimits, and serves the kernel
+ * protocol. Measured (`pnpm bench kernel`): a spawned kernel costs ≈ 400 ms of CPU, most of it
+ * importing IPython; a forked one a few ms.
+ *
+ * The server runs on the host as the service and never runs a sandbox's code; it dies with the
+ * service (PR_SET_PDEATHSIG, and stdin's end), reaps its kernels (a child subreaper) and reports
+ * their ends. One that dies is replaced at the next request; its kernels live on in their
+ * sandboxes (they end with them) and are ended by pid, checked to be theirs still.
+ */
+
+const KERNEL_SOURCE = fileURLToPath(new URL('../../../python/rollserve_kernel.py', import.meta.url));
+const SERVER_SOURCE = fileURLToPath(new URL('../../../python/rollserve_forkserver.py', import.meta.url));
+
+/**
+ * The server's command line names no host path (a kernel's /proc/<pid>/cmdline is the server's):
+ * the sources come on fd 3, the kernel's, a NUL, the server's.
+ */
+const LOADER =
+  "import os;f=os.fdopen(3,'rb');k,_,s=f.read().decode().partition('\\0');f.close();" +
+  "import sys;g={'__name__':'rollserve_forkserver'};exec(compile(s,'<rollserve-forkserver>','exec'),g);g['main'](k,'bare' in sys.argv)";
+
+/** What a kernel fork needs to know of its sandbox and of itself. */
+export interface KernelForkRequest {
+  /** Host pid of the sandbox's init, whose namespaces the kernel enters. */
+  initPid: number;
+  /** Inode of that init's pid namespace: a reused pid is refused. */
+  pidNamespace: number;
+  /** Namespaces besides user, mount and pid to enter. */
+  namespaces: string[];
+  cgroupProcs: string[];
+  /** The sandbox uid a root service drops to. */
+  user: { uid: number; gid: number } | undefined;
+  rlimits: { as: number; fsize: number; cpu: number; nofile: number; nproc: number; core: number };
+  cwd: string;
+  env: Record<string, string>;
+  /** The kernel's socket, a path inside the sandbox. */
+  socket: string;
+  plain: boolean;
+  /** Instead of a kernel: a program run as `python -I -c`, stdin from `stdin`, output to `stdout`, `stderr` (paths inside). */
+  run?: { code: string; stdin: string | undefined; stdout: string; stderr: string };
+}
+
+interface Pending {
+  /** Registered as the answer is read: its exit may be the very next line. */
+  onExit(code: number): void;
+  resolve(started: { pid: number; mode: string }): void;
+  reject(error: Error): void;
+  abandoned: boolean;
+}
+
+export class KernelForkServer {
+  private readonly child: ChildProcess;
+  private readonly ready: Promise<string>;
+  private readonly pending = new Map<number, Pending>();
+  private readonly exits = new Map<number, (code: number) => void>();
+  private seq = 0;
+  private line = '';
+  private dead = false;
+  /** Resolves once the server process has ended. */
+  readonly ended: Promise<void>;
+
+  /** `bare`: without IPython, for programs (`forkPython`): what they find in the interpreter is close to a new one's. */
+  constructor(
+    readonly python: string,
+    readonly bare = false,
+  ) {
+    this.child = spawn(python, ['-s', '-c', LOADER, ...(bare ? ['bare'] : [])], {
+      env: { ...BASE_ENV, PYTHONUNBUFFERED: '1', PYTHONDONTWRITEBYTECODE: '1' },
+      cwd: '/',
+      stdio: ['pipe', 'pipe', 'pipe', 'pipe'],
+    });
+    // an idle server keeps no service alive (one that forgot its provider exits as before)
+    this.child.unref();
+    for (const stream of [this.child.stdin, this.child.stdout, this.child.stderr]) (stream as unknown as { unref?(): void } | null)?.unref?.();
+    const sources = (this.child.stdio as unknown as Array<Writable | null>)[3]!;
+    sources.on('error', () => {});
+    sources.end(Buffer.concat([readFileSync(KERNEL_SOURCE), Buffer.from([0]), readFileSync(SERVER_SOURCE)]));
+    this.child.stdin!.on('error', () => {});
+    let stderr = '';
+    this.child.stderr!.on('data', (chunk: Buffer) => {
+      if (stderr.length < 4096) stderr += chunk.toString('utf8');
+    });
+    this.ended = new Promise<void>((resolve) => {
+      this.child.once('exit', () => resolve());
+      this.child.once('error', () => resolve());
+    }).then(() => {
+      this.dead = true;
+      const error = new RolloutError({ code: 'SANDBOX', message: `the kernel fork server ended: ${stderr.trim()}`, retryable: true });
+      for (const entry of this.pending.values()) entry.reject(error);
+      this.pending.clear();
+    });
+    this.ready = new Promise<string>((resolve, reject) => {
+      this.child.stdout!.on('data', (chunk: Buffer) => {
+        this.line += chunk.toString('utf8');
+        for (let newline = this.line.indexOf('\n'); newline >= 0; newline = this.line.indexOf('\n')) {
+          const text = this.line.slice(0, newline);
+          this.line = this.line.slice(newline + 1);
+          const ready = /^READY (\w+)$/.exec(text);
+          if (ready !== null) resolve(ready[1]!);
+          else this.onMessage(text);
+        }
+      });
+      void this.ended.then(() => reject(new RolloutError({ code: 'SANDBOX', message: `the kernel fork server did not start: ${stderr.trim()}`, retryable: true })));
+    });
+    this.ready.catch(() => undefined);
+  }
+
+  /** The server's pid (tests end it to see it replaced). */
+  get pid(): number | undefined {
+    return this.child.pid;
+  }
+
+  alive(): boolean {
+    return !this.dead;
+  }
+
+  /** Resolves once the server has imported what it forks ('ipython' or 'plain'). */
+  started(): Promise<string> {
+    return this.ready;
+  }
+
+  private onMessage(text: string): void {
+    let message: { id?: number; pid?: number; mode?: string; error?: string; exit?: number; code?: number };
+    try {
+      message = JSON.parse(text) as typeof message;
+    } catch {
+      return;
+    }
+    if (typeof message.exit === 'number') {
+      this.exits.get(message.exit)?.(message.code ?? 125);
+      this.exits.delete(message.exit);
+      return;
+    }
+    const entry = message.id === undefined ? undefined : this.pending.get(message.id);
+    if (entry === undefined) return;
+    this.pending.delete(message.id!);
+    if (message.error !== undefined || typeof message.pid !== 'number') {
+      entry.reject(new RolloutError({ code: 'SANDBOX', message: `kernel fork: ${message.error ?? 'no pid'}`, retryable: true }));
+    } else if (entry.abandoned) {
+      this.kill(message.pid);
+    } else {
+      this.exits.set(message.pid, entry.onExit);
+      entry.resolve({ pid: message.pid, mode: message.mode ?? 'plain' });
+    }
+  }
+
+  /**
+   * Forks a kernel into the sandbox; resolves once it listens on its socket. `onExit` is called
+   * with its exit code when the server reaps it.
+   */
+  async fork(request: KernelForkRequest, timeoutMs: number, onExit: (code: number) => void): Promise<{ pid: number; mode: string }> {
+    await this.ready;
+    if (this.dead) throw new RolloutError({ code: 'SANDBOX', message: 'the kernel fork server ended', retryable: true });
+    const id = ++this.seq;
+    const entry: Pending = { onExit, resolve: () => {}, reject: () => {}, abandoned: false };
+    const started = new Promise<{ pid: number; mode: string }>((resolve, reject) => {
+      entry.resolve = resolve;
+      entry.reject = reject;
+    });
+    this.pending.set(id, entry);
+    this.send({
+      id,
+      init: request.initPid,
+      pidns: request.pidNamespace,
+      ns: request.namespaces,
+      cgroup_procs: request.cgroupProcs,
+      user: request.user === undefined ? null : [request.user.uid, request.user.gid],
+      rlimits: request.rlimits,
+      cwd: request.cwd,
+      env: request.env,
+      socket: request.socket,
+      plain: request.plain,
+      ...(request.run === undefined ? {} : { run: request.run.code, stdin: request.run.stdin ?? null, stdout: request.run.stdout, stderr: request.run.stderr }),
+    });
+    let timer: NodeJS.Timeout | undefined;
+    try {
+      const result = await Promise.race([
+        started,
+        new Promise<never>((_, reject) => {
+          timer = setTimeout(() => reject(new RolloutError({ code: 'SANDBOX', message: `kernel fork not ready after ${timeoutMs} ms`, retryable: true })), timeoutMs);
+        }),
+      ]);
+      return result;
+    } catch (error) {
+      // a late answer is killed (onMessage)
+      entry.abandoned = true;
+      throw error;
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  /** SIGKILLs a kernel's process group, if the server has not reaped it yet. */
+  kill(pid: number): void {
+    this.send({ kill: pid });
+  }
+
+  /** Whether the server still owes the end of this kernel (not reaped, not reported). */
+  owns(pid: number): boolean {
+    return this.exits.has(pid);
+  }
+
+  /** Hands over the kernels of a dead server: their ends will not be reported. */
+  orphans(): Array<[number, (code: number) => void]> {
+    const list = [...this.exits];
+    this.exits.clear();
+    return list;
+  }
+
+  private send(message: object): void {
+    if (this.dead) return;
+    this.child.stdin!.write(`${JSON.stringify(message)}\n`);
+  }
+
+  /** Ends the server (its kernels live on in their sandboxes, which end them). */
+  async close(): Promise<void> {
+    if (!this.dead) {
+      this.child.kill('SIGKILL');
+      await this.ended;
+    }
+  }
+}
+
+/** Variables that change what an interpreter is (its path, its libraries): a fork of another cannot honour them. */
+const INTERPRETER_VARS = /^(PYTHON|LD_)/;
+/** The locale the fork server starts with (BASE_ENV's). */
+const LOCALE_VARS = ['LANG', 'LC_ALL', 'LC_CTYPE'];
+/** The kernel's own, which the fork server has as well. */
+const KERNEL_VARS = new Set(['PYTHONUNBUFFERED', 'PYTHONDONTWRITEBYTECODE']);
+
+/** The fork servers of one provider, one per interpreter, each started at its first kernel and replaced when it ends. */
+export class KernelForkServers {
+  private readonly servers = new Map<string, KernelForkServer>();
+  private closed = false;
+
+  /** `rootNames`: the host's top-level entries a sandbox without image sees as they are. */
+  constructor(private readonly rootNames: ReadonlySet<string>) {}
+
+  /**
+   * The host path of the interpreter the sandbox would run for `python` with the environment
+   * `env`, when the host's file is the sandbox's (found under the host root the sandbox shows)
+   * and nothing in `env` changes the interpreter; undefined otherwise.
+   */
+  resolve(python: string, env: Record<string, string>): string | undefined {
+    if (Object.keys(env).some((name) => INTERPRETER_VARS.test(name) && !KERNEL_VARS.has(name))) return undefined;
+    // the encodings an interpreter takes from its locale at start
+    if (LOCALE_VARS.some((name) => env[name] !== BASE_ENV[name])) return undefined;
+    const candidates = python.includes('/') ? [python] : (env.PATH ?? '').split(':').map((dir) => `${dir}/${python}`);
+    for (const candidate of candidates) {
+      // (a directory the host root does not show, a workspace's bin, may hold another python)
+      if (!candidate.startsWith('/') || candidate.includes('/../') || candidate.includes('/./')) return undefined;
+      if (!this.rootNames.has(candidate.split('/')[1]!)) return undefined;
+      try {
+        accessSync(candidate, constants.X_OK);
+        return candidate;
+      } catch {
+        // not in this directory
+      }
+    }
+    return undefined;
+  }
+
+  /** The running server for the interpreter at `hostPath` (a new one if it has none or it ended); `bare`: see KernelForkServer. */
+  get(hostPath: string, bare = false): KernelForkServer | undefined {
+    if (this.closed) return undefined;
+    const key = `${bare ? 'bare' : 'kernel'}:${hostPath}`;
+    let server = this.servers.get(key);
+    if (server === undefined || !server.alive()) {
+      server = new KernelForkServer(hostPath, bare);
+      this.servers.set(key, server);
+    }
+    return server;
+  }
+
+  /** The servers running now (tests and benches look at them). */
+  running(): KernelForkServer[] {
+    return [...this.servers.values()].filter((server) => server.alive());
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+    await Promise.all([...this.servers.values()].map((server) => server.close()));
+    this.servers.clear();
+  }
+}

@@ -1,0 +1,288 @@
+import { spawn, spawnSync } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import { availableParallelism } from 'node:os';
+import { performance } from 'node:perf_hooks';
+import { BashSession, bwrapAvailable, createBwrapProvider, PythonKernel, type Sandbox, type SandboxProvider } from '@rollserve/core/sandbox';
+import type { KernelForkServers } from '../../packages/core/src/sandbox/bwrap/fork-server.ts';
+import { createCodeRunner } from '@rollserve/env-code';
+import { problem } from './code-verify.ts';
+import { heading, latencyLine } from './stats.ts';
+
+// Sandbox + Python kernel ready, and sandboxed ten-turn rollouts (issue 28), each beside its floor
+// measured in the same run: a bare `bwrap` start, a fork() of a Python that imported IPython, and
+// a bare bwrap + sh + python3 doing a rollout's work. CPU is the whole tree's: the service (this
+// process), what it reaped (bwrap, nsenter, spawned kernels) and the kernel fork servers with the
+// kernels they reaped. Closing each sandbox is in the CPU, not in the wall time.
+
+const TICKS_PER_S = 100;
+const PREVIOUS = {
+  ready: 'p50 316-451 ms, 336-426 ms CPU each (spawned kernel importing IPython, through rollserve start)',
+  rollouts: '3.4-4.2 rollouts/s (floor then 38-58/s)',
+  verify: '17-23 verifications/s (NeMo Gym code_gen 11-12/s in the same run)',
+};
+
+function treeCpuMs(pids: number[]): number {
+  let ticks = 0;
+  for (const pid of pids) {
+    try {
+      const fields = readFileSync(`/proc/${pid}/stat`, 'latin1').split(') ')[1]!.split(' ');
+      ticks += Number(fields[11]) + Number(fields[12]) + Number(fields[13]) + Number(fields[14]);
+    } catch {
+      // ended
+    }
+  }
+  return (ticks / TICKS_PER_S) * 1000;
+}
+
+const serverPids = (provider: SandboxProvider, sandbox: Sandbox | undefined): number[] => {
+  const servers = (sandbox as unknown as { forkServers?: KernelForkServers } | undefined)?.forkServers;
+  void provider;
+  return servers?.running().map((server) => server.pid!) ?? [];
+};
+
+/** A bare bwrap start: namespaces, the host's /usr read-only, `true`. */
+function bareBwrapArgs(command: string[]): string[] {
+  return [
+    '--unshare-all', '--die-with-parent', '--new-session',
+    '--ro-bind', '/usr', '/usr', '--symlink', 'usr/bin', '/bin', '--symlink', 'usr/lib', '/lib', '--symlink', 'usr/lib64', '/lib64',
+    '--ro-bind', '/etc', '/etc', '--proc', '/proc', '--dev', '/dev', '--tmpfs', '/tmp', '--',
+    ...command,
+  ];
+}
+
+function run(argv: string[]): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(argv[0]!, argv.slice(1), { stdio: ['ignore', 'ignore', 'inherit'] });
+    child.once('error', reject);
+    child.once('exit', (code) => (code === 0 ? resolve() : reject(new Error(`${argv.join(' ')} exited with ${code}`))));
+  });
+}
+
+async function bwrapFloor(n: number): Promise<{ latencies: number[]; cpuMs: number }> {
+  const latencies: number[] = [];
+  const cpu0 = treeCpuMs([process.pid]);
+  for (let i = 0; i < n; i++) {
+    const t0 = performance.now();
+    await run(['bwrap', ...bareBwrapArgs(['/bin/true'])]);
+    latencies.push(performance.now() - t0);
+  }
+  return { latencies, cpuMs: (treeCpuMs([process.pid]) - cpu0) / n };
+}
+
+/** fork() of a Python that imported IPython's InteractiveShell: the child exits at once. */
+function forkFloor(n: number): { p50: number; cpuMs: number } {
+  const script = [
+    'import os, time, resource, json',
+    'import IPython.core.interactiveshell',
+    'lat = []',
+    'r0 = resource.getrusage(resource.RUSAGE_CHILDREN); s0 = resource.getrusage(resource.RUSAGE_SELF)',
+    `for _ in range(${n}):`,
+    '    t = time.perf_counter()',
+    '    pid = os.fork()',
+    '    if pid == 0: os._exit(0)',
+    '    os.waitpid(pid, 0)',
+    '    lat.append((time.perf_counter() - t) * 1000)',
+    'r1 = resource.getrusage(resource.RUSAGE_CHILDREN); s1 = resource.getrusage(resource.RUSAGE_SELF)',
+    'cpu = (r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime + s1.ru_utime + s1.ru_stime - s0.ru_utime - s0.ru_stime) * 1000',
+    'lat.sort()',
+    'print(json.dumps({"p50": lat[len(lat) // 2], "cpu": cpu / len(lat)}))',
+  ].join('\n');
+  const out = spawnSync('python3', ['-c', script], { encoding: 'utf8', env: { PATH: '/usr/bin:/bin' } });
+  const parsed = JSON.parse(out.stdout.trim()) as { p50: number; cpu: number };
+  return { p50: parsed.p50, cpuMs: parsed.cpu };
+}
+
+/** From nothing to a kernel's first result: sandbox, kernel, `1 + 1`. */
+async function sandboxAndKernel(provider: SandboxProvider, n: number): Promise<{ latencies: number[]; cpuMs: number; mode: string }> {
+  const latencies: number[] = [];
+  let mode = '';
+  let servers: number[] = [];
+  // one start first so the fork server exists (and is counted from here on)
+  {
+    const sandbox = await provider.create();
+    const kernel = await PythonKernel.start(sandbox);
+    await kernel.run('1 + 1');
+    servers = serverPids(provider, sandbox);
+    await kernel.close();
+    await sandbox.close();
+  }
+  const cpu0 = treeCpuMs([process.pid, ...servers]);
+  for (let i = 0; i < n; i++) {
+    const t0 = performance.now();
+    const sandbox = await provider.create();
+    const kernel = await PythonKernel.start(sandbox);
+    const result = await kernel.run('1 + 1');
+    latencies.push(performance.now() - t0);
+    if (result.result !== '2') throw new Error(`kernel answered ${JSON.stringify(result)}`);
+    mode = kernel.mode;
+    await kernel.close();
+    await sandbox.close();
+  }
+  // let the fork server reap the last kernel
+  await new Promise((resolve) => setTimeout(resolve, 100));
+  return { latencies, cpuMs: (treeCpuMs([process.pid, ...servers]) - cpu0) / n, mode };
+}
+
+/** One sandboxed ten-turn rollout: a fresh sandbox, 5 bash calls and 4 Python calls, alternating. */
+async function rollout(provider: SandboxProvider): Promise<void> {
+  const sandbox = await provider.create();
+  try {
+    const [bash, python] = await Promise.all([BashSession.start(sandbox), PythonKernel.start(sandbox)]);
+    try {
+      for (let turn = 0; turn < 9; turn++) {
+        if (turn % 2 === 0) {
+          const r = await bash.run(`echo turn ${turn} && ls /tmp | wc -l`);
+          if (!r.output.includes(`turn ${turn}`)) throw new Error(`bash answered ${JSON.stringify(r)}`);
+        } else {
+          const r = await python.run(`x = ${turn} * 2\nprint(x)\nx + 1`);
+          if (r.result !== String(turn * 2 + 1)) throw new Error(`python answered ${JSON.stringify(r)}`);
+        }
+      }
+    } finally {
+      await Promise.all([bash.close(), python.close()]);
+    }
+  } finally {
+    await sandbox.close();
+  }
+}
+
+/** The floor of a rollout's work: one bare bwrap running sh, five commands and one python3 with four statements. */
+const floorRollout = (): Promise<void> =>
+  run([
+    'bwrap',
+    ...bareBwrapArgs(['/bin/sh', '-c', 'for t in 0 2 4 6 8; do echo turn $t && ls /tmp | wc -l; done; python3 -c "x = 1 * 2\nprint(x)\nx = 3 * 2\nprint(x)"']),
+  ]);
+
+async function closedLoop(concurrency: number, total: number, one: () => Promise<void>): Promise<{ perS: number; wallMs: number }> {
+  let next = 0;
+  const t0 = performance.now();
+  await Promise.all(
+    Array.from({ length: concurrency }, async () => {
+      while (next < total) {
+        next++;
+        await one();
+      }
+    }),
+  );
+  const wallMs = performance.now() - t0;
+  return { perS: (total / wallMs) * 1000, wallMs };
+}
+
+export default async function bench(): Promise<void> {
+  heading('sandbox + Python kernel ready (issue 28): from nothing to the first execute_python result');
+  if (!bwrapAvailable()) {
+    console.log('  skipped: bwrap is not installed');
+    return;
+  }
+  const cores = availableParallelism();
+  const bwrap = await bwrapFloor(40);
+  const fork = forkFloor(200);
+  console.log(`  floor: bare bwrap start (true)           ${latencyLine(bwrap.latencies)}  ${bwrap.cpuMs.toFixed(1)} ms CPU each`);
+  console.log(`  floor: fork() of a Python with IPython   p50 ${fork.p50.toFixed(2)} ms  ${fork.cpuMs.toFixed(1)} ms CPU each`);
+
+  const forked = createBwrapProvider();
+  const spawned = createBwrapProvider({ kernelForkServer: false });
+  try {
+    const ours = await sandboxAndKernel(forked, 40);
+    const before = await sandboxAndKernel(spawned, 6);
+    console.log(`  forked kernel (${ours.mode})                ${latencyLine(ours.latencies)}  ${ours.cpuMs.toFixed(1)} ms CPU each (target ≤ 30 ms p50, ≤ 50 ms CPU)`);
+    console.log(`  spawned kernel (${before.mode}), as before     ${latencyLine(before.latencies)}  ${before.cpuMs.toFixed(1)} ms CPU each`);
+    console.log(`  previous figure: ${PREVIOUS.ready}`);
+    const pooled = createBwrapProvider({ warm: 'auto' });
+    try {
+      const warmRun = await sandboxAndKernel(pooled, 40);
+      console.log(`  forked kernel, warm: 'auto' sandboxes  ${latencyLine(warmRun.latencies)}  (sandboxes start ahead, beside the loop)`);
+    } finally {
+      await pooled.close?.();
+    }
+    const withResources = createBwrapProvider();
+    try {
+      const latencies: number[] = [];
+      for (let i = 0; i < 10; i++) {
+        const t0 = performance.now();
+        const sandbox = await withResources.create({ resources: { memoryMib: 1024, maxProcesses: 64 } });
+        const kernel = await PythonKernel.start(sandbox);
+        await kernel.run('1 + 1');
+        latencies.push(performance.now() - t0);
+        await kernel.close();
+        await sandbox.close();
+      }
+      console.log(`  forked kernel, sandbox with explicit resources  ${latencyLine(latencies.slice(1))}`);
+    } finally {
+      await withResources.close?.();
+    }
+
+    // where a rollout's CPU goes: each start and its close, alone
+    {
+      const n = 20;
+      const servers = serverPids(forked, await forked.create().then(async (sandbox) => (await sandbox.close(), sandbox)));
+      const parts: Record<string, number> = {};
+      const measure = async (name: string, one: () => Promise<void>) => {
+        const cpu0 = treeCpuMs([process.pid, ...servers]);
+        for (let i = 0; i < n; i++) await one();
+        await new Promise((resolve) => setTimeout(resolve, 100));
+        parts[name] = (treeCpuMs([process.pid, ...servers]) - cpu0) / n;
+      };
+      await measure('sandbox', async () => (await forked.create()).close());
+      await measure('sandbox + kernel', async () => {
+        const sandbox = await forked.create();
+        await (await PythonKernel.start(sandbox)).close();
+        await sandbox.close();
+      });
+      await measure('sandbox + bash', async () => {
+        const sandbox = await forked.create();
+        await (await BashSession.start(sandbox)).close();
+        await sandbox.close();
+      });
+      console.log(
+        `  CPU of each start with its close: sandbox ${parts.sandbox!.toFixed(1)} ms, kernel ${(parts['sandbox + kernel']! - parts.sandbox!).toFixed(1)} ms, ` +
+          `bash ${(parts['sandbox + bash']! - parts.sandbox!).toFixed(1)} ms`,
+      );
+    }
+
+    heading(`sandboxed ten-turn rollouts (fresh sandbox, 5 bash + 4 Python calls), ${cores * 2} at once`);
+    const concurrency = cores * 2;
+    await closedLoop(concurrency, concurrency, () => rollout(forked));
+    const ten = await closedLoop(concurrency, 60, () => rollout(forked));
+    const floor = await closedLoop(concurrency, 60, floorRollout);
+    const tenBefore = await closedLoop(concurrency, 8, () => rollout(spawned));
+    console.log(`  forked kernels            ${ten.perS.toFixed(1)} rollouts/s`);
+    console.log(`  spawned kernels (before)  ${tenBefore.perS.toFixed(1)} rollouts/s`);
+    console.log(`  floor: bare bwrap + sh + python3 doing the same work  ${floor.perS.toFixed(1)} rollouts/s  (ours ${(ten.perS / floor.perS).toFixed(2)}× the floor)`);
+    console.log(`  previous figure: ${PREVIOUS.rollouts}`);
+
+    heading('code verification (environments/code), 10-test submissions, 8 at once, warm sandboxes');
+    for (const [label, kernelForkServer] of [['forked Python (bare fork server)', true], ['new Python per submission (before)', false]] as const) {
+      const provider = createBwrapProvider({ warm: 8, kernelForkServer });
+      const runner = createCodeRunner({ concurrency: 8, provider });
+      try {
+        const submission = problem(10);
+        await closedLoop(8, 16, async () => void (await runner.run(submission)));
+        let failures = 0;
+        const timed = await closedLoop(8, 120, async () => {
+          const { result } = await runner.run(submission);
+          if (!result.every((r) => r === true)) failures++;
+        });
+        console.log(`  ${label.padEnd(36)} ${timed.perS.toFixed(1)} verifications/s${failures > 0 ? `  FAILURES ${failures}` : ''}`);
+      } finally {
+        await runner.close();
+        await provider.close?.();
+      }
+    }
+    console.log(`  previous figure: ${PREVIOUS.verify}`);
+
+    heading('an idle fork server');
+    const sandbox = await forked.create();
+    const kernel = await PythonKernel.start(sandbox);
+    await kernel.close();
+    await sandbox.close();
+    const pids = serverPids(forked, sandbox);
+    const idle0 = treeCpuMs(pids);
+    await new Promise((resolve) => setTimeout(resolve, 5000));
+    const rss = pids.map((pid) => Number(/^VmRSS:\s+(\d+)/m.exec(readFileSync(`/proc/${pid}/status`, 'latin1'))?.[1] ?? 0) / 1024);
+    console.log(`  ${pids.length} server(s): ${(treeCpuMs(pids) - idle0).toFixed(0)} ms CPU in 5 s idle (tick: 10 ms), RSS ${rss.map((mb) => `${mb.toFixed(0)} MiB`).join(', ')}`);
+  } finally {
+    await forked.close?.();
+    await spawned.close?.();
+  }
+}

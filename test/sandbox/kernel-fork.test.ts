@@ -1,0 +1,309 @@
+import { spawn, spawnSync } from 'node:child_process';
+import { readdirSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { afterAll, afterEach, describe, expect, it } from 'vitest';
+import { bwrapAvailable, createBwrapProvider, PythonKernel, type Sandbox, type SandboxSpec } from '@rollserve/core/sandbox';
+import type { KernelForkServer, KernelForkServers } from '../../packages/core/src/sandbox/bwrap/fork-server.ts';
+
+// Python kernels forked from the provider's fork server (sandbox/bwrap/fork-server.ts): two
+// kernels forked from one server share nothing (files, processes, network, environment, Python
+// state), each is held to its sandbox's limits and cgroup with no capability left, a sandbox with
+// explicit resources is served the same way, and a killed server is replaced and leaves nothing.
+
+const skip = bwrapAvailable() ? undefined : 'bwrap is not installed';
+if (skip !== undefined) console.warn(`[kernel fork server] skipping: ${skip}`);
+
+const serversOf = (sandbox: Sandbox): KernelForkServers => (sandbox as unknown as { forkServers: KernelForkServers }).forkServers;
+const pidOf = (kernel: PythonKernel): number => (kernel as unknown as { process: { pid: number } }).process.pid;
+const statOf = (pid: number): string[] | undefined => {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'latin1');
+    return stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  } catch {
+    return undefined;
+  }
+};
+const parentOf = (pid: number): number | undefined => {
+  const fields = statOf(pid);
+  return fields === undefined ? undefined : Number(fields[1]);
+};
+/** Live (not zombie) children of `pid`. */
+const childrenOf = (pid: number): number[] =>
+  readdirSync('/proc')
+    .filter((name) => /^\d+$/.test(name))
+    .map(Number)
+    .filter((child) => {
+      const fields = statOf(child);
+      return fields !== undefined && Number(fields[1]) === pid && fields[0] !== 'Z';
+    });
+const alive = (pid: number): boolean => {
+  const fields = statOf(pid);
+  return fields !== undefined && fields[0] !== 'Z';
+};
+
+describe.skipIf(skip !== undefined)('kernels forked from one fork server', () => {
+  const provider = createBwrapProvider();
+  const open: Array<{ kernel?: PythonKernel; sandbox: Sandbox }> = [];
+  const start = async (spec: SandboxSpec = {}, options: { shell?: 'plain' } = {}) => {
+    const sandbox = await provider.create(spec);
+    const entry: { kernel?: PythonKernel; sandbox: Sandbox } = { sandbox };
+    open.push(entry);
+    entry.kernel = await PythonKernel.start(sandbox, options);
+    return { sandbox, kernel: entry.kernel };
+  };
+  const server = (sandbox: Sandbox): KernelForkServer => {
+    const running = serversOf(sandbox).running().filter((server) => !server.bare);
+    expect(running).toHaveLength(1);
+    return running[0]!;
+  };
+  afterEach(async () => {
+    for (const { kernel, sandbox } of open.splice(0)) {
+      await kernel?.close();
+      await sandbox.close();
+    }
+  });
+  afterAll(async () => {
+    await provider.close?.();
+  });
+
+  it('forks IPython kernels that keep magics and rich tracebacks, as a spawned kernel has them', async () => {
+    const { sandbox, kernel } = await start();
+    expect(kernel.mode).toBe('ipython');
+    // a fork: its parent is the fork server (which reaps it), not an nsenter of the service
+    expect(parentOf(pidOf(kernel))).toBe(server(sandbox).pid);
+    const spawnedProvider = createBwrapProvider({ kernelForkServer: false });
+    const spawnedSandbox = await spawnedProvider.create();
+    const spawned = await PythonKernel.start(spawnedSandbox);
+    try {
+      expect(spawned.mode).toBe('ipython');
+      for (const cell of ['x = 6 * 7\nx', 'def f():\n    return 1 / 0\nf()', '%time y = sum(range(10))', '!echo shell', 'import os\nos.getcwd(), os.environ["HOME"], os.environ["PWD"]', '_i1', 'x +']) {
+        const [forked, baseline] = [await kernel.run(cell), await spawned.run(cell)];
+        // %time's figures vary from run to run
+        const timing = (text: string) => text.replace(/[\d.]+ [µnm]?s/g, 'T');
+        expect({ ...forked, stdout: timing(forked.stdout) }, cell).toEqual({ ...baseline, stdout: timing(baseline.stdout) });
+      }
+      const traceback = (await kernel.run('def g():\n    raise ValueError("v")\ng()')).error!.traceback;
+      expect(traceback).toMatch(/ipython-input-\d+-\w+.*\n.*g\(\)/s);
+      expect(traceback).toMatch(/ValueError: v/);
+    } finally {
+      await spawned.close();
+      await spawnedSandbox.close();
+      await spawnedProvider.close?.();
+    }
+  });
+
+  it('gives two kernels forked from one server nothing of each other: files, processes, network, environment, Python state', async () => {
+    const a = await start({ env: { ONLY_IN_A: 'a' } });
+    const b = await start();
+    expect(server(a.sandbox)).toBe(server(b.sandbox));
+    const planted = await a.kernel.run(
+      [
+        'import os, sys, socket, subprocess, json, types',
+        'secret = "a-only"',
+        'json.planted = True',
+        'sys.modules["planted_module"] = types.ModuleType("planted_module")',
+        'os.environ["SET_IN_A"] = "1"',
+        'open("/tmp/a-file", "w").write("a")',
+        'open("a-workspace-file", "w").write("a")',
+        'listener = socket.socket(); listener.bind(("127.0.0.1", 5555)); listener.listen()',
+        'sleeper = subprocess.Popen(["sleep", "1000"])',
+        'os.getpid(), os.environ["ONLY_IN_A"]',
+      ].join('\n'),
+    );
+    expect(planted.status, JSON.stringify(planted)).toBe('ok');
+    const seen = await b.kernel.run(
+      [
+        'import os, sys, socket, json',
+        'listener = socket.socket(); listener.bind(("127.0.0.1", 5555)); listener.listen()',
+        'names = set()',
+        'for pid in os.listdir("/proc"):',
+        '    if pid.isdigit():',
+        '        try: names.add(open("/proc/%s/comm" % pid).read().strip())',
+        '        except OSError: pass',
+        '({',
+        '  "secret": "secret" in globals(),',
+        '  "json": hasattr(json, "planted"),',
+        '  "module": "planted_module" in sys.modules,',
+        '  "env": sorted(k for k in os.environ if k in ("ONLY_IN_A", "SET_IN_A")),',
+        '  "tmp": os.path.exists("/tmp/a-file"),',
+        '  "workspace": os.path.exists("a-workspace-file"),',
+        '  "sleep": "sleep" in names,',
+        '  "interfaces": sorted(name for _, name in socket.if_nameindex()),',
+        '})',
+      ].join('\n'),
+    );
+    expect(seen.status, JSON.stringify(seen)).toBe('ok');
+    expect(seen.result).toBe("{'secret': False, 'json': False, 'module': False, 'env': [], 'tmp': False, 'workspace': False, 'sleep': False, 'interfaces': ['lo']}");
+    // and A still has all of it
+    expect((await a.kernel.run('secret, json.planted, os.path.exists("/tmp/a-file"), sleeper.poll()')).result).toBe("('a-only', True, True, None)");
+  });
+
+  it('leaves a kernel no capability, no new privileges, the sandbox uid, its cgroup and the limits a sandbox given explicit resources sets', async () => {
+    const resources = { memoryMib: 512, maxProcesses: 40, maxOpenFiles: 100, cpuSeconds: 77, maxFileSizeMib: 3 };
+    const { sandbox, kernel } = await start({ resources });
+    // the fast path for explicit resources too
+    expect(parentOf(pidOf(kernel))).toBe(server(sandbox).pid);
+    const status = await kernel.run('print(open("/proc/self/status").read())\nprint(open("/proc/self/limits").read())\nprint(open("/proc/self/cgroup").read())');
+    const uid = (await sandbox.exec('id -u')).stdout.trim();
+    expect(status.stdout).toMatch(/^CapInh:\s+0+$/m);
+    expect(status.stdout).toMatch(/^CapPrm:\s+0+$/m);
+    expect(status.stdout).toMatch(/^CapEff:\s+0+$/m);
+    expect(status.stdout).toMatch(/^CapBnd:\s+0+$/m);
+    expect(status.stdout).toMatch(/^CapAmb:\s+0+$/m);
+    expect(status.stdout).toMatch(/^NoNewPrivs:\s+1$/m);
+    expect(status.stdout).toMatch(new RegExp(`^Uid:\\s+${uid}\\s+${uid}\\s+${uid}\\s+${uid}$`, 'm'));
+    const limit = (name: string) => new RegExp(`^${name}\\s+(\\S+)\\s+(\\S+)`, 'm').exec(status.stdout)?.slice(1);
+    expect(limit('Max address space')).toEqual([String(512 * 1024 * 1024), String(512 * 1024 * 1024)]);
+    expect(limit('Max processes')).toEqual(['40', '40']);
+    expect(limit('Max open files')).toEqual(['100', '100']);
+    expect(limit('Max cpu time')).toEqual(['77', '77']);
+    expect(limit('Max file size')).toEqual([String(3 * 1024 * 1024), String(3 * 1024 * 1024)]);
+    expect(limit('Max core file size')).toEqual(['0', '0']);
+    // the limits hold
+    expect((await kernel.run('x = bytearray(600 << 20)')).error?.ename).toBe('MemoryError');
+    expect((await kernel.run('open("big", "wb").write(b"x" * (4 << 20))')).error?.ename).toMatch(/OSError|File/);
+    expect((await kernel.run('fds = [open("/dev/null") for _ in range(200)]')).error?.evalue).toMatch(/Too many open files/);
+    // in the sandbox's cgroup namespace, and so in its cgroup
+    const cgroups = (sandbox as unknown as { cgroup?: { procsFiles: string[] } }).cgroup;
+    if (cgroups !== undefined) {
+      expect(status.stdout).toMatch(/^0::\/$/m);
+      for (const file of cgroups.procsFiles) expect(readFileSync(file, 'utf8').split('\n')).toContain(String(pidOf(kernel)));
+    }
+  });
+
+  it('replaces a killed fork server: its kernels live on in their sandboxes, and nothing is left once they close', async () => {
+    const first = await start();
+    const old = server(first.sandbox);
+    const oldPid = old.pid!;
+    const oldKernel = pidOf(first.kernel);
+    process.kill(oldPid, 'SIGKILL');
+    await old.ended;
+    // the kernel it forked still answers
+    expect((await first.kernel.run('21 * 2')).result).toBe('42');
+    const second = await start();
+    const replacement = server(second.sandbox);
+    expect(replacement.pid).not.toBe(oldPid);
+    expect((await second.kernel.run('21 * 2')).result).toBe('42');
+    // a kernel forked by the dead server ends with its close (by pid, checked to be it still)
+    await first.kernel.close();
+    await first.sandbox.close();
+    expect(alive(oldKernel)).toBe(false);
+    const secondKernel = pidOf(second.kernel);
+    await second.kernel.close();
+    await second.sandbox.close();
+    expect(alive(secondKernel)).toBe(false);
+    // the server reaped its kernel and the fork that entered the sandbox: no child left
+    for (let i = 0; i < 100 && childrenOf(replacement.pid!).length > 0; i++) await new Promise((resolve) => setTimeout(resolve, 20));
+    expect(childrenOf(replacement.pid!)).toEqual([]);
+    const closing = createBwrapProvider();
+    const sandbox = await closing.create();
+    const kernel = await PythonKernel.start(sandbox);
+    const serverPid = server(sandbox).pid!;
+    const kernelPid = pidOf(kernel);
+    await closing.close?.();
+    // the provider's close ends its server; the sandbox's close, its kernel
+    expect(alive(serverPid)).toBe(false);
+    await sandbox.close();
+    expect(alive(kernelPid)).toBe(false);
+  });
+
+  it('leaves nothing when the service is SIGKILLed: the fork server and its kernels die with it', async () => {
+    const script = [
+      `import { createBwrapProvider } from ${JSON.stringify(join(import.meta.dirname, '../../packages/core/src/sandbox/index.ts'))};`,
+      `import { PythonKernel } from ${JSON.stringify(join(import.meta.dirname, '../../packages/core/src/tools/python.ts'))};`,
+      'const provider = createBwrapProvider();',
+      'const sandbox = await provider.create();',
+      'const kernel = await PythonKernel.start(sandbox);',
+      'console.log(JSON.stringify({ server: sandbox.forkServers.running()[0].pid, kernel: kernel.process.pid }));',
+      'setInterval(() => {}, 1000);',
+    ].join('\n');
+    const maker = spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script], {
+      cwd: join(import.meta.dirname, '../..'),
+      stdio: ['ignore', 'pipe', 'inherit'],
+    });
+    const line = await new Promise<string>((resolve, reject) => {
+      let out = '';
+      maker.stdout!.on('data', (chunk: Buffer) => {
+        out += chunk.toString();
+        if (out.includes('\n')) resolve(out.split('\n')[0]!);
+      });
+      maker.once('exit', (code) => reject(new Error(`maker exited with ${code}`)));
+    });
+    const { server, kernel } = JSON.parse(line) as { server: number; kernel: number };
+    expect(alive(server) && alive(kernel)).toBe(true);
+    maker.kill('SIGKILL');
+    for (let i = 0; i < 100 && (alive(server) || alive(kernel)); i++) await new Promise((resolve) => setTimeout(resolve, 50));
+    expect({ server: alive(server), kernel: alive(kernel) }).toEqual({ server: false, kernel: false });
+  });
+
+  it('does the same with the service running as an unprivileged user (a server that forks twice)', () => {
+    if (process.getuid?.() !== 0) return; // the suite runs unprivileged already: the cases above are this one
+    const script = [
+      `import { readFileSync } from 'node:fs';`,
+      `import { createBwrapProvider } from ${JSON.stringify(join(import.meta.dirname, '../../packages/core/src/sandbox/index.ts'))};`,
+      `import { PythonKernel } from ${JSON.stringify(join(import.meta.dirname, '../../packages/core/src/tools/python.ts'))};`,
+      'const provider = createBwrapProvider();',
+      'const [a, b] = [await provider.create(), await provider.create()];',
+      'const [ka, kb] = [await PythonKernel.start(a), await PythonKernel.start(b)];',
+      'const ppid = (pid) => Number(readFileSync(`/proc/${pid}/stat`, "latin1").split(") ")[1].split(" ")[1]);',
+      'const server = a.forkServers.running()[0].pid;',
+      'const forked = [ka, kb].every((k) => ppid(k.process.pid) === server);',
+      `await ka.run(${JSON.stringify('secret = 1\nopen("/tmp/a", "w").write("a")')});`,
+      `const seen = await kb.run(${JSON.stringify('import os\n("secret" in globals(), os.path.exists("/tmp/a"), all(line.split()[1] == "0" * 16 for line in open("/proc/self/status") if line.startswith("Cap")), os.getuid())')});`,
+      'await ka.close(); await kb.close(); await a.close(); await b.close(); await provider.close();',
+      'console.log(JSON.stringify({ uid: process.getuid(), forked, mode: ka.mode, seen: seen.result }));',
+    ].join('\n');
+    const child = spawnSync('setpriv', ['--reuid=65534', '--regid=65534', '--clear-groups', process.execPath, '--import', 'tsx', '--input-type=module', '-e', script], {
+      cwd: join(import.meta.dirname, '../..'),
+      encoding: 'utf8',
+      timeout: 60_000,
+      env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: '/tmp' },
+    });
+    expect(child.stderr).toBe('');
+    const out = JSON.parse(child.stdout.trim().split('\n').at(-1)!) as { uid: number; forked: boolean; mode: string; seen: string };
+    // nothing of the other kernel; CapInh, CapPrm, CapEff, CapBnd and CapAmb all zero
+    expect(out).toEqual({ uid: 65534, forked: true, mode: 'ipython', seen: '(False, False, True, 65534)' });
+  });
+
+  it('runs a program as exec would run `python3 -I -c`, forked from a server without IPython: stdin, output, exit code, limits, time limit', async () => {
+    const sandbox = await provider.create({ resources: { memoryMib: 640 } });
+    open.push({ sandbox });
+    const program = [
+      'import sys, os, resource',
+      'data = sys.stdin.read()',
+      'print(data.upper(), "IPython" in sys.modules, sys.argv, os.getcwd(), os.environ["WHO"])',
+      'print(resource.getrlimit(resource.RLIMIT_AS)[0] >> 20, file=sys.stderr)',
+      'sys.exit(3)',
+    ].join('\n');
+    const forking = sandbox.forkPython!({ python: 'python3', code: program, stdin: 'payload', env: { WHO: 'me' } });
+    expect(forking).toBeDefined();
+    const run = await forking!;
+    expect(run).toEqual({ stdout: "PAYLOAD False ['-c'] /workspace me\n", stderr: '640\n', returnCode: 3 });
+    const forked = serversOf(sandbox).running().filter((server) => server.bare);
+    expect(forked).toHaveLength(1);
+    // the payload file is gone once the program holds it: nothing else inside reads it
+    expect((await sandbox.exec('ls /run/rollserve-in | grep -c "^f" || true')).stdout).toBe('0\n');
+    const raised = await sandbox.forkPython!({ python: 'python3', code: 'raise ValueError("v")' })!;
+    expect(raised.returnCode).toBe(1);
+    expect(raised.stderr).toMatch(/ValueError: v/);
+    const slow = await sandbox.forkPython!({ python: 'python3', code: 'import time\ntime.sleep(30)', timeoutMs: 300 })!;
+    expect(slow).toMatchObject({ returnCode: 125, errorType: 'timeout' });
+    expect((await sandbox.exec('ps -e -o comm= | grep -c python3 || true')).stdout).toBe('0\n');
+  });
+
+  it('starts a plain kernel from the same server when asked, and spawns one where the environment changes the interpreter', async () => {
+    const plain = await start({}, { shell: 'plain' });
+    expect(plain.kernel.mode).toBe('plain');
+    expect(parentOf(pidOf(plain.kernel))).toBe(server(plain.sandbox).pid);
+    const changed = await start({ env: { PYTHONPATH: '/tmp/lib' } });
+    expect(parentOf(pidOf(changed.kernel))).not.toBe(server(changed.sandbox).pid);
+    expect((await changed.kernel.run('import sys\n"/tmp/lib" in sys.path')).result).toBe('True');
+    // another locale (the encodings an interpreter fixes at start): spawned too
+    const latin = await start({ env: { LANG: 'C', LC_ALL: 'C' } });
+    expect(parentOf(pidOf(latin.kernel))).not.toBe(server(latin.sandbox).pid);
+    // a time zone is the fork's own
+    const tokyo = await start({ env: { TZ: 'Asia/Tokyo' } });
+    expect(parentOf(pidOf(tokyo.kernel))).toBe(server(tokyo.sandbox).pid);
+    expect((await tokyo.kernel.run('import time\ntime.strftime("%Z", time.localtime(0))')).result).toBe("'JST'");
+  });
+});
