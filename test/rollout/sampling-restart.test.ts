@@ -4,13 +4,16 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { openStore } from '@rollserve/core/service';
-import { call, startFakePolicy, startTestPostgres, workspaceRoot, type FakePolicy } from '@rollserve/testing';
+import { defineEnvironment } from '@rollserve/core';
+import { openStore, RolloutTask } from '@rollserve/core/service';
+import { call, startFakePolicy, startTestPostgres, startTestRolloutService, workspaceRoot, type FakePolicy } from '@rollserve/testing';
 import { afterEach, describe, expect, it } from 'vitest';
+import { z } from 'zod';
 
 // A dynamic sampling outlives its service: killed (SIGKILL) or stopped (SIGTERM) in the middle of a
 // sampling, the service started again on the same store goes on with it and delivers exactly the
-// informative groups asked for, each task of the pool started at most once, the counts right.
+// informative groups asked for, each task of the pool started at most once, the counts right; the
+// surplus samples an ended sampling had not cancelled yet are cancelled on start.
 
 const cleanups: Array<() => Promise<void>> = [];
 afterEach(async () => {
@@ -172,6 +175,28 @@ describe('a dynamic sampling across a restart of its service', () => {
     expect(after.counts).toMatchObject({ queued: 0, leased: 0, done: 12, failed: 0, cancelled: 0 });
     expect(after.sampling).toMatchObject({ state: 'done', pool: [], poolSize: 8 });
   }, 120_000);
+
+  it('cancels on start the surplus samples of a sampling that ended just before its service stopped', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'rollserve-sampling-'));
+    cleanups.push(() => rm(dir, { recursive: true, force: true }));
+    const url = `sqlite://${join(dir, 'store.db')}`;
+    // what a service killed between storing a sampling's end and cancelling its surplus group leaves
+    const surplus = RolloutTask.parse(task('x1', 'mixed'));
+    const before = await openStore(url);
+    await before.putSampling({ id: 'ended', settings: { groups: 1, maxGroups: 2, maxInFlight: 2, metric: 'reward' }, pool: [RolloutTask.parse(task('x0', 'mixed')), surplus] });
+    await before.updateSampling('ended', { started: [{ taskId: 'x0', position: 0 }, { taskId: 'x1', position: 1 }], next: 2 });
+    await before.putTasks([surplus]);
+    await before.updateSampling('ended', { outcomes: [{ taskId: 'x0', outcome: 'kept', kept: 0 }, { taskId: 'x1', outcome: 'cancelled' }], end: { state: 'done', error: null } });
+    await before.close();
+
+    const fake = await startFakePolicy({ script: () => ({ content: 'never', hang: true }) });
+    cleanups.push(() => fake.close());
+    const coin = defineEnvironment({ name: 'coin', domain: 'other', row: z.object({ kind: z.string() }), verify: () => ({ reward: 1 }) });
+    const { service, close } = await startTestRolloutService({ environments: [coin], backends: [fake.url], store: url });
+    cleanups.push(close);
+    for (const id of ['x1:0', 'x1:1']) expect(await service.wait(id)).toMatchObject({ state: 'cancelled', critical_error: 'cancelled' });
+    expect((await service.sampling('ended'))?.status()).toMatchObject({ state: 'done', tried: 2, kept: 1, cancelled: 1, kept_task_ids: ['x0'] });
+  });
 
   it('goes on after a SIGTERM on PostgreSQL, and an ended sampling stays readable, its stream whole, after another restart', async () => {
     const postgres = await startTestPostgres();
