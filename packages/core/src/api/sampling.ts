@@ -34,6 +34,7 @@ export const unknownSampling = (id: string) =>
 /** GET/DELETE /v1/rollouts/sampling/{id} (its stream is in stream.ts). */
 export function samplingApi({ service }: ApiContext): OpenAPIHono {
   const app = new OpenAPIHono();
+
   app.openapi(getRoute, async (c) => {
     const { id } = c.req.valid('param');
     const sampling = await service.sampling(id);
