@@ -1,5 +1,8 @@
 import { defineEnvironment, type Environment } from '@rollserve/core';
-import { trainingView, type RolloutResult, type RolloutService, type RolloutTaskInput, type Sampling } from '@rollserve/core/service';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { openStore, trainingView, type RolloutResult, type RolloutService, type RolloutStore, type RolloutTaskInput, type Sampling } from '@rollserve/core/service';
 import { startTestRolloutService } from '@rollserve/testing';
 import { z } from 'zod';
 import { heading, percentile } from './stats.ts';
@@ -7,7 +10,9 @@ import { startPolicyProcess } from './policy-process.ts';
 
 // Dynamic sampling's cost at the service: a pool of groups every other one of which is all-equal
 // by construction, sampled until 40% of the pool is kept, against running the whole pool plainly; and
-// the training view's response cap against the uncapped view of a long multi-turn rollout.
+// the training view's response cap against the uncapped view of a long multi-turn rollout. The store
+// is a SQLite file (SAMPLING_BENCH_STORE=memory: in memory); the time the sampling spends writing its
+// own records (what a restart goes on from) is reported apart.
 
 /** 'same' rows score 1 in every sample; 'mixed' rows alternate 1, 0, 1, ... over their samples. */
 const seen = new Map<string, number>();
@@ -76,25 +81,64 @@ function longResult(turns: number, tokens: number): RolloutResult {
   return { id: 'r', task_id: 't', sample_index: 0, reward: 1, advantage: 0, filter: false, credit: null, turns: records } as unknown as RolloutResult;
 }
 
+/** The store, its sampling records' writes timed (calls and milliseconds since the last `take`). */
+function timedSamplingWrites(store: RolloutStore): { store: RolloutStore; take: () => { writes: number; ms: number } } {
+  let writes = 0;
+  let ms = 0;
+  const timed = new Set(['putSampling', 'updateSampling', 'pruneSamplings']);
+  const proxy = new Proxy(store, {
+    get(target, key, receiver) {
+      const value = Reflect.get(target, key, receiver) as unknown;
+      if (typeof value !== 'function') return value;
+      if (!timed.has(String(key))) return value.bind(target);
+      return async (...args: unknown[]) => {
+        const started = performance.now();
+        try {
+          return await (value as (...a: unknown[]) => Promise<unknown>).apply(target, args);
+        } finally {
+          writes++;
+          ms += performance.now() - started;
+        }
+      };
+    },
+  });
+  return {
+    store: proxy,
+    take: () => {
+      const taken = { writes, ms };
+      writes = 0;
+      ms = 0;
+      return taken;
+    },
+  };
+}
+
 export default async function bench(): Promise<void> {
   const pool = Number(process.env.SAMPLING_BENCH_POOL ?? 256);
   const keep = Math.floor(pool * 0.4);
-  heading(`dynamic sampling: a pool of ${pool} groups of 4 (every other one all-equal), ${keep} kept, zero-latency policy`);
+  const inMemory = process.env.SAMPLING_BENCH_STORE === 'memory';
+  heading(`dynamic sampling: a pool of ${pool} groups of 4 (every other one all-equal), ${keep} kept, zero-latency policy, store ${inMemory ? 'in memory' : 'a SQLite file'}`);
   const policy = await startPolicyProcess({ reply: 'ok' });
   const logLevel = process.env.ROLLSERVE_LOG_LEVEL;
   process.env.ROLLSERVE_LOG_LEVEL = 'warn';
+  const dir = await mkdtemp(join(tmpdir(), 'rollserve-sampling-bench-'));
+  const opened = await openStore(inMemory ? 'sqlite::memory:' : `sqlite://${join(dir, 'store.db')}`);
+  const { store, take } = timedSamplingWrites(opened);
   try {
-    const { service, close } = await startTestRolloutService({ environments: [coin], backends: [policy.url] });
+    const { service, close } = await startTestRolloutService({ environments: [coin], backends: [policy.url], store });
     try {
       await plain(service, Array.from({ length: 32 }, (_, i) => task('warm', i))); // JIT, pools
       for (let run = 0; run < 3; run++) {
+        take();
         const whole = await plain(service, Array.from({ length: pool }, (_, i) => task(`plain${run}`, i)));
         for (const maxInFlight of [keep, 2 * keep]) {
           const { seconds, sampling } = await sampled(service, Array.from({ length: pool }, (_, i) => task(`ds${run}-${maxInFlight}`, i)), keep, maxInFlight);
           const s = sampling.status();
+          const records = take();
           console.log(
             `run ${run + 1}: whole pool plainly ${whole.toFixed(2)} s; sampled (max_in_flight ${maxInFlight}) ${seconds.toFixed(2)} s: ` +
-              `${s.state}, tried ${s.tried}, kept ${s.kept}, all-equal ${s.dropped_all_equal}, cancelled ${s.cancelled}`,
+              `${s.state}, tried ${s.tried}, kept ${s.kept}, all-equal ${s.dropped_all_equal}, cancelled ${s.cancelled}; ` +
+              `its records: ${records.writes} writes, ${records.ms.toFixed(0)} ms in them`,
           );
         }
       }
@@ -102,6 +146,8 @@ export default async function bench(): Promise<void> {
       await close();
     }
   } finally {
+    await opened.close();
+    await rm(dir, { recursive: true, force: true });
     policy.child.kill('SIGTERM');
     if (logLevel === undefined) delete process.env.ROLLSERVE_LOG_LEVEL;
     else process.env.ROLLSERVE_LOG_LEVEL = logLevel;

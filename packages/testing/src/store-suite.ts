@@ -130,9 +130,9 @@ export function describeStoreSuite(engine: StoreSuiteEngine): void {
 
     it('applies its migrations once', async () => {
       expect(store.kind).toBe(kind);
-      expect(await store.schemaVersion()).toBe(3);
+      expect(await store.schemaVersion()).toBe(4);
       const again = await open();
-      expect(await again.schemaVersion()).toBe(3);
+      expect(await again.schemaVersion()).toBe(4);
     });
 
     it('accepts a commit only from the worker holding the lease at that attempt, in the same statement as the fence', async () => {
@@ -196,10 +196,10 @@ export function describeStoreSuite(engine: StoreSuiteEngine): void {
       await store.claim({ workerId: 'n1', limit: 1, leaseMs: 60_000 });
       await store.close();
       // back to version 1, as a database written by the release before
-      const downgrade = 'DROP TABLE settings; DROP TABLE nodes; DELETE FROM schema_version WHERE version >= 2;';
+      const downgrade = 'DROP TABLE sampling_groups; DROP TABLE samplings; DROP TABLE settings; DROP TABLE nodes; DELETE FROM schema_version WHERE version >= 2;';
       await engine.exec(url, downgrade);
       const migrated = await open();
-      expect(await migrated.schemaVersion()).toBe(3);
+      expect(await migrated.schemaVersion()).toBe(4);
       expect(await migrated.getRollout('old')).toMatchObject({ state: 'leased', workerId: 'n1', attempt: 1 });
       await migrated.putNodeCredential({ nodeId: 'n1', credentialHash: 'dd'.repeat(32), issuedAt: 1 });
       expect(await migrated.getNodeCredential('n1')).toMatchObject({ credentialHash: 'dd'.repeat(32) });
@@ -211,6 +211,66 @@ export function describeStoreSuite(engine: StoreSuiteEngine): void {
       await store.putSetting('weights', { newest: 4, pause: null });
       const again = await open();
       expect(await again.getSetting('weights')).toEqual({ newest: 4, pause: null });
+    });
+
+    it('keeps a dynamic sampling, its groups and their outcomes across a reopening (schema version 4)', async () => {
+      const settings = { groups: 2, maxGroups: 3, maxInFlight: 2, metric: 'reward' as const };
+      const pool = [task('p0', 2), task('p1', 2), task('p2', 2)];
+      expect(await store.putSampling({ id: 's1', settings, pool })).toBe(true);
+      expect(await store.putSampling({ id: 's1', settings: { ...settings, groups: 1 }, pool: [] })).toBe(false);
+      expect(await store.getSampling('s1')).toEqual({ id: 's1', settings, pool, poolSize: 3, next: 0, state: 'running', error: null, groups: [], createdAt: clock, endedAt: null });
+      // two groups start (written before their tasks are stored), one is judged, one start fails
+      await store.updateSampling('s1', { started: [{ taskId: 'p0', position: 0 }, { taskId: 'p1', position: 1 }], next: 2 });
+      await store.putTasks([pool[0]!, pool[1]!]);
+      await store.updateSampling('s1', { started: [{ taskId: 'p0', position: 0 }] }); // written twice: once
+      await store.updateSampling('s1', { outcomes: [{ taskId: 'p1', outcome: 'kept', kept: 0 }] });
+      await store.updateSampling('s1', { started: [{ taskId: 'p2', position: 2 }], next: 3 });
+      await store.updateSampling('s1', { unstarted: ['p2'] });
+      await store.updateSampling('nope', { outcomes: [{ taskId: 'p1', outcome: 'all_equal' }], end: { state: 'done', error: null } }); // changes nothing
+      const again = await open();
+      expect(await again.runningSamplings()).toEqual([
+        {
+          id: 's1', settings, pool, poolSize: 3, next: 3, state: 'running', error: null, createdAt: clock, endedAt: null,
+          groups: [{ taskId: 'p0', position: 0, outcome: 'running', kept: null }, { taskId: 'p1', position: 1, outcome: 'kept', kept: 0 }],
+        },
+      ]);
+
+      // the end, with its surplus group cancelled: until its samples have results, they are found
+      await store.commit({ rolloutId: 'p0:0', attempt: 0, result: result('p0:0', 'p0', 0), workerId: 'service', unheld: true });
+      clock += 10;
+      await again.updateSampling('s1', { outcomes: [{ taskId: 'p0', outcome: 'cancelled' }], end: { state: 'stopped', error: 'why' } });
+      expect(await store.runningSamplings()).toEqual([]);
+      expect(await store.getSampling('s1')).toMatchObject({ state: 'stopped', error: 'why', pool: [], poolSize: 3, endedAt: clock, groups: [{ taskId: 'p0', outcome: 'cancelled' }, { taskId: 'p1', outcome: 'kept', kept: 0 }] });
+      expect(await store.unfinishedCancelledSamples()).toEqual(['p0:1']);
+      await store.commit({ rolloutId: 'p0:1', attempt: 0, result: result('p0:1', 'p0', 1, { state: 'cancelled' }), workerId: 'service', unheld: true });
+      expect(await store.unfinishedCancelledSamples()).toEqual([]);
+      expect(await store.getSampling('nope')).toBeUndefined();
+    });
+
+    it('forgets ended samplings but the last N to end, never a running one', async () => {
+      const settings = { groups: 1, maxGroups: 1, maxInFlight: 1, metric: 'reward' as const };
+      for (const id of ['e1', 'e2', 'e3', 'run']) {
+        await store.putSampling({ id, settings, pool: [task(`${id}-t`)] });
+        await store.updateSampling(id, { started: [{ taskId: `${id}-t`, position: 0 }], next: 1 });
+      }
+      // ended in the order e2, e3, e1
+      for (const id of ['e2', 'e3', 'e1']) {
+        clock += 1;
+        await store.updateSampling(id, { outcomes: [{ taskId: `${id}-t`, outcome: 'all_equal' }], end: { state: 'exhausted', error: null } });
+      }
+      expect(await store.pruneSamplings(2)).toBe(1);
+      expect(await store.getSampling('e2')).toBeUndefined();
+      expect((await store.getSampling('e3'))?.state).toBe('exhausted');
+      expect((await store.getSampling('e1'))?.groups).toHaveLength(1);
+      expect(await store.pruneSamplings(1)).toBe(1);
+      expect(await store.getSampling('e3')).toBeUndefined();
+      expect(await store.pruneSamplings(1)).toBe(0);
+      expect((await store.runningSamplings()).map((s) => s.id)).toEqual(['run']);
+      // its groups went with it: the id is new again
+      expect(await store.putSampling({ id: 'e2', settings, pool: [] })).toBe(true);
+      expect((await store.getSampling('e2'))?.groups).toEqual([]);
+      await store.deleteSampling('e2');
+      expect(await store.getSampling('e2')).toBeUndefined();
     });
 
     it('puts tasks idempotently by id, a batch whole or not at all', async () => {

@@ -1,6 +1,7 @@
 import { createRoute, OpenAPIHono, z } from '@hono/zod-openapi';
 import { RolloutError } from '../errors.ts';
 import { SamplingStatus } from '../protocol/sampling.ts';
+import { KEEP_ENDED_SAMPLINGS } from '../service/dynamic-sampling.ts';
 import type { ApiContext } from './context.ts';
 import { errorResponses } from './wire.ts';
 
@@ -26,22 +27,25 @@ const stopRoute = createRoute({
   responses: { 200: STATUS_200, ...errorResponses(401, 404, 422) },
 });
 
+/** The 404 of a sampling id not known (never started, or ended before the last KEEP_ENDED_SAMPLINGS). */
+export const unknownSampling = (id: string) =>
+  new RolloutError({ code: 'NOT_FOUND', message: `no dynamic sampling "${id}" (running samplings and the last ${KEEP_ENDED_SAMPLINGS.toLocaleString('en-US')} to end are kept)` });
+
 /** GET/DELETE /v1/rollouts/sampling/{id} (its stream is in stream.ts). */
 export function samplingApi({ service }: ApiContext): OpenAPIHono {
   const app = new OpenAPIHono();
-  const unknown = (id: string) => new RolloutError({ code: 'NOT_FOUND', message: `no dynamic sampling "${id}" (samplings are kept in memory: a restarted service forgets them, not their samples)` });
 
-  app.openapi(getRoute, (c) => {
+  app.openapi(getRoute, async (c) => {
     const { id } = c.req.valid('param');
-    const sampling = service.sampling(id);
-    if (!sampling) throw unknown(id);
+    const sampling = await service.sampling(id);
+    if (!sampling) throw unknownSampling(id);
     return c.json(sampling.status(), 200);
   });
 
   app.openapi(stopRoute, async (c) => {
     const { id } = c.req.valid('param');
     const sampling = await service.stopSampling(id);
-    if (!sampling) throw unknown(id);
+    if (!sampling) throw unknownSampling(id);
     return c.json(sampling.status(), 200);
   });
 

@@ -8,7 +8,7 @@ import { stream } from 'hono/streaming';
 import { RolloutError } from '../errors.ts';
 import type { RolloutService, Sampling } from '../service/service.ts';
 import { SamplingStatus } from '../protocol/sampling.ts';
-import { SamplingIdParam } from './sampling.ts';
+import { SamplingIdParam, unknownSampling } from './sampling.ts';
 import { RolloutGroup, RolloutResult, StalenessBound } from '../protocol/rollout.ts';
 import { DEFAULT_STREAM_KEEP_ALIVE_MS, type ApiContext } from './context.ts';
 import { trainingView } from '../protocol/training-view.ts';
@@ -351,7 +351,9 @@ async function pumpSampling(service: RolloutService, sampling: Sampling, sink: S
         sent++;
         const members = (await service.taskRollouts(taskId)) ?? [];
         const stored = await service.results(members);
-        await sink.emit({ task_id: taskId, results: members.map((id) => stored.get(id)!) }, false);
+        // (a sample pruned by retention since is left out; a group with none left is not sent)
+        const results = members.flatMap((id) => stored.get(id) ?? []);
+        if (results.length > 0) await sink.emit({ task_id: taskId, results }, false);
         continue;
       }
       if (sampling.finished) {
@@ -465,11 +467,11 @@ export function streamApi({ service, options }: ApiContext): OpenAPIHono {
   });
 
   // A dynamic sampling's kept groups, then its counts.
-  app.openapi(sampledRoute, (c) => {
+  app.openapi(sampledRoute, async (c) => {
     const { id } = c.req.valid('param');
     const query = c.req.valid('query');
-    const sampling = service.sampling(id);
-    if (!sampling) throw new RolloutError({ code: 'NOT_FOUND', message: `no dynamic sampling "${id}" (samplings are kept in memory: a restarted service forgets them, not their samples)` });
+    const sampling = await service.sampling(id);
+    if (!sampling) throw unknownSampling(id);
     const training = wantsTrainingView(query.view);
     const viewOptions = trainingViewOptions(training, query.max_response_tokens);
     const format = formatOf(c, query.format);

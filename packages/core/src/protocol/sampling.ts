@@ -38,6 +38,17 @@ export const DynamicSampling = z
   .meta({ id: 'DynamicSampling' });
 export type DynamicSampling = z.output<typeof DynamicSampling>;
 
+/**
+ * A sampling's request as resolved (defaults filled, the cap bounded by the pool): what its status
+ * shows and what the store keeps of it across a restart.
+ */
+export interface SamplingSettings {
+  groups: number;
+  maxGroups: number;
+  maxInFlight: number;
+  metric: DynamicSampling['metric'];
+}
+
 /** What became of a group a sampling started. */
 export const SampledGroupOutcome = z.enum(['running', 'kept', 'all_equal', 'filtered', 'cancelled']);
 export type SampledGroupOutcome = z.infer<typeof SampledGroupOutcome>;
@@ -76,3 +87,4 @@ export const SamplingStatus = z
   })
   .meta({ id: 'SamplingStatus' });
 export type SamplingStatus = z.infer<typeof SamplingStatus>;
+export type SamplingState = SamplingStatus['state'];

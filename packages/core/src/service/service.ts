@@ -172,6 +172,7 @@ export class RolloutService implements NodeCoordinator {
     });
     this.#sampler = new DynamicSampler({
       logger,
+      store,
       submit: (tasks) => this.#scheduler.submit(tasks),
       results: (ids) => this.store.getResults(ids),
       onResult: (listener) => this.#feed.onResult(listener),
@@ -241,6 +242,8 @@ export class RolloutService implements NodeCoordinator {
     const holders = await this.#nodes.restore(this.store);
     // their nodes get a node timeout to come back before the service runs anything itself
     if (holders > 0) this.#scheduler.holdUntil(Date.now() + this.#nodeTimeoutMs);
+    // dynamic samplings go on where they were (their groups re-submitted: the stored ones start nothing)
+    await this.#sampler.recover();
     const opened = { ...this.#feed.counts, rerun: requeued.length, nodes: holders };
     if (opened.total > 0) this.logger.info(opened, 'store opened');
     else this.logger.debug(opened, 'store opened (empty)');
@@ -286,8 +289,9 @@ export class RolloutService implements NodeCoordinator {
 
   /**
    * Dynamic sampling (DAPO): `inputs` are a pool whose tasks start in order until `options.groups`
-   * groups are informative (or `max_groups` were tried); answers once its first groups are stored.
-   * The whole pool is checked first, as submit checks a batch.
+   * groups are informative (or `max_groups` were tried); answers once the sampling (its whole pool)
+   * and its first groups are stored, so a restart goes on with it. The whole pool is checked first,
+   * as submit checks a batch.
    */
   async sample(inputs: readonly RolloutTaskInput[], options: DynamicSampling): Promise<{ sampling: Sampling; submitted: Started[]; existing: boolean }> {
     if (this.#closed) throw unavailable();
@@ -295,8 +299,8 @@ export class RolloutService implements NodeCoordinator {
     return this.#sampler.start(pool, options);
   }
 
-  /** A dynamic sampling by id (kept in memory: a restart forgets it, not its samples). */
-  sampling(id: string): Sampling | undefined {
+  /** A dynamic sampling by id: running, or among the last 1,000 to end (kept in the store across restarts). */
+  sampling(id: string): Promise<Sampling | undefined> {
     return this.#sampler.get(id);
   }
 
@@ -483,10 +487,11 @@ export class RolloutService implements NodeCoordinator {
   async close(): Promise<void> {
     if (this.#closed) return;
     this.#closed = true;
-    this.#sampler.close();
+    const sampler = this.#sampler.close();
     for (const timer of this.#timers) clearInterval(timer);
     this.#coordinator.wake();
     await this.#scheduler.submitted();
+    await sampler;
     // results that finished before the shutdown are stored; what it stops is not (it runs again)
     await this.#commits.settleOwn();
     await this.#runner.close('service shutting down');

@@ -1,4 +1,5 @@
 import type { RolloutResult, RolloutTask } from '../protocol/rollout.ts';
+import type { SampledGroupOutcome, SamplingSettings, SamplingState } from '../protocol/sampling.ts';
 import { decodeResult, encodeResult } from '../protocol/result-codec.ts';
 import { asList, checkClaim, checkPositiveInt, checkResult, conflict, emptyCounts, pageLimit, parseCursor, prepareTasks, TERMINAL_STATES, type PreparedTask } from './common.ts';
 import type { Connection, Dialect } from './dialect.ts';
@@ -17,7 +18,9 @@ import type {
   RenewOutcome,
   RetentionPolicy,
   RolloutStore,
+  SamplingChange,
   StoredNodeCredential,
+  StoredSampling,
   StoredRollout,
   StoredTask,
   StoreRolloutState,
@@ -40,6 +43,18 @@ interface RolloutRow {
   worker_id: string | null;
   lease_expires_at: number | string | null;
   committed_attempt: number | null;
+}
+
+interface SamplingRow {
+  id: string;
+  settings: unknown;
+  pool: unknown;
+  pool_size: number;
+  next_position: number;
+  state: SamplingState;
+  error: string | null;
+  created_at: number | string;
+  ended_at: number | string | null;
 }
 
 const toRollout = (row: RolloutRow): StoredRollout => ({
@@ -434,6 +449,97 @@ export class SqlStore implements RolloutStore {
     await this.#dialect.connection((c) =>
       c.run('INSERT INTO settings (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value', [key, JSON.stringify(value)]),
     );
+  }
+
+  async putSampling({ id, settings, pool }: { id: string; settings: SamplingSettings; pool: readonly RolloutTask[] }): Promise<boolean> {
+    const rows = await this.#dialect.connection((c) =>
+      c.all(
+        "INSERT INTO samplings (id, settings, pool, pool_size, state, created_at) VALUES (?, ?, ?, ?, 'running', ?) ON CONFLICT (id) DO NOTHING RETURNING id",
+        [id, JSON.stringify(settings), JSON.stringify(pool), pool.length, this.#now()],
+      ),
+    );
+    return rows.length > 0;
+  }
+
+  async getSampling(id: string): Promise<StoredSampling | undefined> {
+    const [sampling] = await this.#samplings('id = ?', [id]);
+    return sampling;
+  }
+
+  runningSamplings(): Promise<StoredSampling[]> {
+    return this.#samplings("state = 'running'", []);
+  }
+
+  /** Samplings matching `where`, oldest first, with their groups (one read, so a sampling and its groups agree). */
+  #samplings(where: string, params: unknown[]): Promise<StoredSampling[]> {
+    return this.#dialect.transaction(async (c) => {
+      const rows = await c.all<SamplingRow>(`SELECT * FROM samplings WHERE ${where} ORDER BY seq`, params);
+      const groups = new Map<string, StoredSampling['groups']>(rows.map((row) => [row.id, []]));
+      for (const chunk of chunks(rows.map((row) => row.id))) {
+        const found = await c.all<{ sampling_id: string; task_id: string; position: number; outcome: SampledGroupOutcome; kept_rank: number | null }>(
+          `SELECT * FROM sampling_groups WHERE sampling_id IN (${marks(chunk.length)}) ORDER BY position`,
+          chunk,
+        );
+        for (const row of found) groups.get(row.sampling_id)!.push({ taskId: row.task_id, position: row.position, outcome: row.outcome, kept: row.kept_rank });
+      }
+      return rows.map((row) => ({
+        id: row.id,
+        settings: this.#dialect.json<SamplingSettings>(row.settings),
+        pool: this.#dialect.json<RolloutTask[]>(row.pool),
+        poolSize: row.pool_size,
+        next: row.next_position,
+        state: row.state,
+        error: row.error,
+        groups: groups.get(row.id)!,
+        createdAt: Number(row.created_at),
+        endedAt: row.ended_at === null ? null : Number(row.ended_at),
+      }));
+    });
+  }
+
+  async updateSampling(id: string, { started = [], next, outcomes = [], unstarted = [], end }: SamplingChange): Promise<void> {
+    await this.#dialect.transaction(async (c) => {
+      for (const chunk of chunks(started, 200)) {
+        await c.run(
+          `INSERT INTO sampling_groups (sampling_id, task_id, position, outcome) VALUES ${marks(chunk.length, "(?, ?, ?, 'running')")} ON CONFLICT (sampling_id, task_id) DO NOTHING`,
+          chunk.flatMap((group) => [id, group.taskId, group.position]),
+        );
+      }
+      for (const { taskId, outcome, kept } of outcomes) {
+        await c.run('UPDATE sampling_groups SET outcome = ?, kept_rank = ? WHERE sampling_id = ? AND task_id = ?', [outcome, kept ?? null, id, taskId]);
+      }
+      for (const chunk of chunks(unstarted)) await c.run(`DELETE FROM sampling_groups WHERE sampling_id = ? AND task_id IN (${marks(chunk.length)})`, [id, ...chunk]);
+      if (next !== undefined) await c.run('UPDATE samplings SET next_position = ? WHERE id = ?', [next, id]);
+      if (end) await c.run("UPDATE samplings SET state = ?, error = ?, pool = '[]', ended_at = ? WHERE id = ?", [end.state, end.error, this.#now(), id]);
+    });
+  }
+
+  async deleteSampling(id: string): Promise<void> {
+    await this.#dialect.transaction(async (c) => {
+      await c.run('DELETE FROM sampling_groups WHERE sampling_id = ?', [id]);
+      await c.run('DELETE FROM samplings WHERE id = ?', [id]);
+    });
+  }
+
+  async unfinishedCancelledSamples(): Promise<string[]> {
+    const rows = await this.#dialect.connection((c) =>
+      c.all<{ id: string }>(
+        "SELECT r.id FROM sampling_groups g JOIN samplings s ON s.id = g.sampling_id JOIN rollouts r ON r.task_id = g.task_id WHERE g.outcome = 'cancelled' AND s.state <> 'running' AND r.state IN ('queued', 'leased') ORDER BY r.seq",
+      ),
+    );
+    return [...new Set(rows.map((row) => row.id))];
+  }
+
+  async pruneSamplings(keepEnded: number): Promise<number> {
+    checkPositiveInt('keepEnded', keepEnded);
+    return this.#dialect.transaction(async (c) => {
+      const gone = await c.all<{ id: string }>(
+        "DELETE FROM samplings WHERE state <> 'running' AND seq NOT IN (SELECT seq FROM samplings WHERE state <> 'running' ORDER BY ended_at DESC, seq DESC LIMIT ?) RETURNING id",
+        [keepEnded],
+      );
+      for (const chunk of chunks(gone.map((row) => row.id))) await c.run(`DELETE FROM sampling_groups WHERE sampling_id IN (${marks(chunk.length)})`, chunk);
+      return gone.length;
+    });
   }
 
   async schemaVersion(): Promise<number> {

@@ -1,4 +1,5 @@
 import type { RolloutResult, RolloutTask } from '../protocol/rollout.ts';
+import type { SampledGroupOutcome, SamplingSettings, SamplingState } from '../protocol/sampling.ts';
 
 /**
  * Where a rollout is in the store's eyes. `queued`: waiting for a worker (new, or re-issued after a
@@ -163,6 +164,47 @@ export interface PruneOutcome {
   tasks: number;
 }
 
+/** A group a dynamic sampling started, as the store keeps it. */
+export interface StoredSampledGroup {
+  taskId: string;
+  /** Its task's place in the pool (groups start in pool order). */
+  position: number;
+  outcome: SampledGroupOutcome;
+  /** A kept group's place in the order kept (0 first), else null. */
+  kept: number | null;
+}
+
+/** A dynamic sampling (service/dynamic-sampling.ts) as the store keeps it: its request and its progress. */
+export interface StoredSampling {
+  id: string;
+  settings: SamplingSettings;
+  /** The pool's tasks in order, ids given; empty once the sampling has ended. */
+  pool: RolloutTask[];
+  poolSize: number;
+  /** Tasks of the pool started so far (or about to be): the next to start is `pool[next]`. */
+  next: number;
+  state: SamplingState;
+  error: string | null;
+  /** Every group started, in pool order, and what became of it so far. */
+  groups: StoredSampledGroup[];
+  /** Epoch ms (the store's clock). */
+  createdAt: number;
+  endedAt: number | null;
+}
+
+/** Progress of a sampling, written in one transaction (`updateSampling`). */
+export interface SamplingChange {
+  /** Groups about to start (written before their tasks are stored, so a restart finds them), `running`. */
+  started?: ReadonlyArray<{ taskId: string; position: number }>;
+  next?: number;
+  /** Outcomes decided, a kept group's with its place in the order kept. */
+  outcomes?: ReadonlyArray<{ taskId: string; outcome: SampledGroupOutcome; kept?: number }>;
+  /** Groups whose start failed (their tasks were not stored): forgotten. */
+  unstarted?: readonly string[];
+  /** The sampling has ended: its pool is let go of, it counts toward `pruneSamplings`. */
+  end?: { state: Exclude<SamplingState, 'running'>; error: string | null };
+}
+
 /**
  * The durable state of the rollout service: tasks, their rollouts, the leases workers hold on them
  * and their results. One interface, two engines, chosen by URL (see `openStore`):
@@ -256,10 +298,28 @@ export interface RolloutStore {
   /** Forgets a node's credential (a node forgotten by the service's retention). */
   deleteNodeCredential(nodeId: string): Promise<void>;
 
-  /** The applied schema version (see the migrations). */
   /** A setting of the service's kept across restarts (JSON), undefined when never put. */
   getSetting(key: string): Promise<unknown>;
   putSetting(key: string, value: unknown): Promise<void>;
+
+  /** Keeps a new dynamic sampling, `running`, no group started; false (nothing written) when its id is known. */
+  putSampling(sampling: { id: string; settings: SamplingSettings; pool: readonly RolloutTask[] }): Promise<boolean>;
+  getSampling(id: string): Promise<StoredSampling | undefined>;
+  /** The samplings still `running`, oldest first (what a restarted service goes on with). */
+  runningSamplings(): Promise<StoredSampling[]>;
+  /** Writes a sampling's progress in one transaction; an unknown id changes nothing. */
+  updateSampling(id: string, change: SamplingChange): Promise<void>;
+  /** Forgets a sampling and its groups (one whose first submit failed). */
+  deleteSampling(id: string): Promise<void>;
+  /**
+   * Rollouts of groups that an ended sampling counts as `cancelled` which have no result yet: the
+   * service stopped between storing the end and cancelling them, and cancels them on start.
+   */
+  unfinishedCancelledSamples(): Promise<string[]>;
+  /** Forgets ended samplings but the `keepEnded` that ended last; returns how many went. */
+  pruneSamplings(keepEnded: number): Promise<number>;
+
+  /** The applied schema version (see the migrations). */
   schemaVersion(): Promise<number>;
   close(): Promise<void>;
 }

@@ -66,4 +66,33 @@ export const MIGRATIONS: readonly Migration[] = [
       );
     `,
   },
+  {
+    // dynamic samplings (DAPO): the request (its whole pool) and each group started with its
+    // outcome, so that a restarted service goes on with a sampling where it was
+    version: 4,
+    sql: `
+      CREATE TABLE samplings (
+        seq bigserial PRIMARY KEY,
+        id text NOT NULL UNIQUE,
+        settings json NOT NULL,
+        pool json NOT NULL,
+        pool_size integer NOT NULL,
+        next_position integer NOT NULL DEFAULT 0,
+        state text NOT NULL,
+        error text,
+        created_at bigint NOT NULL,
+        ended_at bigint
+      );
+      CREATE INDEX samplings_state ON samplings (state, seq);
+      CREATE TABLE sampling_groups (
+        sampling_id text NOT NULL,
+        task_id text NOT NULL,
+        position integer NOT NULL,
+        outcome text NOT NULL,
+        kept_rank integer,
+        PRIMARY KEY (sampling_id, task_id)
+      );
+      CREATE INDEX sampling_groups_outcome ON sampling_groups (outcome);
+    `,
+  },
 ];

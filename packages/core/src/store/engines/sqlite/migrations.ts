@@ -66,4 +66,33 @@ export const MIGRATIONS: readonly Migration[] = [
       );
     `,
   },
+  {
+    // dynamic samplings (DAPO): the request (its whole pool) and each group started with its
+    // outcome, so that a restarted service goes on with a sampling where it was
+    version: 4,
+    sql: `
+      CREATE TABLE samplings (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        id TEXT NOT NULL UNIQUE,
+        settings TEXT NOT NULL,
+        pool TEXT NOT NULL,
+        pool_size INTEGER NOT NULL,
+        next_position INTEGER NOT NULL DEFAULT 0,
+        state TEXT NOT NULL,
+        error TEXT,
+        created_at INTEGER NOT NULL,
+        ended_at INTEGER
+      );
+      CREATE INDEX samplings_state ON samplings (state, seq);
+      CREATE TABLE sampling_groups (
+        sampling_id TEXT NOT NULL,
+        task_id TEXT NOT NULL,
+        position INTEGER NOT NULL,
+        outcome TEXT NOT NULL,
+        kept_rank INTEGER,
+        PRIMARY KEY (sampling_id, task_id)
+      );
+      CREATE INDEX sampling_groups_outcome ON sampling_groups (outcome);
+    `,
+  },
 ];
