@@ -1,5 +1,5 @@
 import { execFileSync } from 'node:child_process';
-import { chmodSync, mkdirSync, readFileSync, rmSync } from 'node:fs';
+import { chmodSync, mkdirSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import swe from '@rollserve/env-swe';
@@ -203,11 +203,33 @@ async function fixtureBench(): Promise<void> {
 const MANY_SANDBOXES = 64;
 const MANY_IMAGES = 8;
 
-/** Bytes in use on the host (MemTotal - MemAvailable). */
+/**
+ * Memory of this process and every process under it (the sandboxes: bwrap, their shells, git,
+ * pytest; RSS summed, so pages they share count once each: an upper bound) plus the host's Shmem
+ * (the sandboxes' tmpfs layers and mounts), in bytes. Other processes of the host are left out.
+ */
 const memUsed = (): number => {
-  const info = readFileSync('/proc/meminfo', 'utf8');
-  const kib = (key: string): number => Number(new RegExp(`^${key}:\\s+(\\d+)`, 'm').exec(info)?.[1] ?? 0);
-  return (kib('MemTotal') - kib('MemAvailable')) * 1024;
+  const children = new Map<number, number[]>();
+  const rss = new Map<number, number>();
+  for (const name of readdirSync('/proc')) {
+    if (!/^\d+$/.test(name)) continue;
+    try {
+      const stat = readFileSync(`/proc/${name}/stat`, 'utf8');
+      const ppid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
+      children.set(ppid, [...(children.get(ppid) ?? []), Number(name)]);
+      rss.set(Number(name), Number(/^VmRSS:\s+(\d+)/m.exec(readFileSync(`/proc/${name}/status`, 'utf8'))?.[1] ?? 0) * 1024);
+    } catch {
+      // gone meanwhile
+    }
+  }
+  let total = 0;
+  const walk = (pid: number): void => {
+    total += rss.get(pid) ?? 0;
+    for (const child of children.get(pid) ?? []) walk(child);
+  };
+  walk(process.pid);
+  const shmem = Number(/^Shmem:\s+(\d+)/m.exec(readFileSync('/proc/meminfo', 'utf8'))?.[1] ?? 0) * 1024;
+  return total + shmem;
 };
 const duBytes = (path: string): number => Number(execFileSync('du', ['-sb', path], { encoding: 'utf8' }).split('\t')[0]);
 
@@ -258,7 +280,7 @@ export async function manyImagesBench(): Promise<void> {
       for (const state of ['empty cache', 'cached images']) {
         const baseline = memUsed();
         let peakMem = baseline;
-        const sampler = setInterval(() => (peakMem = Math.max(peakMem, memUsed())), 50);
+        const sampler = setInterval(() => (peakMem = Math.max(peakMem, memUsed())), 200);
         const rows = Array.from({ length: MANY_SANDBOXES }, (_, i) => rowOf(i));
         const t = performance.now();
         const seeds = await Promise.all(rows.map((row) => seedAt(server.url, row)));
@@ -268,7 +290,7 @@ export async function manyImagesBench(): Promise<void> {
         clearInterval(sampler);
         await Promise.all(rows.map((row, i) => end(server.url, row, seeds[i]!.cookie)));
         console.log(`${state.padEnd(14)} seed ${latencyLine(seeds.map((s) => s.ms))}  wall ${wall.toFixed(0)} ms`);
-        console.log(`${''.padEnd(14)} peak memory in use +${((peakMem - baseline) / 1e6).toFixed(0)} MB (host, sampled); disk ${(disk / 1e6).toFixed(0)} MB (cache + sandboxes)`);
+        console.log(`${''.padEnd(14)} peak memory ${(peakMem / 1e6).toFixed(0)} MB (this process and its sandboxes' RSS summed, + Shmem; ${(baseline / 1e6).toFixed(0)} MB before), sampled; disk ${(disk / 1e6).toFixed(0)} MB (cache + sandboxes)`);
       }
     } finally {
       await server.close();
