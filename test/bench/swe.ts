@@ -1,5 +1,5 @@
 import { execFileSync } from 'node:child_process';
-import { chmodSync, mkdirSync, rmSync } from 'node:fs';
+import { chmodSync, mkdirSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import swe from '@rollserve/env-swe';
@@ -7,7 +7,7 @@ import { createBwrapProvider, registerSandboxProvider } from '@rollserve/core/sa
 import { createResourcesServer, serveFetch } from '@rollserve/core/gym';
 import { call, cookieHeader, makeResponse } from '@rollserve/testing';
 import { buildSweFixtures, type SweFixture } from '../swe/fixtures.ts';
-import { buildSweImages, sweImageName } from '../swe/image-fixtures.ts';
+import { buildSweImages, buildSweImageSet, sweImageName } from '../swe/image-fixtures.ts';
 import { heading, latencyLine } from './stats.ts';
 
 // `pnpm bench swe`: the SWE environment on bwrap over its NeMo Gym face, on the three fixture
@@ -34,6 +34,7 @@ interface Timed {
 export default async function bench(): Promise<void> {
   await fixtureBench();
   await imageBench();
+  await manyImagesBench();
 }
 
 const IMAGE_FIRST_USES = 2;
@@ -195,6 +196,128 @@ async function fixtureBench(): Promise<void> {
   } finally {
     await server.close();
     await app.close();
+    built.close();
+  }
+}
+
+const MANY_SANDBOXES = 64;
+const MANY_IMAGES = 8;
+
+/**
+ * Memory of this process and every process under it (the sandboxes: bwrap, their shells, git,
+ * pytest; RSS summed, so pages they share count once each: an upper bound) plus the host's Shmem
+ * (the sandboxes' tmpfs layers and mounts), in bytes. Other processes of the host are left out.
+ */
+const memUsed = (): number => {
+  const children = new Map<number, number[]>();
+  const rss = new Map<number, number>();
+  for (const name of readdirSync('/proc')) {
+    if (!/^\d+$/.test(name)) continue;
+    try {
+      const stat = readFileSync(`/proc/${name}/stat`, 'utf8');
+      const ppid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
+      children.set(ppid, [...(children.get(ppid) ?? []), Number(name)]);
+      rss.set(Number(name), Number(/^VmRSS:\s+(\d+)/m.exec(readFileSync(`/proc/${name}/status`, 'utf8'))?.[1] ?? 0) * 1024);
+    } catch {
+      // gone meanwhile
+    }
+  }
+  let total = 0;
+  const walk = (pid: number): void => {
+    total += rss.get(pid) ?? 0;
+    for (const child of children.get(pid) ?? []) walk(child);
+  };
+  walk(process.pid);
+  const shmem = Number(/^Shmem:\s+(\d+)/m.exec(readFileSync('/proc/meminfo', 'utf8'))?.[1] ?? 0) * 1024;
+  return total + shmem;
+};
+const duBytes = (path: string): number => Number(execFileSync('du', ['-sb', path], { encoding: 'utf8' }).split('\t')[0]);
+
+/**
+ * 64 SWE sandboxes at once over 8 images on this host (test/swe/many-sandboxes.test.ts's setting):
+ * the seeds' p50/p99 on an empty cache (each image unpacked once, ROLLSERVE_IMAGE_UNPACKS at a
+ * time) and on the cached images, peak memory in use (the host's, sampled) and disk (the cache and
+ * the sandboxes' directories); then eviction's cost: the 8 images seeded one after another on an
+ * empty cache, with no cap and with a cap of 4 images (each first use past the fourth evicts one).
+ * (`tsx --conditions=@rollserve/source -e "import('./test/bench/swe.ts').then((m) => m.manyImagesBench())"`)
+ */
+export async function manyImagesBench(): Promise<void> {
+  const built = buildSweFixtures();
+  const calc = built.fixtures[0]!;
+  const set = buildSweImageSet(calc, MANY_IMAGES);
+  imageTmpDir = join(set.dir, 'sandboxes');
+  mkdirSync(imageTmpDir, { mode: 0o755 });
+  const { repo_path: _host, ...base } = calc.row;
+  const rowOf = (i: number) => ({ ...base, repo: 'pytest-dev/pytest', version: '8.0', image: `squashfs:${set.files[i % MANY_IMAGES]}` });
+  const serve = async (cacheDir: string, capBytes?: number) => {
+    imageCacheDir = cacheDir;
+    const previous = process.env.ROLLSERVE_IMAGE_CACHE_MAX;
+    if (capBytes !== undefined) process.env.ROLLSERVE_IMAGE_CACHE_MAX = String(capBytes);
+    const app = createResourcesServer(swe, { config: { sandbox_provider: 'swe-bench-image', images_root: set.dir } });
+    const server = await serveFetch(app);
+    return {
+      url: server.url,
+      close: async () => {
+        await server.close();
+        await app.close();
+        if (previous === undefined) delete process.env.ROLLSERVE_IMAGE_CACHE_MAX;
+        else process.env.ROLLSERVE_IMAGE_CACHE_MAX = previous;
+      },
+    };
+  };
+  const seedAt = async (url: string, row: Record<string, unknown>): Promise<{ ms: number; cookie: string }> => {
+    const t = performance.now();
+    const seeded = await call(url, 'POST', '/seed_session', row);
+    if (seeded.status !== 200) throw new Error(`seed failed: ${seeded.text}`);
+    return { ms: performance.now() - t, cookie: cookieHeader(seeded.setCookies) };
+  };
+  const end = (url: string, row: Record<string, unknown>, cookie: string) => call(url, 'POST', '/verify', { ...row, response: makeResponse([]) }, { cookie });
+  try {
+    heading(`swe: ${MANY_SANDBOXES} SWE sandboxes at once over ${MANY_IMAGES} images of ${(duBytes(set.files[0]!) / 1e6).toFixed(0)} MB (bwrap, NeMo Gym face)`);
+    const cache = join(set.dir, 'cache');
+    const server = await serve(cache);
+    try {
+      for (const state of ['empty cache', 'cached images']) {
+        const baseline = memUsed();
+        let peakMem = baseline;
+        const sampler = setInterval(() => (peakMem = Math.max(peakMem, memUsed())), 200);
+        const rows = Array.from({ length: MANY_SANDBOXES }, (_, i) => rowOf(i));
+        const t = performance.now();
+        const seeds = await Promise.all(rows.map((row) => seedAt(server.url, row)));
+        const wall = performance.now() - t;
+        peakMem = Math.max(peakMem, memUsed());
+        const disk = duBytes(cache) + duBytes(imageTmpDir);
+        clearInterval(sampler);
+        await Promise.all(rows.map((row, i) => end(server.url, row, seeds[i]!.cookie)));
+        console.log(`${state.padEnd(14)} seed ${latencyLine(seeds.map((s) => s.ms))}  wall ${wall.toFixed(0)} ms`);
+        console.log(`${''.padEnd(14)} peak memory ${(peakMem / 1e6).toFixed(0)} MB (this process and its sandboxes' RSS summed, + Shmem; ${(baseline / 1e6).toFixed(0)} MB before), sampled; disk ${(disk / 1e6).toFixed(0)} MB (cache + sandboxes)`);
+      }
+    } finally {
+      await server.close();
+    }
+    const entryBytes = duBytes(cache) / MANY_IMAGES;
+    for (const [name, cap] of [['no cap', undefined], ['cap of 4 images', Math.floor(entryBytes * 4.5)]] as const) {
+      const dir = join(set.dir, `cache-${cap === undefined ? 'nocap' : 'cap'}`);
+      const capped = await serve(dir, cap);
+      try {
+        const firstUses: number[] = [];
+        for (let i = 0; i < MANY_IMAGES; i++) {
+          const row = rowOf(i);
+          const seeded = await seedAt(capped.url, row);
+          firstUses.push(seeded.ms);
+          await end(capped.url, row, seeded.cookie);
+        }
+        const kept = duBytes(dir);
+        console.log(`eviction: ${name.padEnd(16)} first-use seed ${latencyLine(firstUses)}  (the last 4: ${latencyLine(firstUses.slice(4))}); cache ${(kept / 1e6).toFixed(0)} MB after`);
+      } finally {
+        await capped.close();
+        rmSync(dir, { recursive: true, force: true });
+      }
+    }
+  } finally {
+    imageCacheDir = undefined;
+    imageTmpDir = undefined;
+    set.close();
     built.close();
   }
 }

@@ -40,6 +40,16 @@ describe('rollserve command line', () => {
     expect(result.stderr).not.toMatch(/\n\s+at /);
   });
 
+  it('checks --image-cache-max and --image-unpacks (beside ROLLSERVE_IMAGE_CACHE_MAX / _UNPACKS) before serving, and lists them', () => {
+    const cap = run('serve', 'math', '--port', '0', '--image-cache-max', 'lots');
+    expect(cap.status).toBe(1);
+    expect(cap.stderr.trim()).toBe('rollserve serve: --image-cache-max takes a size (bytes, or a number with K, M, G or T: 200G), not "lots"');
+    const unpacks = run('node', '--image-unpacks', '0');
+    expect(unpacks.status).toBe(1);
+    expect(unpacks.stderr.trim()).toBe('rollserve node: --image-unpacks takes an integer >= 1, not "0"');
+    for (const command of ['start', 'serve', 'node']) expect(run(command, '--help').stdout).toMatch(/--image-cache-max[\s\S]*--image-unpacks/);
+  });
+
   it('names a missing required option in one line (rollout requires --model), but not with --help', () => {
     const result = run('rollout', '--env', 'math', '--input', 'x', '--output', 'y', '--policy', 'http://127.0.0.1:9/v1');
     expect(result.status).toBe(2);

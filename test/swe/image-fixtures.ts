@@ -289,3 +289,35 @@ export function buildSweImages(testbed: SweFixture, options: { padding?: SwePadd
     throw error;
   }
 }
+
+export interface SweImageSet {
+  dir: string;
+  /** `n` squashfs images of one root (each with its own /etc/rollserve-image), `<dir>/image-<i>.sqfs`. */
+  files: string[];
+  close(): void;
+}
+
+/**
+ * `n` distinct images of the testbed (one root filesystem built once, packed `n` times with a
+ * file of its own in each, so each is a cache entry and an unpack of its own): many images on
+ * one host without building the root `n` times.
+ */
+export function buildSweImageSet(testbed: SweFixture, n: number): SweImageSet {
+  const dir = mkdtempSync(join(tmpdir(), 'rollserve-swe-image-set-'));
+  try {
+    chmodSync(dir, 0o755);
+    const root = join(dir, 'rootfs');
+    makeSweRootfs(root, testbed);
+    const files = Array.from({ length: n }, (_, i) => {
+      writeFileSync(join(root, 'etc/rollserve-image'), `image ${i}\n`);
+      const file = join(dir, `image-${i}.sqfs`);
+      makeUncompressedSquashfs(root, file);
+      return file;
+    });
+    rmSync(root, { recursive: true, force: true });
+    return { dir, files, close: () => rmSync(dir, { recursive: true, force: true }) };
+  } catch (error) {
+    rmSync(dir, { recursive: true, force: true });
+    throw error;
+  }
+}

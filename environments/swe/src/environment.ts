@@ -207,7 +207,8 @@ export function createSweEnvironment(options: SweEnvironmentOptions = {}) {
         if (failure.code === 'UNPROCESSABLE') throw failure;
         return finish('eval_sandbox_failed', failure.message);
       }
-      const outcome = await evaluatePatch(instance, patch, { provider: ctx.resources.provider, config, signal: ctx.signal });
+      const reverse = config.is_verifying_golden_patch && instance.goldReversed;
+      const outcome = await evaluatePatch(instance, patch, { provider: ctx.resources.provider, config, signal: ctx.signal, reverse });
       Object.assign(result, outcome);
       return finish(null);
     },

@@ -46,6 +46,8 @@ export interface EvaluateOptions {
   provider: SandboxProvider;
   config: SweConfig;
   signal?: AbortSignal;
+  /** Apply the patch in reverse (SWE-smith's gold patch is the bug). */
+  reverse?: boolean;
 }
 
 const seconds = (fromMs: number): number => Math.round(performance.now() - fromMs) / 1000;
@@ -94,7 +96,7 @@ export async function evaluatePatch(instance: SweInstance, patch: string, option
     try {
       const cwd = instance.repoDir;
       const stdin = patch.endsWith('\n') ? patch : `${patch}\n`;
-      const applied = await sandbox.exec(applyScript(`${PATCH_DIR}/model.patch`, { fromStdin: true }), { cwd, stdin, timeoutMs: setupMs });
+      const applied = await sandbox.exec(applyScript(`${PATCH_DIR}/model.patch`, { fromStdin: true, reverse: options.reverse === true }), { cwd, stdin, timeoutMs: setupMs });
       if (applied.returnCode !== 0) {
         outcome.apply_failed = true;
         outcome.failure_reason = 'patch_failed';
@@ -113,8 +115,9 @@ export async function evaluatePatch(instance: SweInstance, patch: string, option
         }
       }
       const ids = [...instance.failToPass, ...instance.passToPass];
-      // SWE-bench's commands run in its images' conda env, as its eval script's `conda activate testbed`
-      const activate = instance.testCommandFrom === 'swe-bench' ? `${condaActivateScript()}\n` : '';
+      // the datasets' commands run in their images' conda env, as their eval scripts' `conda activate testbed`
+      const fromDataset = instance.testCommandFrom !== 'row' && instance.testCommandFrom !== 'config' && instance.testCommandFrom !== 'default';
+      const activate = fromDataset ? `${condaActivateScript()}\n` : '';
       const run = await sandbox.exec(`${activate}${outcome.test_command} 2>&1`, { cwd, env: instance.testEnv, timeoutMs: config.evaluation_timeout * 1000 });
       const output = `${run.stdout}${run.stderr}`;
       outcome.test_output = tail(output, config.max_test_output_chars);

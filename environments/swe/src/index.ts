@@ -8,9 +8,21 @@ export type { SweInstance } from './instance.ts';
 export { archiveTree, prepareRepository } from './repository.ts';
 export { extractDiff, responseDiff } from './response-diff.ts';
 export { SweConfig, SweRow, TestList, VerifyFrom } from './schema.ts';
-export { condaActivateScript, lookupSweBenchSpec, NON_TEST_EXTS, SWE_BENCH_CONDA_ENV, sweBenchRepos, testFilesOfPatch } from './specs/index.ts';
-export type { SweBenchSpec } from './specs/index.ts';
-export { applyScript, diffScript, extractScript, freshRepoScript, GIT_ENV, patchedFiles, restoreScript, stageScript } from './scripts.ts';
+export {
+  condaActivateScript,
+  datasetImage,
+  lookupMultilingualSpec,
+  lookupSweBenchSpec,
+  lookupSweGymSpec,
+  lookupSweSmithSpec,
+  MULTILINGUAL_SPECS,
+  NON_TEST_EXTS,
+  SWE_BENCH_CONDA_ENV,
+  sweBenchRepos,
+  testFilesOfPatch,
+} from './specs/index.ts';
+export type { DatasetSpec, MultilingualRepoSpec, SweBenchSpec } from './specs/index.ts';
+export { applyScript, checkoutScript, diffScript, extractScript, freshRepoScript, GIT_ENV, patchedFiles, restoreScript, stageScript } from './scripts.ts';
 export {
   djangoParser,
   getTestParser,

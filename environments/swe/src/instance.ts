@@ -4,7 +4,7 @@ import { invalidInputError } from '@rollserve/core';
 import type { SandboxBind, SandboxSpec } from '@rollserve/core/sandbox';
 import type { SweConfig, SweRow } from './schema.ts';
 import { GIT_ENV } from './scripts.ts';
-import { lookupSweBenchSpec, testFilesOfPatch } from './specs/index.ts';
+import { datasetImage, lookupMultilingualSpec, lookupSweBenchSpec, lookupSweGymSpec, lookupSweSmithSpec, testFilesOfPatch, type DatasetSpec } from './specs/index.ts';
 import { getTestParser, pytestParser, testCommandLine, type TestParser } from './test-parsers.ts';
 
 /** A row and the config resolved into what seeding and evaluation need. */
@@ -21,10 +21,12 @@ export interface SweInstance {
   repoDir: string;
   workdir: string;
   setupScript?: string;
-  /** The test command template (row, config, SWE-bench's spec, or the parser's default). */
+  /** The test command template (row, config, the dataset's spec, or the parser's default). */
   testCommand: string;
-  /** Where the command came from. */
-  testCommandFrom: 'row' | 'config' | 'swe-bench' | 'default';
+  /** Where the command came from: the row, the config, a dataset's harness, or the parser's default. */
+  testCommandFrom: 'row' | 'config' | 'swe-bench' | DatasetSpec['dataset'] | 'default';
+  /** A script (SWE-bench Multilingual's build and test commands) run under `set -x`, never given targets. */
+  testScript: boolean;
   parserName: string;
   parser: TestParser;
   /** What the command runs: SWE-bench's directives from test_patch, else the parser's targets of the ids. */
@@ -39,6 +41,13 @@ export interface SweInstance {
   passToPass: string[];
   testPatch: string;
   goldPatch: string;
+  /** The gold patch is the bug, its reverse the fix (SWE-smith's). */
+  goldReversed: boolean;
+  /**
+   * Where the image's repository is put before seeding (SWE-smith's: base_commit, the bug's commit,
+   * else, when the image lacks that commit, the bug `patch` applied to what it has).
+   */
+  checkout?: { commit: string; patch: string };
 }
 
 /**
@@ -172,8 +181,8 @@ export function resolveInstance(row: SweRow, config: SweConfig): SweInstance {
   const roots = rowRoots(config);
   // The row's image (or image_template) is a row's path: under images_root. The config's are the
   // operator's, but the instance id filled into its template is the row's: a name, not a path.
-  const template = row.image_template ?? config.image_template;
-  if (row.image === undefined && template !== undefined && template.includes('{instance_id') && !TEMPLATE_ID.test(row.instance_id)) {
+  const template = row.image_template ?? (row.image_name === undefined ? config.image_template : undefined);
+  if (row.image === undefined && template !== undefined && template.includes('{instance_') && !TEMPLATE_ID.test(row.instance_id)) {
     throw invalidInputError(['instance_id'], `instance_id ${JSON.stringify(row.instance_id)} cannot name an image: it may hold only letters, digits, ".", "_" and "-"`, row.instance_id);
   }
   let image: string | undefined;
@@ -182,9 +191,12 @@ export function resolveInstance(row: SweRow, config: SweConfig): SweInstance {
     image = rowImage(row.image, roots.images, ['image']);
     imageFromRow = true;
   } else if (row.image_template !== undefined) {
-    image = rowImage(imageFromTemplate(row.image_template, row.instance_id)!, roots.images, ['image_template']);
+    image = rowImage(imageFromTemplate(row.image_template, row.instance_id, datasetImage(row))!, roots.images, ['image_template']);
     imageFromRow = true;
-  } else image = imageFromTemplate(config.image_template, row.instance_id) ?? config.image;
+  } else if (row.image_name !== undefined) {
+    image = rowImage(row.image_name, roots.images, ['image_name']);
+    imageFromRow = true;
+  } else image = imageFromTemplate(config.image_template, row.instance_id, datasetImage(row)) ?? config.image;
   const repoPath = row.repo_path === undefined ? undefined : rowPath(roots.repos, 'repos_root', row.repo_path, ['repo_path'], 'dir');
   if (repoPath === undefined && image === undefined) {
     throw invalidInputError([], `instance ${row.instance_id}: a row needs repo_path (a host repository) or an image holding the repository`, null);
@@ -201,10 +213,18 @@ export function resolveInstance(row: SweRow, config: SweConfig): SweInstance {
     return { host: rowPath(roots.binds, 'binds_root', bind.host, ['binds', i, 'host'], 'dir-or-file'), sandbox: target, readOnly: bind.read_only };
   });
 
-  // Row, then config, then SWE-bench's spec of the repository and version, then pytest.
-  const spec = lookupSweBenchSpec(row.repo, row.version);
-  const parserName = row.test_parser ?? config.test_parser ?? spec?.parser ?? 'pytest';
-  const parser = getTestParser(parserName) ?? pytestParser; // names were checked by the schemas
+  // Row, then config, then the spec of the row's dataset (SWE-smith's when it names image_name,
+  // SWE-bench's, SWE-Gym's or Multilingual's for its repository and version), then pytest.
+  const version = versionKey(row.version);
+  const smith = lookupSweSmithSpec(row, row.FAIL_TO_PASS);
+  const spec = smith === undefined ? lookupSweBenchSpec(row.repo, row.version) : undefined;
+  const other = smith ?? (spec === undefined ? (lookupSweGymSpec(row.repo, version, row.test_patch) ?? lookupMultilingualSpec(row.repo, version)) : undefined);
+  const parserName = row.test_parser ?? config.test_parser ?? spec?.parser ?? other?.parser ?? 'pytest';
+  const parser = getTestParser(parserName);
+  if (parser === undefined) {
+    // only a dataset's parser can be missing (the row's and config's names were checked by the schemas)
+    throw invalidInputError(['repo'], `${other?.dataset ?? 'the dataset'}'s log parser of ${row.repo ?? 'this repository'} (${parserName}) is not built in: give the row (or the config) a test_parser`, row.repo ?? null);
+  }
   const [testCommand, testCommandFrom] =
     row.test_command !== undefined
       ? [row.test_command, 'row' as const]
@@ -212,10 +232,21 @@ export function resolveInstance(row: SweRow, config: SweConfig): SweInstance {
         ? [config.test_command, 'config' as const]
         : spec !== undefined
           ? [spec.testCommand, 'swe-bench' as const]
-          : [parser.defaultCommand, 'default' as const];
+          : other !== undefined
+            ? [other.testCommand, other.dataset]
+            : [parser.defaultCommand, 'default' as const];
   const ids = [...row.FAIL_TO_PASS, ...row.PASS_TO_PASS];
   const files = testFilesOfPatch(row.test_patch);
-  const testTargets = files.length > 0 ? (parser.directives?.(files) ?? files) : parser.targets(ids);
+  const ownTargets = testCommandFrom === other?.dataset ? other.targets : undefined;
+  const testTargets =
+    ownTargets === 'none'
+      ? []
+      : ownTargets === 'fail-to-pass-files'
+        ? [...new Set(row.FAIL_TO_PASS.map((id) => id.split('::')[0]!))]
+        : files.length > 0
+          ? (parser.directives?.(files) ?? files)
+          : parser.targets(ids);
+  const isSmith = smith !== undefined;
   const setupScript = row.setup_script ?? config.setup_script;
   return {
     instanceId: row.instance_id,
@@ -228,6 +259,7 @@ export function resolveInstance(row: SweRow, config: SweConfig): SweInstance {
     ...(setupScript === undefined ? {} : { setupScript }),
     testCommand,
     testCommandFrom,
+    testScript: testCommandFrom === other?.dataset && other.script,
     parserName,
     parser,
     testTargets,
@@ -239,18 +271,36 @@ export function resolveInstance(row: SweRow, config: SweConfig): SweInstance {
     passToPass: row.PASS_TO_PASS,
     testPatch: row.test_patch,
     goldPatch: row.patch ?? '',
+    goldReversed: isSmith,
+    ...(isSmith && image !== undefined && repoPath === undefined ? { checkout: { commit: row.base_commit, patch: row.patch ?? '' } } : {}),
   };
 }
 
-/** The full test command line of an instance. */
+/** A version as SWE-bench's tables key it (a JSON number 3.0, read as 3, is "3.0"). */
+const versionKey = (version: string | number | undefined): string | undefined =>
+  typeof version === 'number' ? (Number.isInteger(version) ? version.toFixed(1) : String(version)) : version;
+
+/**
+ * The full test command line of an instance; a script (Multilingual's) runs in a subshell under
+ * `set -ux`, as SWE-bench's eval script (its trace is part of the output some parsers read).
+ */
 export function instanceTestCommand(instance: SweInstance): string {
+  if (instance.testScript) return `(\nset -ux\n${instance.testCommand}\n)`;
   return testCommandLine(instance.testCommand, instance.testTargets);
 }
 
-/** SWE-bench names its images after the instance id with `__` spelled `_1776_`. */
-export function imageFromTemplate(template: string | undefined, instanceId: string): string | undefined {
+/**
+ * An image template filled in: SWE-bench names its images after the instance id in lower case
+ * with `__` spelled `_1776_` (`{instance_id_1776}`), SWE-Gym with `_s_` (`{instance_id_s}`);
+ * `{instance_image}` is the row's own dataset's name for it (see datasetImage).
+ */
+export function imageFromTemplate(template: string | undefined, instanceId: string, instanceImage?: string): string | undefined {
   if (template === undefined) return undefined;
-  return template.replaceAll('{instance_id_1776}', instanceId.replaceAll('__', '_1776_')).replaceAll('{instance_id}', instanceId);
+  return template
+    .replaceAll('{instance_id_1776}', instanceId.replaceAll('__', '_1776_').toLowerCase())
+    .replaceAll('{instance_id_s}', instanceId.replaceAll('__', '_s_').toLowerCase())
+    .replaceAll('{instance_image}', instanceImage ?? `swebench/sweb.eval.x86_64.${instanceId.replaceAll('__', '_1776_').toLowerCase()}:latest`)
+    .replaceAll('{instance_id}', instanceId);
 }
 
 /** The sandbox an instance runs in (the agent's and the eval one alike): the row's env and binds included. */

@@ -2,7 +2,7 @@ import { execFile } from 'node:child_process';
 import { invalidInputError, RolloutError } from '@rollserve/core';
 import type { Sandbox } from '@rollserve/core/sandbox';
 import type { SweInstance } from './instance.ts';
-import { extractScript, freshRepoScript } from './scripts.ts';
+import { checkoutScript, extractScript, freshRepoScript } from './scripts.ts';
 
 const MAX_ARCHIVES = 16;
 const archives = new Map<string, Promise<Buffer>>();
@@ -85,6 +85,9 @@ export async function prepareRepository(sandbox: Sandbox, instance: SweInstance,
   if (instance.repoPath !== undefined) {
     const tar = await archiveTree(instance.repoPath, instance.baseCommit);
     ensureOk(await sandbox.exec(extractScript(instance.repoDir), { cwd: '/', stdin: tar, timeoutMs }), 'copying the repository into the sandbox');
+  }
+  if (instance.checkout !== undefined) {
+    ensureOk(await sandbox.exec(checkoutScript(instance.checkout.commit), { cwd: instance.repoDir, stdin: instance.checkout.patch, timeoutMs }), `putting the repository at ${instance.checkout.commit}`);
   }
   if (instance.setupScript !== undefined) {
     ensureOk(await sandbox.exec(instance.setupScript, { cwd: instance.repoDir, timeoutMs }), 'setup_script');

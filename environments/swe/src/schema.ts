@@ -46,6 +46,12 @@ export const SweRow = z.looseObject({
   image: z.string().min(1).optional(),
   /** The image from the instance id, as the config's `image_template` (which it overrides); under `images_root` too. */
   image_template: z.string().min(1).optional(),
+  /**
+   * SWE-smith's image (`swesmith.x86_64.<owner>__<repo>.<commit>`, or with a namespace and `__` as
+   * `_1776_`): read as `image` is (a name under images_root, else a registry name). It marks the
+   * row as SWE-smith's: `patch` is the bug (its reverse the fix), base_commit the bug's commit.
+   */
+  image_name: z.string().min(1).optional(),
   /** A git repository under the config's `repos_root` (bwrap, local): its tree at base_commit is copied into the sandbox. */
   repo_path: z.string().min(1).optional(),
   /** Where the repository lives inside the sandbox. */
@@ -90,8 +96,11 @@ export const SweConfig = z.object({
   /** The image of rows that name none. */
   image: z.string().optional(),
   /**
-   * The image of rows that name none, from the instance id: `{instance_id}` as is, and
-   * `{instance_id_1776}` with `__` as `_1776_` (SWE-bench's image names). Wins over `image`.
+   * The image of rows that name none, from the instance id: `{instance_id}` as is,
+   * `{instance_id_1776}` with `__` as `_1776_` and in lower case (SWE-bench's image names),
+   * `{instance_id_s}` with `__` as `_s_` in lower case (SWE-Gym's), and `{instance_image}` the
+   * row's own dataset's registry name (SWE-smith's `image_name`, SWE-Gym's or SWE-bench's name).
+   * Wins over `image`.
    * @example 'docker://swebench/sweb.eval.x86_64.{instance_id_1776}:latest'
    */
   image_template: z.string().optional(),

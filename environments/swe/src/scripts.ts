@@ -52,6 +52,23 @@ export function freshRepoScript(): string {
   ].join('\n');
 }
 
+/**
+ * Puts an image's repository at `commit` (SWE-smith's bug commit, checked out when the image has
+ * it), else applies the patch given on stdin to what it has (the bug: its branch is the image's
+ * commit with that patch, which SWE-smith's eval fetches and a sandbox without network cannot).
+ */
+export function checkoutScript(commit: string): string {
+  const c = shQuote(commit);
+  return [
+    GIT_EXPORTS,
+    `if git cat-file -e ${c}'^{commit}' 2>/dev/null; then git -c advice.detachedHead=false checkout -q -f ${c} && exit 0; fi`,
+    `f=/tmp/rollserve-checkout.$$.patch; cat > "$f" || exit 1`,
+    'if [ ! -s "$f" ]; then echo "the image has no commit ' + commit.replaceAll("'", '') + ' and the row no patch" >&2; rm -f "$f"; exit 1; fi',
+    'git apply --whitespace=nowarn "$f" 2>&1 || patch --batch --fuzz=5 -p1 -i "$f" 2>&1; rc=$?',
+    'rm -f "$f"; exit $rc',
+  ].join('\n');
+}
+
 /** Copies a tar archive given on stdin into `repoDir`. */
 export function extractScript(repoDir: string): string {
   return `mkdir -p ${shQuote(repoDir)} && tar -x -f - -C ${shQuote(repoDir)}`;
@@ -73,14 +90,16 @@ export function stageScript(file: string): string {
  * Applies a patch file: `git apply`, then `patch` with fuzz. Prints the marker and the method.
  * With `fromStdin` the patch arrives on stdin and is staged at `patchFile` first.
  */
-export function applyScript(patchFile: string, options: { fuzz?: number; fromStdin?: boolean } = {}): string {
+export function applyScript(patchFile: string, options: { fuzz?: number; fromStdin?: boolean; reverse?: boolean } = {}): string {
   const file = shQuote(patchFile);
   const fuzz = options.fuzz ?? 5;
+  // reversed: the patch is a bug and undoing it the fix (SWE-smith's gold)
+  const [gitReverse, patchReverse] = options.reverse === true ? [' --reverse', ' -R'] : ['', ''];
   return [
     ...(options.fromStdin === true ? [stageScript(patchFile)] : []),
     GIT_EXPORTS,
-    `if git apply --verbose --whitespace=nowarn ${file} 2>&1; then echo '${APPLIED_MARKER}git apply'; exit 0; fi`,
-    `if patch --batch --fuzz=${fuzz} -p1 -i ${file} 2>&1; then echo '${APPLIED_MARKER}patch --fuzz=${fuzz}'; exit 0; fi`,
+    `if git apply --verbose --whitespace=nowarn${gitReverse} ${file} 2>&1; then echo '${APPLIED_MARKER}git apply${gitReverse}'; exit 0; fi`,
+    `if patch --batch --fuzz=${fuzz}${patchReverse} -p1 -i ${file} 2>&1; then echo '${APPLIED_MARKER}patch --fuzz=${fuzz}${patchReverse}'; exit 0; fi`,
     'exit 1',
   ].join('\n');
 }

@@ -268,6 +268,179 @@ export const djangoParser: TestParser = {
   },
 };
 
+// The parsers of SWE-Gym, SWE-smith and SWE-bench Multilingual (their harnesses' log_parsers),
+// read line by line as theirs are. Their commands come from the specs (specs/), never from targets.
+
+/** A parser that reads lines with `read` (a [test, status] pair or nothing); later lines win. */
+const byLine = (defaultCommand: string, read: (line: string) => [string, TestStatus] | undefined): TestParser => ({
+  defaultCommand,
+  targets: () => [],
+  parse(output) {
+    const statuses = new Map<string, TestStatus>();
+    for (const line of output.split('\n')) {
+      const found = read(line);
+      if (found !== undefined) statuses.set(found[0], found[1]);
+    }
+    return statuses;
+  },
+});
+
+/**
+ * SWE-smith's `parse_log_pytest`: pytest --verbose's `<nodeid> PASSED [ 50%]` lines (the first
+ * word is the id, the status the word after it).
+ */
+export const swesmithPytestParser: TestParser = {
+  ...pytestParser,
+  defaultCommand: 'pytest --disable-warnings --color=no --tb=no --verbose {tests}',
+  parse(output) {
+    const statuses = new Map<string, TestStatus>();
+    for (const line of output.split('\n')) {
+      const match = /^(\S+)\s+(FAILED|PASSED|SKIPPED|ERROR|XFAIL)/.exec(line);
+      if (match !== null) statuses.set(match[1]!, match[2] as TestStatus);
+    }
+    return statuses;
+  },
+};
+
+/** SWE-Gym's `parse_log_pytest_pydantic`: pytest_v2, `FAILED [...]` read as FAILED. */
+export const pytestPydanticParser: TestParser = {
+  ...pytestV2Parser,
+  parse: (output, expectedIds) => pytestV2Parser.parse(output.replace(/FAILED\s*\[.*?\]/g, 'FAILED'), expectedIds),
+};
+
+const STATUS_WORDS = { PASS: 'PASSED', FAIL: 'FAILED', SKIP: 'SKIPPED' } as const;
+
+/** SWE-smith's tornado parser (`python -m tornado.test --verbose`). */
+export const tornadoParser = byLine('python -m tornado.test --verbose', (line) => {
+  if (line.endsWith('... ok')) return [line.split(' ... ')[0]!, 'PASSED'];
+  if (line.includes(' ... skipped ')) return [line.split(' ... ')[0]!, 'SKIPPED'];
+  if (line.startsWith('ERROR:') || line.startsWith('FAIL:')) return [line.split(/\s+/).slice(1, 3).join(' '), 'FAILED'];
+  return undefined;
+});
+
+/** SWE-smith's python-slugify parser (unittest's `name ... ok`). */
+export const slugifyParser = byLine('python test.py --verbose', (line) => {
+  const match = /^([a-zA-Z0-9_\-,.\s()']+)\s\.{3}\s(ok|FAIL|ERROR)$/.exec(line);
+  if (match === null) return undefined;
+  return [match[1]!, match[2] === 'ok' ? 'PASSED' : match[2] === 'FAIL' ? 'FAILED' : 'ERROR'];
+});
+
+/** SWE-smith's paramiko parser: `-rA` lines, the first word after the status. */
+export const paramikoParser: TestParser = {
+  ...pytestParser,
+  parse: (output) => byLine('', (line) => {
+    const match = /^(FAILED|PASSED|SKIPPED|ERROR|XFAIL)\s(\S+)/.exec(line);
+    return match === null ? undefined : [match[2]!, match[1] as TestStatus];
+  }).parse(output, []),
+};
+
+/** SWE-smith's autograd parser: pytest-xdist's `[gw0] PASSED <id>`. */
+export const autogradParser: TestParser = {
+  ...pytestParser,
+  parse: (output) => byLine('', (line) => {
+    const match = /^\[gw\d+\]\s(FAILED|PASSED|SKIPPED|ERROR|XFAIL)\s(\S+)/.exec(line);
+    return match === null ? undefined : [match[2]!, match[1] as TestStatus];
+  }).parse(output, []),
+};
+
+/** SWE-smith's mypy parser: a line naming PASSED (else FAILED) is its last word's. */
+export const mypyParser = byLine('pytest --color=no -rA -k', (line) => {
+  const status = (['PASSED', 'FAILED'] as const).find((s) => line.includes(s));
+  const words = line.split(/\s+/).filter((w) => w !== '');
+  return status === undefined || words.length === 0 ? undefined : [words.at(-1)!, status];
+});
+
+/** SWE-bench's `parse_log_redis` (redis, valkey): `[ok]: name (12 ms)`. */
+export const redisParser = byLine('TERM=dumb ./runtest --durable', (raw) => {
+  const match = /^\[(ok|err|skip|ignore)\]:\s(.+?)(?:\s\((\d+\s*m?s)\))?$/.exec(raw.trim());
+  if (match === null) return undefined;
+  if (match[1] === 'ok') return [match[2]!, 'PASSED'];
+  if (match[1] === 'err') return [match[2]!.replace(/\s+in\s+\S+$/, ''), 'FAILED'];
+  return [match[2]!, 'SKIPPED'];
+});
+
+/** SWE-bench's `parse_log_jq`: automake's `PASS: tests/x.test`. */
+export const jqParser = byLine('make check', (raw) => {
+  const match = /^\s*(PASS|FAIL):\s(.+)$/.exec(raw.trim());
+  return match === null ? undefined : [match[2]!, STATUS_WORDS[match[1] as 'PASS' | 'FAIL']];
+});
+
+/** SWE-bench's `parse_log_gotest`: `--- PASS: TestX (0.00s)`. */
+export const gotestParser = byLine('go test -v ./...', (raw) => {
+  const match = /^--- (PASS|FAIL|SKIP): (.+) \((.+)\)$/.exec(raw.trim());
+  return match === null ? undefined : [match[2]!, STATUS_WORDS[match[1] as 'PASS' | 'FAIL' | 'SKIP']];
+});
+
+/** SWE-bench's `parse_log_cargo`: `test path::name ... ok`. */
+export const cargoParser = byLine('cargo test', (raw) => {
+  const match = /^test\s+(\S+)\s+\.\.\.\s+(\w+)$/.exec(raw.trim());
+  if (match === null) return undefined;
+  return match[2] === 'ok' ? [match[1]!, 'PASSED'] : match[2] === 'FAILED' ? [match[1]!, 'FAILED'] : undefined;
+});
+
+/** SWE-bench's `parse_log_googletest`: `[       OK ] Suite.Name (0 ms)`. */
+export const googletestParser = byLine('ctest --output-on-failure', (raw) => {
+  const match = /^.*\[\s*(OK|FAILED)\s*\]\s(.*)\s\(.*\)$/.exec(raw.trim());
+  return match === null ? undefined : [match[2]!, match[1] === 'OK' ? 'PASSED' : 'FAILED'];
+});
+
+/** SWE-bench's `parse_log_jest` (jest --verbose): `✓ name (3 ms)`. */
+export const jestParser = byLine('npx jest --verbose', (raw) => {
+  const match = /^\s*(✓|✕|○)\s(.+?)(?:\s\((\d+\s*m?s)\))?$/.exec(raw.trim());
+  if (match === null) return undefined;
+  return [match[2]!, match[1] === '✓' ? 'PASSED' : match[1] === '✕' ? 'FAILED' : 'SKIPPED'];
+});
+
+/** SWE-bench's `parse_log_tap`: `ok 1 name`, `not ok 2 name`. */
+export const tapParser = byLine('npm test', (raw) => {
+  const match = /^(ok|not ok) (\d+) (.+)$/.exec(raw.trim());
+  return match === null ? undefined : [match[3]!, match[1] === 'ok' ? 'PASSED' : 'FAILED'];
+});
+
+/**
+ * SWE-bench's `parse_log_phpunit` (phpunit --testdox): `Suite (Class)` headers, then `✔ name`
+ * lines, named `Suite > name`.
+ */
+export const phpunitParser: TestParser = {
+  defaultCommand: 'vendor/bin/phpunit --testdox',
+  targets: () => [],
+  parse(output) {
+    const statuses = new Map<string, TestStatus>();
+    let suite: string | null = null;
+    for (const line of output.split('\n')) {
+      const header = /^(\w.+) \(.+\)$/.exec(line);
+      if (header !== null) {
+        suite = header[1]!;
+        continue;
+      }
+      const test = /^\s*([✔✘↩])\s*(.*)$/.exec(line);
+      if (test !== null) statuses.set(`${suite ?? 'None'} > ${test[2]}`, test[1] === '✔' ? 'PASSED' : test[1] === '✘' ? 'FAILED' : 'SKIPPED');
+    }
+    return statuses;
+  },
+};
+
+/**
+ * SWE-bench's `parse_log_maven`: each test runs alone (`mvn test -Dtest=X`, seen in the eval
+ * script's `set -x` trace) and its result is the build's (`BUILD SUCCESS` / `BUILD FAILURE`).
+ */
+export const mavenParser: TestParser = {
+  defaultCommand: 'mvn test',
+  targets: () => [],
+  parse(output) {
+    const statuses = new Map<string, TestStatus>();
+    let current = '---NO TEST NAME FOUND YET---';
+    for (const raw of output.split('\n')) {
+      const line = raw.trim();
+      const name = /^.*-Dtest=(\S+).*$/.exec(line);
+      if (name !== null) current = name[1]!;
+      const result = /^.*BUILD (SUCCESS|FAILURE)$/.exec(line);
+      if (result !== null) statuses.set(current, result[1] === 'SUCCESS' ? 'PASSED' : 'FAILED');
+    }
+    return statuses;
+  },
+};
+
 const parsers = new Map<string, TestParser>([
   ['pytest', pytestParser],
   ['pytest_options', pytestOptionsParser],
@@ -281,6 +454,24 @@ const parsers = new Map<string, TestParser>([
   ...(['astropy', 'scikit', 'sphinx'] as const).map((name): [string, TestParser] => [name, pytestV2Parser]),
   ...(['requests', 'pylint', 'pydicom'] as const).map((name): [string, TestParser] => [name, pytestOptionsParser]),
   ...(['flask', 'marshmallow', 'xarray', 'pvlib', 'pyvista', 'sqlfluff', 'astroid'] as const).map((name): [string, TestParser] => [name, pytestParser]),
+  // SWE-Gym's and SWE-smith's
+  ['pytest_pydantic', pytestPydanticParser],
+  ['swesmith_pytest', swesmithPytestParser],
+  ['tornado', tornadoParser],
+  ['python_slugify', slugifyParser],
+  ['paramiko', paramikoParser],
+  ['autograd', autogradParser],
+  ['mypy', mypyParser],
+  // SWE-bench Multilingual's (the rest of its parsers are not built in: a row of those repositories names its test_parser)
+  ['redis', redisParser],
+  ['jq', jqParser],
+  ['gotest', gotestParser],
+  ['cargo', cargoParser],
+  ['googletest', googletestParser],
+  ['jest', jestParser],
+  ['tap', tapParser],
+  ['phpunit', phpunitParser],
+  ['maven', mavenParser],
 ]);
 
 /** Adds a parser (or replaces one) under `name`. */

@@ -1,5 +1,6 @@
 import { RolloutError } from '@rollserve/core';
 import { assertBindAllowed } from '@rollserve/core/gym';
+import { parseSize } from '@rollserve/core/sandbox';
 
 export const hostArg = { type: 'string', description: 'Address to bind', default: '127.0.0.1' } as const;
 export const tokenArgs = {
@@ -24,6 +25,35 @@ export interface ServeAccess {
   allowNoToken: boolean;
   /** The largest request body a server reads (`--max-body-mib`). */
   maxBodyBytes?: number;
+}
+
+export const imageArgs = {
+  'image-cache-max': {
+    type: 'string',
+    description: "Cap of this host's image cache (200G, 512M, bytes): least recently used images not in use are evicted (also ROLLSERVE_IMAGE_CACHE_MAX; default no cap)",
+  },
+  'image-unpacks': {
+    type: 'string',
+    description: 'Images unpacked at once on this host, first uses and prefetches alike (also ROLLSERVE_IMAGE_UNPACKS; default 2)',
+  },
+} as const;
+
+/**
+ * `--image-cache-max` and `--image-unpacks`, checked, put where every sandbox provider of this
+ * process reads them (its environment variables; the flags win over them).
+ */
+export function applyImageFlags(args: { 'image-cache-max'?: string | undefined; 'image-unpacks'?: string | undefined }): void {
+  const cap = args['image-cache-max'];
+  if (cap !== undefined && cap !== '') {
+    try {
+      parseSize(cap, '--image-cache-max');
+    } catch {
+      throw new RolloutError({ code: 'BAD_REQUEST', message: `--image-cache-max takes a size (bytes, or a number with K, M, G or T: 200G), not "${cap}"` });
+    }
+    process.env.ROLLSERVE_IMAGE_CACHE_MAX = cap;
+  }
+  const unpacks = numberFlag('image-unpacks', args['image-unpacks'], { integer: true, min: 1 });
+  if (unpacks !== undefined) process.env.ROLLSERVE_IMAGE_UNPACKS = String(unpacks);
 }
 
 /** The token and bind policy from the flags and the environment, checked before anything starts. */

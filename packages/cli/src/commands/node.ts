@@ -5,7 +5,7 @@ import { RolloutError } from '@rollserve/core';
 import { loadEnvironment } from '@rollserve/core/gym';
 import { startRolloutNode, type RolloutNode } from '@rollserve/core/node';
 import { listInstalledEnvironments } from '../discover.ts';
-import { numberFlag } from '../flags.ts';
+import { applyImageFlags, imageArgs, numberFlag } from '../flags.ts';
 import { sweepStaleSandboxes } from '../sweep.ts';
 import { version } from '../version.ts';
 
@@ -22,8 +22,10 @@ export default defineCommand({
     'host-label': { type: 'string', description: 'Host name to register with (default: this host\'s name)' },
     'service-lost-s': { type: 'string', description: 'Exit (status 3, sandboxes killed) when the service has not answered for this long', default: '300' },
     'slurm-check-s': { type: 'string', description: 'Under Slurm, ask squeue this often whether this node\'s job is gone, and exit (status 3) if so; 0: never', default: '30' },
+    ...imageArgs,
   },
   async run({ args }) {
+    applyImageFlags(args);
     const service = (args.service ?? process.env.ROLLSERVE_SERVICE) || undefined;
     if (service === undefined) throw new RolloutError({ code: 'BAD_REQUEST', message: '--service is required (or ROLLSERVE_SERVICE): the central rollout service, http://host:8100' });
     const installed = listInstalledEnvironments();

@@ -1,7 +1,7 @@
 import { defineCommand } from 'citty';
 import { exitOnSignals, loadEnvironment, startResourcesServer, type LaunchedServer } from '@rollserve/core/gym';
 import { resolveEnvironments, type InstalledEnvironment } from '../discover.ts';
-import { bodyArgs, hostArg, serveAccess, tokenArgs, type ServeAccess } from '../flags.ts';
+import { applyImageFlags, bodyArgs, hostArg, imageArgs, serveAccess, tokenArgs, type ServeAccess } from '../flags.ts';
 import { sweepStaleSandboxes } from '../sweep.ts';
 
 /** Anything `serveAll` stops on a signal: its resources servers, and the rollout service of `start`. */
@@ -36,8 +36,10 @@ export default defineCommand({
     port: { type: 'string', description: 'Port of the first server; the next ones count up. 0: any free port', default: '0' },
     ...tokenArgs,
     ...bodyArgs,
+    ...imageArgs,
   },
   async run({ args }) {
+    applyImageFlags(args);
     const access = serveAccess(args);
     const names = args._.length > 0 ? args._ : [args.env];
     await serveAll(resolveEnvironments(names), access, Number(args.port));

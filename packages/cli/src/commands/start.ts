@@ -3,7 +3,7 @@ import { RolloutError } from '@rollserve/core';
 import { loadEnvironment } from '@rollserve/core/gym';
 import { startRolloutServer } from '@rollserve/core/service';
 import { listInstalledEnvironments } from '../discover.ts';
-import { bodyArgs, hostArg, listFlag, numberFlag, serveAccess, tokenArgs } from '../flags.ts';
+import { applyImageFlags, bodyArgs, hostArg, imageArgs, listFlag, numberFlag, serveAccess, tokenArgs } from '../flags.ts';
 import { serveAll } from './serve.ts';
 
 function runLocallyFlag(value: string): 'auto' | 'always' | 'never' {
@@ -36,8 +36,10 @@ export default defineCommand({
     'node-token': { type: 'string', description: 'Bearer token of the rollout-node routes instead of --token, which they then refuse (as every other route refuses this one; also ROLLSERVE_NODE_TOKEN)' },
     ...tokenArgs,
     ...bodyArgs,
+    ...imageArgs,
   },
   async run({ args }) {
+    applyImageFlags(args);
     const access = serveAccess(args);
     const installed = listInstalledEnvironments();
     if (installed.length === 0) throw new Error('no environments installed');

@@ -119,6 +119,7 @@ class CountedSandboxes {
           },
         });
       },
+      ...(inner.prefetch === undefined ? {} : { prefetch: (spec: SandboxSpec) => inner.prefetch!(spec) }),
     };
     this.#counted.set(inner, counted);
     return counted;

@@ -11,12 +11,15 @@ import { buildResponse } from './messages.ts';
 import type { ServiceMetrics } from './metrics.ts';
 import type { ModelProvider } from './model-provider.ts';
 import { failedOutcome, policyTimedOut, timeoutIsPolicys, verifiedOutcome, type Outcome, type Trajectory } from './outcome.ts';
+import type { ImagePrefetcher } from './prefetch.ts';
 import type { StagePools } from './stage-pools.ts';
 import type { RolloutTask, StageName } from '../protocol/rollout.ts';
 
 /** What a rollout's stages stand on: the runner's parts. */
 export interface StageParts {
   pools: StagePools;
+  /** Readies the images of rollouts waiting for INIT. */
+  prefetcher?: ImagePrefetcher | undefined;
   environments: RunnerEnvironments;
   sessions: SessionStore;
   models: ModelProvider;
@@ -66,6 +69,7 @@ export class RolloutStages {
   /** Runs the stages; resolves with what they produced, a failure included (never rejects). */
   async outcome(): Promise<Outcome> {
     try {
+      if (this.#parts.prefetcher !== undefined) void this.#prefetch(this.#parts.prefetcher);
       await this.#parts.pools.stage('init', this.#job, (signal) => this.#init(signal));
       this.#stage = 'run';
       await this.#run();
@@ -79,6 +83,23 @@ export class RolloutStages {
 
   #ctx(signal: AbortSignal): EnvironmentContext {
     return { session: this.#session, config: this.#config, logger: this.#logger, signal, tools: this.#tools, resources: this.#resources };
+  }
+
+  /**
+   * While the rollout waits for INIT: its sandbox's image readied (prefetch.ts). What goes wrong
+   * here (a row that does not parse, an image that does not unpack) is INIT's to report.
+   */
+  async #prefetch(prefetcher: ImagePrefetcher): Promise<void> {
+    try {
+      const env = this.#env;
+      if (!env.sandbox || this.#job.abort.signal.aborted) return;
+      const resources = await this.#parts.environments.setupOf(env);
+      const fitted = env.row.parse(this.#row) as object;
+      const spec = withTaskLimits(sandboxSpecOf(env.sandbox, env.sandbox.spec ? { ...this.#row, ...fitted } : undefined, this.#config), this.#job.task.limits.sandbox);
+      prefetcher.prefetch(this.#parts.environments.sandboxProvider(env, resources), spec);
+    } catch {
+      // INIT meets it again and fails the rollout with it
+    }
   }
 
   /**

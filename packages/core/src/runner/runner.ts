@@ -9,6 +9,7 @@ import type { ServiceMetrics } from './metrics.ts';
 import type { ModelProvider } from './model-provider.ts';
 import { failedOutcome, rolloutResult, type Outcome } from './outcome.ts';
 import { RolloutStages, type StageParts } from './rollout-stages.ts';
+import { ImagePrefetcher } from './prefetch.ts';
 import { StagePools } from './stage-pools.ts';
 import type { RolloutResult, StageName } from '../protocol/rollout.ts';
 
@@ -56,6 +57,7 @@ export class RolloutRunner {
   readonly #environments: RunnerEnvironments;
   readonly #pools: StagePools;
   readonly #sessions: SessionStore;
+  readonly #prefetcher: ImagePrefetcher;
   readonly #parts: StageParts;
   readonly #jobs = new Map<string, Job>();
   #closed = false;
@@ -65,8 +67,10 @@ export class RolloutRunner {
     this.#environments = new RunnerEnvironments(options.environments, options.environmentConfigs, options.sandboxProvider);
     this.#pools = new StagePools({ pools: options.pools, pipeline: options.pipeline, metrics: options.metrics });
     this.#sessions = new SessionStore({ idleTtlMs: 7 * 24 * 3_600_000, logger: this.logger });
+    this.#prefetcher = new ImagePrefetcher({ logger: this.logger });
     this.#parts = {
       pools: this.#pools,
+      prefetcher: this.#prefetcher,
       environments: this.#environments,
       sessions: this.#sessions,
       models: options.models,
@@ -167,6 +171,7 @@ export class RolloutRunner {
     const pending = [...this.#jobs.values()];
     for (const job of pending) job.abort.abort(cancelled(message));
     await Promise.all(pending.map((job) => job.done));
+    await this.#prefetcher.close();
     await this.#sessions.close();
     await this.#environments.close();
   }

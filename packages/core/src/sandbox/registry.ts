@@ -90,5 +90,6 @@ function declaringLimits(provider: SandboxProvider): SandboxProvider {
       return provider.create(spec);
     },
     ...(provider.close === undefined ? {} : { close: () => provider.close!() }),
+    ...(provider.prefetch === undefined ? {} : { prefetch: (spec: SandboxSpec) => provider.prefetch!(spec) }),
   };
 }

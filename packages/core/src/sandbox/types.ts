@@ -279,6 +279,13 @@ export interface SandboxProvider {
   limits?(): SandboxLimitSupport;
   /** Returns only when the sandbox can run commands. */
   create(spec?: SandboxSpec): Promise<Sandbox>;
+  /**
+   * Readies ahead what `create(spec)` will need and holds nothing after: the spec's image
+   * unpacked into the cache (within the host's unpack slots, the cache's cap kept, no image in
+   * use evicted), so that a rollout waiting for INIT starts on a cached image. Optional: a
+   * provider without images has nothing to ready. A failure is the later `create`'s to report.
+   */
+  prefetch?(spec: SandboxSpec): Promise<void>;
   /** Ends what the provider itself holds (warm sandboxes). Sandboxes handed out are closed by their owners. */
   close?(): Promise<void>;
 }

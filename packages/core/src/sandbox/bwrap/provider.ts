@@ -143,20 +143,22 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
     ...(cgroups && cgroupCpuSupport() ? { cpus: `cgroup v${cgroupSupport()} CPU quota` } : {}),
   };
 
+  /** The image cache's options of this provider. */
+  const imageOptions = {
+    ...(options.imageCacheDir === undefined ? {} : { cacheDir: options.imageCacheDir }),
+    ...(options.imageCacheMaxBytes === undefined ? {} : { maxCacheBytes: options.imageCacheMaxBytes }),
+    ...(options.maxConcurrentUnpacks === undefined ? {} : { maxConcurrentUnpacks: options.maxConcurrentUnpacks }),
+    // (as root the unpack tools run as the sandbox uid: no more privilege than the sandbox has)
+    ...(user === undefined ? {} : { unpackAs: user }),
+  };
+
   async function start(requested: ResolvedSandboxSpec): Promise<BwrapSandbox> {
     const openFiles = openFilesWithin(requested, 'bwrap');
     let image: ResolvedImage | undefined;
     let spec = requested;
     if (spec.image !== undefined && isImageReference(spec.image)) {
-      // (as root the unpack tools run as the sandbox uid: no more privilege than the sandbox has)
       // held while the sandbox runs on it: no eviction removes it (released when the sandbox closes)
-      image = await resolveImage(spec.image, {
-        hold: true,
-        ...(options.imageCacheDir === undefined ? {} : { cacheDir: options.imageCacheDir }),
-        ...(options.imageCacheMaxBytes === undefined ? {} : { maxCacheBytes: options.imageCacheMaxBytes }),
-        ...(options.maxConcurrentUnpacks === undefined ? {} : { maxConcurrentUnpacks: options.maxConcurrentUnpacks }),
-        ...(user === undefined ? {} : { unpackAs: user }),
-      });
+      image = await resolveImage(spec.image, { hold: true, ...imageOptions });
       // the image's Env under the spec's, so that exec and entering processes (PTY, kernel) have it
       spec = { ...spec, env: { ...image.config.env, ...spec.env } };
     }
@@ -402,6 +404,10 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
       sandbox ??= await start(spec);
       await sandbox.writeSpecFiles();
       return sandbox;
+    },
+    async prefetch(spec: SandboxSpec) {
+      // unpacked into the cache and left there unheld: LRU like any idle image until a sandbox holds it
+      if (spec.image !== undefined && isImageReference(spec.image)) await resolveImage(spec.image, imageOptions);
     },
     async close() {
       providerClosed = true;

@@ -1,0 +1,57 @@
+import PQueue from 'p-queue';
+import type { Logger } from 'pino';
+import { defaultMaxConcurrentUnpacks } from '../sandbox/image/index.ts';
+import type { SandboxProvider, SandboxSpec } from '../sandbox/types.ts';
+
+/**
+ * Readies the sandbox images of rollouts that wait for INIT while others run (provider.prefetch:
+ * unpacked into the cache, unheld), so that their INIT starts on a cached image. At most as many
+ * at once as the host unpacks (`ROLLSERVE_IMAGE_UNPACKS`), one per image, and only so many ahead
+ * (`lookahead`): the rollouts next in INIT's queue, in the order they were admitted; the later
+ * ones unpack their own in INIT, as without a prefetch, rather than evict the images of the ones
+ * about to start. The cache's cap is kept by the unpacks themselves, which never evict an image
+ * a sandbox runs on.
+ */
+export class ImagePrefetcher {
+  readonly #queue: PQueue;
+  readonly #lookahead: number;
+  /** Images queued or being readied, by provider. */
+  readonly #pending = new Map<SandboxProvider, Set<string>>();
+  readonly #logger: Logger | undefined;
+  #closed = false;
+
+  constructor(options: { concurrency?: number; lookahead?: number; logger?: Logger | undefined } = {}) {
+    const concurrency = options.concurrency ?? defaultMaxConcurrentUnpacks();
+    this.#queue = new PQueue({ concurrency });
+    this.#lookahead = options.lookahead ?? 2 * concurrency;
+    this.#logger = options.logger;
+  }
+
+  /** Images queued or being readied now. */
+  get pending(): number {
+    return this.#queue.size + this.#queue.pending;
+  }
+
+  /** Queues the readying of `spec`'s image on `provider` (a no-op without an image, or when the provider readies nothing). */
+  prefetch(provider: SandboxProvider, spec: SandboxSpec): void {
+    const image = spec.image;
+    if (this.#closed || image === undefined || provider.prefetch === undefined) return;
+    let images = this.#pending.get(provider);
+    if (images?.has(image) === true || this.pending >= this.#lookahead) return;
+    if (images === undefined) this.#pending.set(provider, (images = new Set()));
+    images.add(image);
+    void this.#queue
+      .add(async () => {
+        if (!this.#closed) await provider.prefetch!(spec);
+      })
+      .catch((error: unknown) => this.#logger?.debug({ err: error, image }, 'prefetching an image failed (its INIT will say why)'))
+      .finally(() => images.delete(image));
+  }
+
+  /** Drops what is queued and waits for the prefetches under way. */
+  async close(): Promise<void> {
+    this.#closed = true;
+    this.#queue.clear();
+    await this.#queue.onIdle();
+  }
+}
