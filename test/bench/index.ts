@@ -22,6 +22,7 @@ const BENCHES: Record<string, () => Promise<{ default: () => Promise<void> }>> =
   startup: () => import('./startup.ts'),
   'dynamic-sampling': () => import('./dynamic-sampling.ts'),
   weights: () => import('./weights.ts'),
+  'cold-start': () => import('./cold-start.ts'),
 };
 
 const chosen = process.argv.slice(2);
