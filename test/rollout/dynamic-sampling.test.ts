@@ -239,6 +239,22 @@ describe('over-long responses in the training view', () => {
     expect(JSON.parse((await posted.text()).trim()).results[0].response_mask).toEqual(whole.response_mask.slice(0, 2));
     expect((await call(server.url, 'GET', '/v1/rollouts/long-1?max_response_tokens=3')).status).toBe(400);
     expect((await call(server.url, 'GET', '/v1/rollouts/long-1?view=training&max_response_tokens=0')).status).toBe(422);
+    // overlong=mask: a truncated view stays whole but out of the loss (its mask all 0), on the GET and the streams
+    expect(whole.response_mask).toContain(1);
+    const masked = (await call(server.url, 'GET', '/v1/rollouts/long-1?view=training&overlong=mask&max_response_tokens=4')).json as any;
+    expect(masked.response_ids).toEqual(whole.response_ids.slice(0, 4));
+    expect(masked.response_mask).toEqual([0, 0, 0, 0]);
+    expect(masked.truncated).toBe(true);
+    const maskedWhole = (await lines('/v1/rollouts/stream?ids=long-1&view=training&overlong=mask'))[0];
+    expect(maskedWhole.response_mask).toEqual(whole.response_mask.map(() => 0));
+    const maskedGroup = await fetch(`${server.url}/v1/rollouts/groups/stream`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ ids: ['long-1'], view: 'training', overlong: 'mask' }),
+    });
+    expect(JSON.parse((await maskedGroup.text()).trim()).results[0].response_mask).toEqual(whole.response_mask.map(() => 0));
+    expect((await call(server.url, 'GET', '/v1/rollouts/long-1?overlong=mask')).status).toBe(400);
+    expect((await call(server.url, 'GET', '/v1/rollouts/long-1?view=training&overlong=drop')).status).toBe(422);
   });
 
   it('a view that ends where the model stopped is not truncated', async () => {
@@ -247,5 +263,9 @@ describe('over-long responses in the training view', () => {
     const view = (await call(server.url, 'GET', '/v1/rollouts/short-1?view=training')).json as any;
     expect(view).toMatchObject({ finish_reason: 'stop', truncated: false });
     expect(view.turns[0].finish_reason).toBe('stop');
+    // and keeps its mask with overlong=mask
+    const masked = (await call(server.url, 'GET', '/v1/rollouts/short-1?view=training&overlong=mask')).json as any;
+    expect(masked.response_mask).toEqual(view.response_mask);
+    expect(masked.response_mask).toContain(1);
   });
 });

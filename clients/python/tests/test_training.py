@@ -191,6 +191,15 @@ def test_fixed_lengths_pad_further_and_overlong_samples_are_refused_dropped_or_c
     cut = build_batch(rows, pad_token_id=PAD, max_prompt_length=cap_p, max_response_length=cap_r, overlong="truncate")
     check_batch(cut, rows)  # prompts keep their last tokens, responses their first; the reward on the last one kept
     assert cut.non_tensor_batch["truncated"].tolist() == [v in over for v in rows]
+    # overlong filtering: the cut samples stay in the batch, out of the loss (mask and advantages 0)
+    masked = build_batch(rows, pad_token_id=PAD, max_prompt_length=cap_p, max_response_length=cap_r, overlong="truncate", mask_truncated=True)
+    for i, view in enumerate(rows):
+        if view in over:
+            assert masked.batch["response_mask"][i].tolist() == [0] * cap_r and not masked.batch["advantages"][i].any()
+            assert masked.batch["responses"][i].tolist() == cut.batch["responses"][i].tolist()
+        else:
+            assert masked.batch["response_mask"][i].tolist() == cut.batch["response_mask"][i].tolist()
+    assert any(masked.batch["response_mask"][i].any() for i, v in enumerate(rows) if v not in over)
 
 
 def test_skyrl_generator_output_keeps_each_view_unpadded(views: Dict[str, List[rollserve.TrainingView]]) -> None:
@@ -211,6 +220,12 @@ def test_skyrl_generator_output_keeps_each_view_unpadded(views: Dict[str, List[r
     for view, values in zip(views["tools"], per_turn):
         ends = {t["generation_span"][1] - 1: t["reward"] for t in view.turns}
         assert values == pytest.approx([ends.get(k, 0.0) for k in range(len(view.response_ids))])
+
+    # a view the service flagged truncated (cut by max_response_tokens, or stopped on "length")
+    flagged = [dict(rows[0].raw, truncated=True)] + [v.raw for v in rows[1:]]
+    masked = to_skyrl(flagged, mask_truncated=True)["loss_masks"]
+    assert masked[0] == [0] * len(rows[0].response_ids) and masked[1:] == out["loss_masks"][1:]
+    assert to_skyrl(flagged)["loss_masks"] == out["loss_masks"]
 
     with pytest.raises(ValueError, match="has no token sequence"):
         to_skyrl(views["drifted"])

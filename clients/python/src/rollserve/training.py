@@ -89,6 +89,7 @@ def build_batch(
     drop_filtered: bool = True,
     unusable: str = "drop",
     advantages: str = "turn",
+    mask_truncated: bool = False,
     return_tensors: str = "np",
 ) -> TrainingBatch:
     """Pad training views into one batch the way verl's agent loop does (``_postprocess``):
@@ -117,7 +118,10 @@ def build_batch(
     last kept token). Filtered samples (infrastructure failures) are dropped unless
     ``drop_filtered=False``; samples without a token sequence (``sequence_error``: drift, no token
     ids) are dropped (``unusable="drop"``) or refused (``"error"``). Every dropped sample is
-    listed in ``meta_info["dropped"]``. ``return_tensors="pt"`` gives torch tensors."""
+    listed in ``meta_info["dropped"]``. ``mask_truncated=True`` zeroes the response mask (and so
+    the advantages) of every truncated sample: overlong filtering, as SkyRL's
+    ``apply_overlong_filtering`` and DAPO do (the service's ``overlong=mask`` on the training view is
+    the same). ``return_tensors="pt"`` gives torch tensors."""
     if overlong not in OVERLONG:
         raise ValueError(f"overlong must be one of {OVERLONG}, not {overlong!r}")
     if unusable not in UNUSABLE:
@@ -198,6 +202,9 @@ def build_batch(
                     value = turn.get("advantage")
                     token_advantages[i, start:end] = (value if value is not None else sample_advantage) or 0.0
         truncated.append(bool(raw.get("truncated")) or cut)
+        if mask_truncated and truncated[-1]:
+            # overlong filtering (SkyRL's apply_overlong_filtering, DAPO's): in the batch, out of the loss
+            response_mask[i, :] = 0
 
     # Spans are the generated tokens, so this only matters where the service masked some of them.
     np.multiply(token_advantages, response_mask, out=token_advantages, casting="unsafe")
@@ -264,6 +271,7 @@ def to_skyrl(
     rewards: str = "sample",
     unusable: str = "error",
     pad_token_id: int = 0,
+    mask_truncated: bool = False,
 ) -> Dict[str, Any]:
     """SkyRL's ``GeneratorOutput`` (a TypedDict: plain lists, unpadded, one entry per view in
     order; SkyRL pads itself): ``prompt_token_ids``, ``response_ids``, ``loss_masks`` (the
@@ -305,7 +313,7 @@ def to_skyrl(
             reward_values.append(0.0 if rewards == "sample" else [0.0])
             continue
         response = list(raw["response_ids"])
-        mask = [0] * len(response) if raw.get("filter") else list(raw["response_mask"])
+        mask = [0] * len(response) if raw.get("filter") or (mask_truncated and raw.get("truncated")) else list(raw["response_mask"])
         prompt_token_ids.append(list(raw["prompt_ids"]))
         response_ids.append(response)
         loss_masks.append(mask)

@@ -7,7 +7,7 @@ import { SamplingStatus } from '../protocol/sampling.ts';
 import type { ApiContext } from './context.ts';
 import { suggest } from '../errors.ts';
 import { parse } from './parse.ts';
-import { errorResponses, MaxResponseTokens, TrainingView, trainingViewOptions, ViewParam, wantsTrainingView } from './wire.ts';
+import { errorResponses, MaxResponseTokens, Overlong, TrainingView, trainingViewOptions, ViewParam, wantsTrainingView } from './wire.ts';
 
 const NO_BACKEND = 'add one with POST /v1/llm-backends or --llm';
 
@@ -114,7 +114,7 @@ const getRoute = createRoute({
   method: 'get',
   path: '/v1/rollouts/{id}',
   summary: 'One rollout, or for a task id its group; `view=training` gives what a loss needs (finished rollouts only; null for unfinished members of a group)',
-  request: { params: IdParam, query: z.object({ view: ViewParam, max_response_tokens: MaxResponseTokens }) },
+  request: { params: IdParam, query: z.object({ view: ViewParam, max_response_tokens: MaxResponseTokens, overlong: Overlong }) },
   responses: {
     200: {
       description: 'The rollout (RolloutView), its task (TaskRollouts), or with `view=training` their training views',
@@ -213,7 +213,7 @@ export function rolloutsApi({ service }: ApiContext, warnings: BackendWarnings):
     const { id } = c.req.valid('param');
     const query = c.req.valid('query');
     const training = wantsTrainingView(query.view);
-    const viewOptions = trainingViewOptions(training, query.max_response_tokens);
+    const viewOptions = trainingViewOptions(training, query);
     const view = await service.get(id);
     if (view) {
       if (!training) return c.json(view, 200);

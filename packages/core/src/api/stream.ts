@@ -12,7 +12,7 @@ import { SamplingIdParam, unknownSampling } from './sampling.ts';
 import { RolloutGroup, RolloutResult, StalenessBound } from '../protocol/rollout.ts';
 import { DEFAULT_STREAM_KEEP_ALIVE_MS, type ApiContext } from './context.ts';
 import { trainingView } from '../protocol/training-view.ts';
-import { errorResponses, MaxResponseTokens, toTrainingGroup, TrainingGroup, TrainingView, trainingViewOptions, ViewParam, wantsTrainingView } from './wire.ts';
+import { errorResponses, MaxResponseTokens, Overlong, toTrainingGroup, TrainingGroup, TrainingView, trainingViewOptions, ViewParam, wantsTrainingView, type ViewKnobs } from './wire.ts';
 
 const Format = z
   .string()
@@ -28,6 +28,7 @@ const StreamRequest = z
     format: z.enum(['ndjson', 'sse']).optional().openapi({ description: 'NDJSON by default, SSE with `sse` or `Accept: text/event-stream`' }),
     view: ViewParam,
     max_response_tokens: MaxResponseTokens,
+    overlong: Overlong,
     /** A staleness bound judged as each result is sent (see StalenessBound): `flag` marks it `stale`, `filter` leaves it out. */
     staleness: StalenessBound.optional(),
   })
@@ -85,7 +86,7 @@ const streamRoute = createRoute({
   path: '/v1/rollouts/stream',
   summary:
     'Results as they complete: NDJSON (default) or SSE (`format=sse` or Accept: text/event-stream). With `ids`, the stream includes those already finished and ends when all are.',
-  request: { query: z.object({ ids: Ids.optional(), format: Format, view: ViewParam, max_response_tokens: MaxResponseTokens, ...StalenessQuery }) },
+  request: { query: z.object({ ids: Ids.optional(), format: Format, view: ViewParam, max_response_tokens: MaxResponseTokens, overlong: Overlong, ...StalenessQuery }) },
   responses: { 200: RESULTS_200, ...errorResponses(400, 401, 404, 422) },
 });
 
@@ -103,7 +104,7 @@ const groupsRoute = createRoute({
   summary:
     'Whole groups as they complete: each task once all its samples have finished, advantages and credit filled. NDJSON (default) or SSE; ends when every task named was sent.',
   request: {
-    query: z.object({ ids: Ids.min(1).openapi({ description: 'Comma-separated task ids (many: POST them)' }), format: Format, view: ViewParam, max_response_tokens: MaxResponseTokens, ...StalenessQuery }),
+    query: z.object({ ids: Ids.min(1).openapi({ description: 'Comma-separated task ids (many: POST them)' }), format: Format, view: ViewParam, max_response_tokens: MaxResponseTokens, overlong: Overlong, ...StalenessQuery }),
   },
   responses: { 200: GROUPS_200, ...errorResponses(400, 401, 404, 422) },
 });
@@ -129,7 +130,7 @@ const sampledRoute = createRoute({
   path: '/v1/rollouts/sampling/{id}/stream',
   summary:
     "A dynamic sampling's informative groups as they are kept (at most `groups`), advantages and credit filled, then its final counts; groups dropped or cancelled are not sent (readable by id). NDJSON (default) or SSE.",
-  request: { params: SamplingIdParam, query: z.object({ format: Format, view: ViewParam, max_response_tokens: MaxResponseTokens }) },
+  request: { params: SamplingIdParam, query: z.object({ format: Format, view: ViewParam, max_response_tokens: MaxResponseTokens, overlong: Overlong }) },
   responses: { 200: SAMPLED_200, ...errorResponses(400, 401, 404, 422) },
 });
 
@@ -429,9 +430,9 @@ export function streamApi({ service, options }: ApiContext): OpenAPIHono {
 
   // `ids` (rollout or task ids) narrows the stream and ends it once all of them are finished,
   // results already finished included.
-  const results = async (c: Context, ids: readonly string[], format: 'ndjson' | 'sse', view: string | undefined, cap: number | undefined, bound: StalenessBound | undefined) => {
+  const results = async (c: Context, ids: readonly string[], format: 'ndjson' | 'sse', view: string | undefined, knobs: ViewKnobs, bound: StalenessBound | undefined) => {
     const training = wantsTrainingView(view);
-    const viewOptions = trainingViewOptions(training, cap);
+    const viewOptions = trainingViewOptions(training, knobs);
     const wire = training ? (result: RolloutResult) => trainingView(result, viewOptions) : (result: RolloutResult) => result;
     const wanted = await resultsOf(service, ids);
     const aborted = clientGone(c);
@@ -440,17 +441,17 @@ export function streamApi({ service, options }: ApiContext): OpenAPIHono {
   };
   app.openapi(streamRoute, (c) => {
     const query = c.req.valid('query');
-    return results(c, splitIds(query.ids), formatOf(c, query.format), query.view, query.max_response_tokens, boundOf(query));
+    return results(c, splitIds(query.ids), formatOf(c, query.format), query.view, query, boundOf(query));
   });
   app.openapi(streamPostRoute, (c) => {
     const body = c.req.valid('json');
-    return results(c, body.ids, formatOf(c, body.format), body.view, body.max_response_tokens, body.staleness);
+    return results(c, body.ids, formatOf(c, body.format), body.view, body, body.staleness);
   });
 
   // Whole groups, with the group's advantages and credit filled in (what a GRPO/GTPO trainer consumes).
-  const groups = async (c: Context, ids: readonly string[], format: 'ndjson' | 'sse', view: string | undefined, cap: number | undefined, bound: StalenessBound | undefined) => {
+  const groups = async (c: Context, ids: readonly string[], format: 'ndjson' | 'sse', view: string | undefined, knobs: ViewKnobs, bound: StalenessBound | undefined) => {
     const training = wantsTrainingView(view);
-    const viewOptions = trainingViewOptions(training, cap);
+    const viewOptions = trainingViewOptions(training, knobs);
     const wire = training ? (group: RolloutGroup) => toTrainingGroup(group, viewOptions) : (group: RolloutGroup) => group;
     const tasks = await groupsOf(service, ids);
     const aborted = clientGone(c);
@@ -459,11 +460,11 @@ export function streamApi({ service, options }: ApiContext): OpenAPIHono {
   };
   app.openapi(groupsRoute, (c) => {
     const query = c.req.valid('query');
-    return groups(c, splitIds(query.ids), formatOf(c, query.format), query.view, query.max_response_tokens, boundOf(query));
+    return groups(c, splitIds(query.ids), formatOf(c, query.format), query.view, query, boundOf(query));
   });
   app.openapi(groupsPostRoute, (c) => {
     const body = c.req.valid('json');
-    return groups(c, body.ids, formatOf(c, body.format), body.view, body.max_response_tokens, body.staleness);
+    return groups(c, body.ids, formatOf(c, body.format), body.view, body, body.staleness);
   });
 
   // A dynamic sampling's kept groups, then its counts.
@@ -473,7 +474,7 @@ export function streamApi({ service, options }: ApiContext): OpenAPIHono {
     const sampling = await service.sampling(id);
     if (!sampling) throw unknownSampling(id);
     const training = wantsTrainingView(query.view);
-    const viewOptions = trainingViewOptions(training, query.max_response_tokens);
+    const viewOptions = trainingViewOptions(training, query);
     const format = formatOf(c, query.format);
     const aborted = clientGone(c);
     const isEnd = (item: SampledItem): item is { sampling: SamplingStatus } => 'sampling' in item;

@@ -150,11 +150,32 @@ export const MaxResponseTokens = z.coerce
       'With `view=training`: cut each response (ids, mask, logprobs, turns, spans) to this many tokens; a view cut so, or whose last generation stopped on "length", is `truncated: true`',
   });
 
-/** The training view's options of a request; a cap without `view=training` is a 400. */
-export function trainingViewOptions(training: boolean, maxResponseTokens: number | undefined): TrainingViewOptions {
-  if (maxResponseTokens === undefined) return {};
-  if (!training) throw new RolloutError({ code: 'BAD_REQUEST', message: 'max_response_tokens applies to view=training only' });
-  return { maxResponseTokens };
+/**
+ * `overlong`: what the training view does with a response that is `truncated` (cut by the cap, or
+ * its last generation stopped on "length"): `keep` (the default) leaves its mask, `mask` zeroes it,
+ * so that the sample is in the batch but takes no part in the loss: SkyRL's
+ * `apply_overlong_filtering`, DAPO's overlong filtering.
+ */
+export const Overlong = z
+  .enum(['keep', 'mask'])
+  .optional()
+  .openapi({
+    description:
+      'With `view=training`: `mask` zeroes the `response_mask` of a `truncated` view (overlong filtering: in the batch, out of the loss, as SkyRL\'s `apply_overlong_filtering`); `keep` (the default) leaves it',
+  });
+
+/** The training-view knobs a request may carry. */
+export interface ViewKnobs {
+  max_response_tokens?: number | undefined;
+  overlong?: 'keep' | 'mask' | undefined;
+}
+
+/** The training view's options of a request; a knob without `view=training` is a 400. */
+export function trainingViewOptions(training: boolean, knobs: ViewKnobs): TrainingViewOptions {
+  const { max_response_tokens: cap, overlong } = knobs;
+  if (cap === undefined && overlong === undefined) return {};
+  if (!training) throw new RolloutError({ code: 'BAD_REQUEST', message: `${cap !== undefined ? 'max_response_tokens' : 'overlong'} applies to view=training only` });
+  return { ...(cap !== undefined ? { maxResponseTokens: cap } : {}), ...(overlong === 'mask' ? { maskTruncated: true } : {}) };
 }
 
 /** Whether `?view=` asks for training views; any other value is a 400. */

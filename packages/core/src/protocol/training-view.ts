@@ -97,6 +97,8 @@ export interface TrainingViewOptions {
    * and marks the view `truncated` when it was longer (verl's `max_response_length`).
    */
   maxResponseTokens?: number;
+  /** Zeroes the response mask of a `truncated` view (overlong filtering: SkyRL, DAPO). */
+  maskTruncated?: boolean;
 }
 
 /** The training view of a finished rollout. */
@@ -152,6 +154,8 @@ export function trainingView(result: RolloutResult, options: TrainingViewOptions
     for (const [i, span] of spans.entries()) if (span) spans[i] = [Math.min(span[0], cap), Math.min(span[1], cap)];
   }
   const finishReason = turns.at(-1)?.finish_reason ?? null;
+  const truncated = cut || finishReason === 'length';
+  if (truncated && options.maskTruncated) mask.fill(0);
   return {
     id: result.id,
     task_id: result.task_id,
@@ -166,7 +170,7 @@ export function trainingView(result: RolloutResult, options: TrainingViewOptions
     response_turn: ok ? turnOf : null,
     sequence_error: sequenceError,
     finish_reason: finishReason,
-    truncated: cut || finishReason === 'length',
+    truncated,
     turns: turns.map((turn, i) => ({
       index: turn.index,
       generation_span: ok ? spans[i]! : null,
