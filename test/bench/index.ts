@@ -23,6 +23,7 @@ const BENCHES: Record<string, () => Promise<{ default: () => Promise<void> }>> =
   'dynamic-sampling': () => import('./dynamic-sampling.ts'),
   weights: () => import('./weights.ts'),
   'cold-start': () => import('./cold-start.ts'),
+  'tool-overhead': () => import('./tool-overhead.ts'),
 };
 
 const chosen = process.argv.slice(2);

@@ -1,5 +1,5 @@
 import { createServer } from 'node:http';
-import { BashSession, createBwrapProvider } from '@rollserve/core';
+import { BashSession, createBwrapProvider } from '@rollserve/core/sandbox';
 
 // The least any HTTP face over the bash backend can cost here, as the floor under `pnpm bench
 // tools`' figures (issue 16): node:http and the very BashSession rollserve uses, one session per

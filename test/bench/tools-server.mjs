@@ -1,5 +1,6 @@
 import { z } from 'zod';
-import { bashTool, defineEnvironment, exitOnSignals, startResourcesServer } from '@rollserve/core';
+import { bashTool, defineEnvironment } from '@rollserve/core';
+import { exitOnSignals, startResourcesServer } from '@rollserve/core/gym';
 
 // A NeMo Gym resources server for an environment with the bash tool, in a process of its own, as
 // `rollserve serve` runs one (startResourcesServer): `pnpm bench tools` spawns it (issue 16) and

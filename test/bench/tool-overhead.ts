@@ -1,0 +1,165 @@
+import { readdirSync, readFileSync } from 'node:fs';
+import { loadavg } from 'node:os';
+import { performance } from 'node:perf_hooks';
+import { fileURLToPath } from 'node:url';
+import { Pool } from 'undici';
+import { cpuSeconds } from './cluster.ts';
+import { heading, latencyLine, percentile } from './stats.ts';
+import { startToolsServer } from './tools.ts';
+
+// `pnpm bench tool-overhead` (issue 28): the per-call cost of a tool call over HTTP at 16
+// concurrent sessions. Our face: the NeMo Gym resources server's tool routes (/bash, /execute_python)
+// in a process of its own (tool-overhead-server.mjs). The floor, measured in the same run: the least
+// HTTP face over the same backend (tool-overhead-floor-server.mjs: node:http holding the same
+// BashSession / PythonKernel on the same bwrap provider, no framework, validation or session
+// registry). Each face: 16 sessions (16 sandboxes, each its own shell and kernel), closed-loop
+// clients on undici keep-alive (one connection per session), a warm-up, then CALLS calls each.
+// Target: ours >= 0.8x the floor's calls/s. ROLLSERVE_BENCH_PROFILE=<dir> writes a `--cpu-prof`
+// profile of each server.
+
+const SESSIONS = 16;
+const WARMUP = Number(process.env.ROLLSERVE_BENCH_TOOL_WARMUP ?? 500);
+const CALLS = Number(process.env.ROLLSERVE_BENCH_TOOL_CALLS ?? 1_000);
+const TARGET = 0.8;
+
+const OURS = fileURLToPath(new URL('./tool-overhead-server.mjs', import.meta.url));
+const FLOOR = fileURLToPath(new URL('./tool-overhead-floor-server.mjs', import.meta.url));
+
+interface Tool {
+  name: string;
+  path: string;
+  body: string;
+  /** What the answer must contain (bash `echo x` prints x; Python `1+1` is 2). */
+  expect: string;
+}
+
+const TOOLS: Tool[] = [
+  { name: 'bash echo x', path: '/bash', body: JSON.stringify({ command: 'echo x' }), expect: 'x' },
+  { name: 'python 1+1', path: '/execute_python', body: JSON.stringify({ code: '1+1' }), expect: '2' },
+];
+
+interface Run {
+  latencies: number[];
+  callsPerS: number;
+  /** CPU of the server process per call (the sandboxes' shells and kernels are not in it). */
+  serverCpuMsPerCall: number;
+}
+
+/** Every process under `root` (the server's sandboxes, shells and kernels). */
+function descendants(root: number): number[] {
+  const out: number[] = [];
+  const stack = [root];
+  while (stack.length > 0) {
+    const pid = stack.pop()!;
+    let tasks: string[] = [];
+    try {
+      tasks = readdirSync(`/proc/${pid}/task`);
+    } catch {
+      continue;
+    }
+    for (const tid of tasks) {
+      try {
+        const children = readFileSync(`/proc/${pid}/task/${tid}/children`, 'latin1').trim().split(/\s+/).filter(Boolean).map(Number);
+        out.push(...children);
+        stack.push(...children);
+      } catch {
+        // gone
+      }
+    }
+  }
+  return out;
+}
+
+const alive = (pid: number) => {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+};
+
+const commandLine = (pid: number) => {
+  try {
+    return `${pid} ${readFileSync(`/proc/${pid}/cmdline`, 'latin1').replaceAll('\0', ' ').trim()}`;
+  } catch {
+    return `${pid}`;
+  }
+};
+
+/** One face: its server started, 16 sessions seeded, each tool measured in turn, the server stopped. */
+async function measureFace(script: string): Promise<Map<string, Run>> {
+  const server = await startToolsServer([script]);
+  let spawned: number[] = [];
+  const pool = new Pool(server.url, { connections: SESSIONS, pipelining: 1, keepAliveTimeout: 30_000 });
+  try {
+    const cookies = await Promise.all(
+      Array.from({ length: SESSIONS }, async () => {
+        const seeded = await pool.request({ path: '/seed_session', method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}' });
+        await seeded.body.text();
+        const setCookie = seeded.headers['set-cookie'];
+        return (Array.isArray(setCookie) ? setCookie : [setCookie ?? '']).map((c) => String(c).split(';')[0]).join('; ');
+      }),
+    );
+    const runs = new Map<string, Run>();
+    for (const tool of TOOLS) {
+      const call = async (cookie: string) => {
+        const response = await pool.request({ path: tool.path, method: 'POST', headers: { 'content-type': 'application/json', cookie }, body: tool.body });
+        const text = await response.body.text();
+        if (response.statusCode !== 200 || !text.includes(tool.expect)) throw new Error(`${tool.path}: ${response.statusCode} ${text}`);
+      };
+      await Promise.all(cookies.map(async (cookie) => {
+        for (let i = 0; i < WARMUP; i++) await call(cookie);
+      }));
+      const latencies: number[] = [];
+      const cpuBefore = await cpuSeconds(server.pid);
+      const started = performance.now();
+      await Promise.all(cookies.map(async (cookie) => {
+        for (let i = 0; i < CALLS; i++) {
+          const t = performance.now();
+          await call(cookie);
+          latencies.push(performance.now() - t);
+        }
+      }));
+      const wallMs = performance.now() - started;
+      const cpu = (await cpuSeconds(server.pid)) - cpuBefore;
+      runs.set(tool.name, { latencies, callsPerS: (latencies.length / wallMs) * 1000, serverCpuMsPerCall: (cpu * 1000) / latencies.length });
+    }
+    spawned = descendants(server.pid);
+    return runs;
+  } finally {
+    await pool.close();
+    await server.stop();
+    // the server ends its sessions on SIGTERM; what it started and left is a leak
+    let left = spawned.filter(alive);
+    // a sandbox's last processes end on their parent's death signal, a moment after it
+    for (let i = 0; i < 50 && left.length > 0; i++) {
+      await new Promise((resolve) => setTimeout(resolve, 100));
+      left = left.filter(alive);
+    }
+    if (left.length > 0) console.log(`  LEAK: ${left.length} processes of ${script} still alive 5 s after it stopped: ${left.map(commandLine).join(' | ')}`);
+  }
+}
+
+export default async function bench(): Promise<void> {
+  heading(`tool-overhead: per-call tool overhead over HTTP, ${SESSIONS} concurrent sessions (issue 28; each its own sandbox, shell and kernel; closed loops on undici keep-alive; ${WARMUP} calls of warm-up then ${CALLS} each)`);
+  const load = () => loadavg().map((l) => l.toFixed(2)).join(' ');
+  console.log(`load average before: ${load()}`);
+  const ours = await measureFace(OURS);
+  const floor = await measureFace(FLOOR);
+  const cpu = (run: Run) => `server ${run.serverCpuMsPerCall.toFixed(3)} ms CPU/call`;
+  for (const tool of TOOLS) {
+    const o = ours.get(tool.name)!;
+    const f = floor.get(tool.name)!;
+    const ratio = o.callsPerS / f.callsPerS;
+    console.log(`\n${tool.name}:`);
+    console.log(`  rollserve NeMo Gym face (resources server)     ${o.callsPerS.toFixed(0).padStart(6)} calls/s  ${latencyLine(o.latencies)}  (${cpu(o)})`);
+    console.log(`  floor: node:http + the same sessions           ${f.callsPerS.toFixed(0).padStart(6)} calls/s  ${latencyLine(f.latencies)}  (${cpu(f)})`);
+    console.log(
+      `  ours/floor throughput ${ratio.toFixed(3)} (target >= ${TARGET}: ${ratio >= TARGET ? 'met' : 'NOT met'})  ` +
+        `p50 +${(percentile(o.latencies, 50) - percentile(f.latencies, 50)).toFixed(2)} ms, ` +
+        `server CPU +${(o.serverCpuMsPerCall - f.serverCpuMsPerCall).toFixed(3)} ms/call over the floor`,
+    );
+  }
+  console.log(`\nload average after: ${load()}`);
+}
