@@ -13,7 +13,8 @@ import { startToolsServer } from './tools.ts';
 // HTTP face over the same backend (tool-overhead-floor-server.mjs: node:http holding the same
 // BashSession / PythonKernel on the same bwrap provider, no framework, validation or session
 // registry). Each face: 16 sessions (16 sandboxes, each its own shell and kernel), closed-loop
-// clients on undici keep-alive (one connection per session), a warm-up, then CALLS calls each.
+// clients on undici keep-alive (one connection per session), a warm-up, then CALLS calls each,
+// the two faces taking turns in slices so that a shared machine's drifting load weighs on both.
 // Target: ours >= 0.8x the floor's calls/s. ROLLSERVE_BENCH_PROFILE=<dir> writes a `--cpu-prof`
 // profile of each server.
 
@@ -21,6 +22,7 @@ const SESSIONS = 16;
 const WARMUP = Number(process.env.ROLLSERVE_BENCH_TOOL_WARMUP ?? 500);
 const CALLS = Number(process.env.ROLLSERVE_BENCH_TOOL_CALLS ?? 1_000);
 const TARGET = 0.8;
+const ROUNDS = 4;
 
 const OURS = fileURLToPath(new URL('./tool-overhead-server.mjs', import.meta.url));
 const FLOOR = fileURLToPath(new URL('./tool-overhead-floor-server.mjs', import.meta.url));
@@ -87,11 +89,31 @@ const commandLine = (pid: number) => {
   }
 };
 
-/** One face: its server started, 16 sessions seeded, each tool measured in turn, the server stopped. */
-async function measureFace(script: string): Promise<Map<string, Run>> {
+interface Face {
+  name: string;
+  pid: number;
+  pool: Pool;
+  cookies: string[];
+  stop(): Promise<void>;
+}
+
+/** A face's server started and its 16 sessions seeded (a cookie each). */
+async function startFace(name: string, script: string): Promise<Face> {
   const server = await startToolsServer([script]);
-  let spawned: number[] = [];
   const pool = new Pool(server.url, { connections: SESSIONS, pipelining: 1, keepAliveTimeout: 30_000 });
+  const stopFace = async () => {
+    const spawned = descendants(server.pid);
+    await pool.close();
+    await server.stop();
+    // the server ends its sessions on SIGTERM; a sandbox's last processes end on their parent's
+    // death signal, a moment after it; what is still there after that is a leak
+    let left = spawned.filter(alive);
+    for (let i = 0; i < 50 && left.length > 0; i++) {
+      await new Promise((resolve) => setTimeout(resolve, 100));
+      left = left.filter(alive);
+    }
+    if (left.length > 0) console.log(`  LEAK: ${left.length} processes of ${name} still alive 5 s after it stopped: ${left.map(commandLine).join(' | ')}`);
+  };
   try {
     const cookies = await Promise.all(
       Array.from({ length: SESSIONS }, async () => {
@@ -101,43 +123,32 @@ async function measureFace(script: string): Promise<Map<string, Run>> {
         return (Array.isArray(setCookie) ? setCookie : [setCookie ?? '']).map((c) => String(c).split(';')[0]).join('; ');
       }),
     );
-    const runs = new Map<string, Run>();
-    for (const tool of TOOLS) {
-      const call = async (cookie: string) => {
-        const response = await pool.request({ path: tool.path, method: 'POST', headers: { 'content-type': 'application/json', cookie }, body: tool.body });
-        const text = await response.body.text();
-        if (response.statusCode !== 200 || !text.includes(tool.expect)) throw new Error(`${tool.path}: ${response.statusCode} ${text}`);
-      };
-      await Promise.all(cookies.map(async (cookie) => {
-        for (let i = 0; i < WARMUP; i++) await call(cookie);
-      }));
-      const latencies: number[] = [];
-      const cpuBefore = await cpuSeconds(server.pid);
-      const started = performance.now();
-      await Promise.all(cookies.map(async (cookie) => {
-        for (let i = 0; i < CALLS; i++) {
-          const t = performance.now();
-          await call(cookie);
-          latencies.push(performance.now() - t);
-        }
-      }));
-      const wallMs = performance.now() - started;
-      const cpu = (await cpuSeconds(server.pid)) - cpuBefore;
-      runs.set(tool.name, { latencies, callsPerS: (latencies.length / wallMs) * 1000, serverCpuMsPerCall: (cpu * 1000) / latencies.length });
+    return { name, pid: server.pid, pool, cookies, stop: stopFace };
+  } catch (error) {
+    await stopFace();
+    throw error;
+  }
+}
+
+/** Every session of `face` calling `tool` `calls` times in a closed loop, all at once. */
+async function loops(face: Face, tool: Tool, calls: number, into?: { latencies: number[]; wallMs: number; cpuS: number }): Promise<void> {
+  const call = async (cookie: string) => {
+    const response = await face.pool.request({ path: tool.path, method: 'POST', headers: { 'content-type': 'application/json', cookie }, body: tool.body });
+    const text = await response.body.text();
+    if (response.statusCode !== 200 || !text.includes(tool.expect)) throw new Error(`${face.name} ${tool.path}: ${response.statusCode} ${text}`);
+  };
+  const cpuBefore = await cpuSeconds(face.pid);
+  const started = performance.now();
+  await Promise.all(face.cookies.map(async (cookie) => {
+    for (let i = 0; i < calls; i++) {
+      const t = performance.now();
+      await call(cookie);
+      into?.latencies.push(performance.now() - t);
     }
-    spawned = descendants(server.pid);
-    return runs;
-  } finally {
-    await pool.close();
-    await server.stop();
-    // the server ends its sessions on SIGTERM; what it started and left is a leak
-    let left = spawned.filter(alive);
-    // a sandbox's last processes end on their parent's death signal, a moment after it
-    for (let i = 0; i < 50 && left.length > 0; i++) {
-      await new Promise((resolve) => setTimeout(resolve, 100));
-      left = left.filter(alive);
-    }
-    if (left.length > 0) console.log(`  LEAK: ${left.length} processes of ${script} still alive 5 s after it stopped: ${left.map(commandLine).join(' | ')}`);
+  }));
+  if (into) {
+    into.wallMs += performance.now() - started;
+    into.cpuS += (await cpuSeconds(face.pid)) - cpuBefore;
   }
 }
 
@@ -145,8 +156,33 @@ export default async function bench(): Promise<void> {
   heading(`tool-overhead: per-call tool overhead over HTTP, ${SESSIONS} concurrent sessions (issue 28; each its own sandbox, shell and kernel; closed loops on undici keep-alive; ${WARMUP} calls of warm-up then ${CALLS} each)`);
   const load = () => loadavg().map((l) => l.toFixed(2)).join(' ');
   console.log(`load average before: ${load()}`);
-  const ours = await measureFace(OURS);
-  const floor = await measureFace(FLOOR);
+  // Both servers stay up (an idle one costs nothing) and take turns, in ROUNDS slices of CALLS/ROUNDS
+  // in the order ours, floor, floor, ours, ..., so that the load of a shared machine, which drifts
+  // over a minute, weighs on both alike.
+  const faces: Face[] = [];
+  const ours = new Map<string, Run>();
+  const floor = new Map<string, Run>();
+  try {
+    faces.push(await startFace('the resources server', OURS));
+    faces.push(await startFace('the floor server', FLOOR));
+    for (const tool of TOOLS) {
+      for (const face of faces) await loops(face, tool, WARMUP);
+      const acc = faces.map(() => ({ latencies: [] as number[], wallMs: 0, cpuS: 0 }));
+      for (let round = 0; round < ROUNDS; round++) {
+        const order = round % 2 === 0 ? [0, 1] : [1, 0];
+        for (const i of order) await loops(faces[i]!, tool, CALLS / ROUNDS, acc[i]);
+      }
+      const runOf = ({ latencies, wallMs, cpuS }: { latencies: number[]; wallMs: number; cpuS: number }): Run => ({
+        latencies,
+        callsPerS: (latencies.length / wallMs) * 1000,
+        serverCpuMsPerCall: (cpuS * 1000) / latencies.length,
+      });
+      ours.set(tool.name, runOf(acc[0]!));
+      floor.set(tool.name, runOf(acc[1]!));
+    }
+  } finally {
+    for (const face of faces) await face.stop();
+  }
   const cpu = (run: Run) => `server ${run.serverCpuMsPerCall.toFixed(3)} ms CPU/call`;
   for (const tool of TOOLS) {
     const o = ours.get(tool.name)!;
