@@ -38,6 +38,13 @@ describe("SWE-bench Multilingual's parsers agree with SWE-bench's on each tool's
 });
 
 describe('edge cases of their rules', () => {
+  // Random logs over each tool's marks, spaces, "\r" and newlines, and what SWE-bench's function
+  // returns for each (those on which it raises left out): test-logs/multilingual/README.md.
+  const edgeCases = JSON.parse(log('swe-bench-edge-cases.json')) as Record<string, Array<[string, Record<string, TestStatus>]>>;
+  it.each(Object.keys(edgeCases))('%s reads random logs as SWE-bench does', (parser) => {
+    for (const [output, expected] of edgeCases[parser]!) expect(Object.fromEntries(getTestParser(parser)!.parse(output, [])), JSON.stringify(output)).toEqual(expected);
+  });
+
   it("minitest: the last `. ` an `=` follows ends the name; the line's last ., F or E is the outcome (linear)", () => {
     const parse = (line: string) => Object.fromEntries(minitestParser.parse(line, []));
     expect(parse('A#test_a. b. = 0.01 s = .')).toEqual({ 'A#test_a. b': 'PASSED' });
