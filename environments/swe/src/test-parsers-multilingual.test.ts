@@ -63,3 +63,21 @@ describe('edge cases of their rules', () => {
     expect(Object.fromEntries(getTestParser('vitest')!.parse(' ✓ a > handles 2\n ↓ a > b [skipped]\n', []))).toEqual({ 'a > handles': 'PASSED', 'a > b': 'SKIPPED' });
   });
 });
+
+describe('on hostile output', () => {
+  // Lines on which SWE-bench's own patterns (gradle's, Chart.js's, p5.js's, minitest's) backtrack
+  // quadratically; read in linear time, they take ms, not minutes (past the test's time limit).
+  const N = 200_000;
+  const outputs = [
+    `a${' '.repeat(N)}x`,
+    `Chrome 1 (${') '.repeat(N / 2)}`,
+    ' \n'.repeat(N / 2),
+    '<a>'.repeat(N / 3),
+    `${'. '.repeat(N / 2)}=`,
+    `✓ a${' 1'.repeat(N / 2)}x`,
+    `Starting browser\n ./node_modules/.bin/jest ${'\n '.repeat(N / 2)}`,
+  ];
+  it.each(Object.keys(JSON.parse(log('swe-bench-edge-cases.json')) as object).concat('doctest'))('%s', (parser) => {
+    for (const output of outputs) expect(getTestParser(parser)!.parse(output, []).size).toBeLessThanOrEqual(1);
+  });
+});

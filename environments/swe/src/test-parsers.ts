@@ -467,8 +467,12 @@ export const antParser = byLine('ant test', (raw) => {
  * greedy pattern does.
  */
 export const gradleCustomParser = byLine('./gradlew test', (raw) => {
-  const match = /^([^>].+)\s+(PASSED|FAILED)$/s.exec(raw.trim());
-  return match === null ? undefined : [match[1]!, match[2] as TestStatus];
+  // `^([^>].+)\s+(PASSED|FAILED)$` in linear time: the greedy name leaves `\s+` one character
+  const line = raw.trim();
+  const status = line.slice(-6);
+  if (status !== 'PASSED' && status !== 'FAILED') return undefined;
+  const name = line.slice(0, -7);
+  return name.length >= 2 && !name.startsWith('>') && /\s/.test(line.charAt(line.length - 7)) ? [name, status] : undefined;
 });
 
 /** SWE-bench's `parse_log_ruby_unit` (test-unit's `-v`): `test_x(Suite): .`; E and F are FAILED, O (omitted) SKIPPED. */
@@ -555,7 +559,15 @@ export const chartJsParser: TestParser = {
   targets: () => [],
   parse(output) {
     const statuses = new Map<string, TestStatus>();
-    for (const match of stripAnsi(output).matchAll(/Chrome\s[\d.]+[^\S\r\n]\([^\n]+?\)[^\S\r\n]([^\n]*)FAILED(?=\n|$)/g)) statuses.set(match[1]!, 'FAILED');
+    // A match ends a line that ends in FAILED and starts on it, or at a `Chrome` ending the line
+    // before (`\s` takes the newline): only those lines are searched, so a long line is linear.
+    const lines = stripAnsi(output).split('\n');
+    for (const [i, line] of lines.entries()) {
+      if (!line.endsWith('FAILED')) continue;
+      const before = i > 0 && lines[i - 1]!.endsWith('Chrome') ? `${lines[i - 1]}\n` : '';
+      const match = /Chrome\s[\d.]+[^\S\r\n]\([^\n]+?\)[^\S\r\n]([^\n]*)FAILED$/.exec(before + line);
+      if (match !== null) statuses.set(match[1]!, 'FAILED');
+    }
     return statuses;
   },
 };
@@ -662,16 +674,58 @@ function withoutJsonBlocks(log: string): string {
   return kept.join('\n');
 }
 
-/** p5.js's log with each `<tag>…</tag>` block cut, leaving the extra opening tags it held. */
+/**
+ * p5.js's log with each `<tag>…</tag>` block cut, leaving the extra opening tags it held: SWE-bench's
+ * search for `<(\w+)>[\s\S]*?</\1>` from the start, again after each cut. A tag found with no
+ * closing tag after it never gets one (cuts only remove text), so it is not searched again.
+ */
 function withoutXmlBlocks(log: string): string {
-  const block = /<([\p{L}\p{N}_]+)>[\s\S]*?<\/\1>/u;
   let text = log;
-  for (let match = block.exec(text); match !== null; match = block.exec(text)) {
-    const open = `<${match[1]}>`;
-    const extra = Math.max(match[0].split(open).length - 2, 0);
-    text = text.slice(0, match.index) + open.repeat(extra) + text.slice(match.index + match[0].length);
+  const unclosed = new Set<string>();
+  const opening = /<([\p{L}\p{N}_]+)>/gu;
+  for (let match = opening.exec(text); match !== null; match = opening.exec(text)) {
+    const name = match[1]!;
+    if (unclosed.has(name)) continue;
+    const close = text.indexOf(`</${name}>`, opening.lastIndex);
+    if (close < 0) {
+      unclosed.add(name);
+      continue;
+    }
+    const end = close + name.length + 3;
+    const open = `<${name}>`;
+    const extra = Math.max(text.slice(match.index, end).split(open).length - 2, 0);
+    text = text.slice(0, match.index) + open.repeat(extra) + text.slice(end);
+    opening.lastIndex = match.index;
   }
   return text;
+}
+
+/**
+ * What `^\s*(\d+)\)(.{0,1000}?):` (MULTILINE, DOTALL) finds, each match's second group, in linear
+ * time: a line start, its whitespace run (blank lines too), `N)`, then up to the first `:` within
+ * 1,000 characters. Every line start inside one whitespace run fails or matches alike.
+ */
+function* p5jsFailures(log: string): Generator<string> {
+  const space = /\s*/y;
+  const number = /\d+\)/y;
+  let at = 0;
+  while (at <= log.length) {
+    const start = at === 0 || log[at - 1] === '\n' ? at : log.indexOf('\n', at) + 1;
+    if (start === 0 && at > 0) return;
+    space.lastIndex = start;
+    space.exec(log);
+    number.lastIndex = space.lastIndex;
+    const found = number.exec(log);
+    if (found !== null) {
+      const colon = log.indexOf(':', number.lastIndex);
+      if (colon >= 0 && colon - number.lastIndex <= 1000) {
+        yield log.slice(number.lastIndex, colon);
+        at = colon + 1;
+        continue;
+      }
+    }
+    at = space.lastIndex + 1;
+  }
 }
 
 /**
@@ -685,8 +739,8 @@ export const p5jsParser: TestParser = {
   parse(output) {
     const statuses = new Map<string, TestStatus>();
     const log = withoutXmlBlocks(withoutJsonBlocks(stripAnsi(output)));
-    for (const match of log.matchAll(/(?<=^|\n)\s*(\d+)\)([\s\S]{0,1000}?):/g)) {
-      const lines = match[2]!.split('\n');
+    for (const failure of p5jsFailures(log)) {
+      const lines = failure.split('\n');
       let last = 0;
       const valid = lines.every((line) => {
         const indent = line.length - line.trimStart().length;
