@@ -245,12 +245,11 @@ describe.skipIf(skip !== undefined)('rows as SWE-bench Verified, NeMo Gym, SWE-G
     expect(wrong.verify).toMatchObject({ reward: 0, evaluation_completed: true, failure_reason: 'tests_failed' });
   }, 120_000);
 
-  it("bad rows are FastAPI's 422 naming the field: SWE-smith's image_name outside images_root, a test list that is not one, a Multilingual repository whose parser is not built in", async () => {
+  it("bad rows are FastAPI's 422 naming the field: SWE-smith's image_name outside images_root, a test list that is not one; every Multilingual repository's parser is built in", async () => {
     const smith = { instance_id: 'x__y.1.z', repo: 'swesmith/x__y.1', patch: '', FAIL_TO_PASS: [], PASS_TO_PASS: [], base_commit: bugCommit, problem_statement: '' };
     const cases: Array<[Record<string, unknown>, unknown[]]> = [
       [{ ...smith, image_name: '../outside' }, ['body', 'image_name']],
       [{ ...sweBenchRow(), FAIL_TO_PASS: '{"not": "a list"}' }, ['body', 'FAIL_TO_PASS']],
-      [{ ...jq.row, repo: 'vuejs/core', instance_id: 'vuejs__core-11589', version: '3.4' }, ['body', 'repo']],
     ];
     for (const [row, loc] of cases) {
       const answer = await call(sweBenchUrl, 'POST', '/seed_session', row);
@@ -258,7 +257,10 @@ describe.skipIf(skip !== undefined)('rows as SWE-bench Verified, NeMo Gym, SWE-G
       const detail = (answer.json as { detail: Array<Record<string, unknown>> }).detail;
       expect(detail[0], answer.text).toMatchObject({ loc });
     }
-    // the same row with a test_parser of its own runs
+    // a row of vue (SWE-bench's vitest parser) seeds, as does the same row with a test_parser of its own
+    const vue = await call(plainUrl, 'POST', '/seed_session', { ...jq.row, repo: 'vuejs/core', instance_id: 'vuejs__core-11589', version: '11589' });
+    expect(vue.status, vue.text).toBe(200);
+    await call(plainUrl, 'POST', '/verify', { responses_create_params: { input: [] }, ...jq.row, response: makeResponse([]) }, { cookie: cookieHeader(vue.setCookies) });
     const named = await call(plainUrl, 'POST', '/seed_session', { ...jq.row, repo: 'vuejs/core', instance_id: 'vuejs__core-11589', version: '3.4', test_parser: 'jq' });
     expect(named.status, named.text).toBe(200);
     await call(plainUrl, 'POST', '/verify', { responses_create_params: { input: [] }, ...jq.row, response: makeResponse([]) }, { cookie: cookieHeader(named.setCookies) });

@@ -441,6 +441,381 @@ export const mavenParser: TestParser = {
   },
 };
 
+// The rest of SWE-bench Multilingual's parsers (swebench/harness/log_parsers/{c,java,javascript,
+// ruby}.py at 4.1.0), each to its function's rule. Lines are split on "\n" alone and `.` matches
+// "\r" (the `s` flag on one line), as Python's re does; a line on which SWE-bench's own function
+// would raise (a pattern it assumed matched) is skipped.
+
+/** SWE-bench's `ansi_escape`. */
+const stripAnsi = (text: string): string => text.replace(/\x1B(?:[@-Z\\-_]|\[[0-?]*[ -/]*[@-~])/g, '');
+
+/** SWE-bench's `parse_log_micropython_test` (`run-tests.py`): `pass basics/fun.py`, `FAIL …`, `skip …`. */
+export const micropythonParser = byLine('./run-tests.py', (raw) => {
+  const match = /^(pass|FAIL|skip)\s+(.+)$/s.exec(raw.trim());
+  return match === null ? undefined : [match[2]!, match[1] === 'pass' ? 'PASSED' : match[1] === 'FAIL' ? 'FAILED' : 'SKIPPED'];
+});
+
+/** SWE-bench's `parse_log_ant` (lombok's junit task): `[junit] [PASS] name`; FAIL and ERR are FAILED. */
+export const antParser = byLine('ant test', (raw) => {
+  const match = /^\s*\[junit\]\s+\[(PASS|FAIL|ERR)\]\s+(.*)$/s.exec(raw.trim());
+  return match === null ? undefined : [match[2]!, match[1] === 'PASS' ? 'PASSED' : 'FAILED'];
+});
+
+/**
+ * SWE-bench 4.1's `parse_log_gradle_custom` (lucene, rxjava, with its init script's logging):
+ * `Class > method PASSED`; the name keeps all but the last space before the status, as its
+ * greedy pattern does.
+ */
+export const gradleCustomParser = byLine('./gradlew test', (raw) => {
+  // `^([^>].+)\s+(PASSED|FAILED)$` in linear time: the greedy name leaves `\s+` one character
+  const line = raw.trim();
+  const status = line.slice(-6);
+  if (status !== 'PASSED' && status !== 'FAILED') return undefined;
+  const name = line.slice(0, -7);
+  return name.length >= 2 && !name.startsWith('>') && /\s/.test(line.charAt(line.length - 7)) ? [name, status] : undefined;
+});
+
+/** SWE-bench's `parse_log_ruby_unit` (test-unit's `-v`): `test_x(Suite): .`; E and F are FAILED, O (omitted) SKIPPED. */
+export const rubyUnitParser = byLine('bundle exec ruby -v', (raw) => {
+  const match = /^\s*(?:test: )?(.+):\s+(\.|E\b|F\b|O\b)/s.exec(raw.trim());
+  if (match === null) return undefined;
+  return [match[1]!, match[2] === '.' ? 'PASSED' : match[2] === 'O' ? 'SKIPPED' : 'FAILED'];
+});
+
+/**
+ * SWE-bench's `parse_log_rspec_transformed_json` (fastlane, fpm, rubocop): rspec's JSON turned
+ * into `description - passed` lines by the spec's jq filter; the last ` - passed|failed` ends the name.
+ */
+export const rspecTransformedJsonParser = byLine('bundle exec rspec --format json', (raw) => {
+  const match = /^(.+) - (passed|failed)/s.exec(raw.trim());
+  return match === null ? undefined : [match[1]!, match[2] === 'passed' ? 'PASSED' : 'FAILED'];
+});
+
+/**
+ * SWE-bench's `parse_log_minitest` (minitest `-v`): `Suite#test_: name. = 0.01 s = .`, read as its
+ * pattern `^(.+)\. .*=.*(\.|F|E).*$` reads it, in linear time: the outcome is the line's last
+ * `.`, `F` or `E`; the name ends at the last `. ` that an `=` still follows before it.
+ */
+export const minitestParser = byLine('bundle exec ruby -I test -v', (raw) => {
+  const line = raw.trim();
+  const outcome = Math.max(line.lastIndexOf('.'), line.lastIndexOf('F'), line.lastIndexOf('E'));
+  const equals = outcome < 0 ? -1 : line.lastIndexOf('=', outcome - 1);
+  const end = equals < 2 ? -1 : line.lastIndexOf('. ', equals - 2);
+  if (end < 1) return undefined;
+  return [line.slice(0, end), line[outcome] === '.' ? 'PASSED' : 'FAILED'];
+});
+
+/** SWE-bench's `parse_log_cucumber` (`--format progress`): `name ....F`. */
+export const cucumberParser = byLine('bundle exec cucumber --format progress', (raw) => {
+  const match = /^(.*) \.+(\.|F)/s.exec(raw.trim());
+  return match === null ? undefined : [match[1]!, match[2] === '.' ? 'PASSED' : 'FAILED'];
+});
+
+/** SWE-bench's `parse_log_vitest` (`--reporter=verbose`): `✓ file > suite > name 3ms`, `×`, `↓ … [skipped]`. */
+export const vitestParser = byLine('npx vitest run --reporter=verbose', (raw) => {
+  const match = /^\s*(✓|×|↓)\s(.+?)(?:\s(\d+\s*m?s?|\[skipped\]))?$/s.exec(raw.trim());
+  if (match === null) return undefined;
+  return [match[2]!, match[1] === '✓' ? 'PASSED' : match[1] === '×' ? 'FAILED' : 'SKIPPED'];
+});
+
+/** SWE-bench's `parse_log_jest_json`: jest's `--json` through the spec's jq filter, `[PASSED] suite > name`. */
+export const jestJsonParser = byLine('npx jest --json', (raw) => {
+  const match = /^\[(PASSED|FAILED)\]\s(.+)$/s.exec(raw.trim());
+  return match === null ? undefined : [match[2]!, match[1] as TestStatus];
+});
+
+/** SWE-bench's `parse_log_marked`: only failures, mocha-style `1) name`. */
+export const markedParser = byLine('npm test', (raw) => {
+  const match = /^\d+\)\s(.*)/s.exec(raw);
+  return match === null ? undefined : [match[1]!.trim(), 'FAILED'];
+});
+
+const REACT_PDF_PATTERNS: ReadonlyArray<[RegExp, TestStatus]> = [
+  [/^PASS\s(.*)\s\([\d.]+ms\)/s, 'PASSED'],
+  [/^PASS\s(.*)\s\([\d.]+\ss\)/s, 'PASSED'],
+  [/^PASS\s(.*)\s\([\d.]+s\)/s, 'PASSED'],
+  [/^PASS\s(.*)/s, 'PASSED'],
+  [/^FAIL\s(.*)\s\([\d.]+ms\)/s, 'FAILED'],
+  [/^FAIL\s(.*)\s\([\d.]+\ss\)/s, 'FAILED'],
+  [/^FAIL\s(.*)\s\([\d.]+s\)/s, 'FAILED'],
+  [/^FAIL\s(.*)/s, 'FAILED'],
+];
+
+/** SWE-bench's `parse_log_react_pdf`: jest's per-file `PASS path (1.2 s)` / `FAIL path` lines. */
+export const reactPdfParser = byLine('yarn test', (line) => {
+  for (const [pattern, status] of REACT_PDF_PATTERNS) {
+    const match = pattern.exec(line);
+    if (match !== null) return [match[1]!, status];
+  }
+  return undefined;
+});
+
+/**
+ * SWE-bench's `parse_log_chart_js` (karma in Chrome): only failures, `Chrome 120.0.0.0 (Linux
+ * x86_64) suite name FAILED` at a line's end, colours stripped.
+ */
+export const chartJsParser: TestParser = {
+  defaultCommand: 'karma start --single-run',
+  targets: () => [],
+  parse(output) {
+    const statuses = new Map<string, TestStatus>();
+    // A match ends a line that ends in FAILED and starts on it, or at a `Chrome` ending the line
+    // before (`\s` takes the newline): only those lines are searched, so a long line is linear.
+    const lines = stripAnsi(output).split('\n');
+    for (const [i, line] of lines.entries()) {
+      if (!line.endsWith('FAILED')) continue;
+      const before = i > 0 && lines[i - 1]!.endsWith('Chrome') ? `${lines[i - 1]}\n` : '';
+      const match = /Chrome\s[\d.]+[^\S\r\n]\([^\n]+?\)[^\S\r\n]([^\n]*)FAILED$/.exec(before + line);
+      if (match !== null) statuses.set(match[1]!, 'FAILED');
+    }
+    return statuses;
+  },
+};
+
+/**
+ * SWE-bench's `parse_log_karma` (preact): after `Starting browser`, until `SUMMARY:`, indented
+ * suite lines nest (one level in, one out) and `✔ name` / `✖ name` are `suite > name`.
+ */
+export const karmaParser: TestParser = {
+  defaultCommand: 'npx karma start karma.conf.js --single-run',
+  targets: () => [],
+  parse(output) {
+    const statuses = new Map<string, TestStatus>();
+    let indentation = -1;
+    const suite: string[] = [];
+    let started = false;
+    for (const line of output.split('\n')) {
+      if (line.startsWith('SUMMARY:')) break;
+      if (line.includes('Starting browser')) {
+        started = true;
+        continue;
+      }
+      if (!started) continue;
+      const match = /^(\s*)?([✔✖])?\s(.*)$/s.exec(line);
+      if (match === null) continue;
+      const [, indent, status, name] = match;
+      if (indent && status === undefined) {
+        if (indent.length > indentation) {
+          indentation = indent.length;
+          suite.push(name!);
+        } else if (indent.length < indentation) {
+          indentation = indent.length;
+          suite.pop();
+          continue;
+        }
+      }
+      if (status !== undefined) statuses.set([...suite, name!].join(' > '), status === '✔' ? 'PASSED' : 'FAILED');
+    }
+    return statuses;
+  },
+};
+
+/**
+ * SWE-bench's `parse_log_calypso` (jest --verbose after ` ./node_modules/.bin/jest `): indented
+ * lines are suites (a shallower one closes the deeper), `✓ name (12ms)` / `✕ name` are
+ * `suite - … - name`; `Test Suites` or a `  ● ` failure report ends a run.
+ */
+export const calypsoParser: TestParser = {
+  defaultCommand: 'npm run test-client',
+  targets: () => [],
+  parse(output) {
+    const statuses = new Map<string, TestStatus>();
+    const suite: Array<[string, number]> = [];
+    const name = (rest: string): string => [suite.map(([s]) => s).join(' - '), rest].join(' - ').trim();
+    for (const run of output.split(' ./node_modules/.bin/jest ').slice(1)) {
+      for (const line of run.split('\n')) {
+        if (line.startsWith('Test Suites') || line.startsWith('  ● ')) break;
+        const trimmed = line.trim();
+        const mark = trimmed.startsWith('✓') ? '✓' : trimmed.startsWith('✕') ? '✕' : undefined;
+        if (mark !== undefined) {
+          const timed = /\(\d+ms\)/.test(line);
+          const match = (timed ? new RegExp(`^\\s+${mark}\\s(.*)\\(\\d+ms\\)$`, 's') : new RegExp(`^\\s+${mark}\\s(.*)`, 's')).exec(line);
+          if (match !== null) statuses.set(name(match[1]!), mark === '✓' ? 'PASSED' : 'FAILED');
+          continue;
+        }
+        const indent = line.length - line.trimStart().length;
+        if (indent > 0) {
+          while (suite.length > 0 && suite.at(-1)![1] >= indent) suite.pop();
+          suite.push([trimmed, indent]);
+        }
+      }
+    }
+    return statuses;
+  },
+};
+
+/** p5.js's log without JSON blocks (a line ending `{` or `[` to its closing line) and one-line JSON. */
+function withoutJsonBlocks(log: string): string {
+  const kept: string[] = [];
+  let inObject = false;
+  let inList = false;
+  for (const line of log.split('\n')) {
+    const end = line.trimEnd();
+    if (end.endsWith('{')) {
+      inObject = true;
+      continue;
+    }
+    if (end.endsWith('[')) {
+      inList = true;
+      continue;
+    }
+    if (end === '}' && inObject) {
+      inObject = false;
+      continue;
+    }
+    if (end === ']' && inList) {
+      inList = false;
+      continue;
+    }
+    if (inObject || inList) continue;
+    if ((end.startsWith('{') && end.endsWith('}')) || (end.startsWith('[') && end.endsWith(']'))) continue;
+    kept.push(line);
+  }
+  return kept.join('\n');
+}
+
+/**
+ * p5.js's log with each `<tag>…</tag>` block cut, leaving the extra opening tags it held: SWE-bench's
+ * search for `<(\w+)>[\s\S]*?</\1>` from the start, again after each cut. A tag found with no
+ * closing tag after it never gets one (cuts only remove text), so it is not searched again.
+ */
+function withoutXmlBlocks(log: string): string {
+  let text = log;
+  const unclosed = new Set<string>();
+  const opening = /<([\p{L}\p{N}_]+)>/gu;
+  for (let match = opening.exec(text); match !== null; match = opening.exec(text)) {
+    const name = match[1]!;
+    if (unclosed.has(name)) continue;
+    const close = text.indexOf(`</${name}>`, opening.lastIndex);
+    if (close < 0) {
+      unclosed.add(name);
+      continue;
+    }
+    const end = close + name.length + 3;
+    const open = `<${name}>`;
+    const extra = Math.max(text.slice(match.index, end).split(open).length - 2, 0);
+    text = text.slice(0, match.index) + open.repeat(extra) + text.slice(end);
+    opening.lastIndex = match.index;
+  }
+  return text;
+}
+
+/**
+ * What `^\s*(\d+)\)(.{0,1000}?):` (MULTILINE, DOTALL) finds, each match's second group, in linear
+ * time: a line start, its whitespace run (blank lines too), `N)`, then up to the first `:` within
+ * 1,000 characters. Every line start inside one whitespace run fails or matches alike.
+ */
+function* p5jsFailures(log: string): Generator<string> {
+  const space = /\s*/y;
+  const number = /\d+\)/y;
+  let at = 0;
+  while (at <= log.length) {
+    const start = at === 0 || log[at - 1] === '\n' ? at : log.indexOf('\n', at) + 1;
+    if (start === 0 && at > 0) return;
+    space.lastIndex = start;
+    space.exec(log);
+    number.lastIndex = space.lastIndex;
+    const found = number.exec(log);
+    if (found !== null) {
+      const colon = log.indexOf(':', number.lastIndex);
+      if (colon >= 0 && colon - number.lastIndex <= 1000) {
+        yield log.slice(number.lastIndex, colon);
+        at = colon + 1;
+        continue;
+      }
+    }
+    at = space.lastIndex + 1;
+  }
+}
+
+/**
+ * SWE-bench's `parse_log_p5js` (mocha in a browser, through grunt): only failures, `  1) suite`
+ * then deeper-indented lines up to a `:`, named `suite:test`; JSON and XML blocks the tests print
+ * are cut first.
+ */
+export const p5jsParser: TestParser = {
+  defaultCommand: 'npm test',
+  targets: () => [],
+  parse(output) {
+    const statuses = new Map<string, TestStatus>();
+    const log = withoutXmlBlocks(withoutJsonBlocks(stripAnsi(output)));
+    for (const failure of p5jsFailures(log)) {
+      const lines = failure.split('\n');
+      let last = 0;
+      const valid = lines.every((line) => {
+        const indent = line.length - line.trimStart().length;
+        const deeper = indent > last;
+        last = indent;
+        return deeper;
+      });
+      if (valid) statuses.set(lines.map((line) => line.trim()).join(':'), 'FAILED');
+    }
+    return statuses;
+  },
+};
+
+const XML_ENTITIES: Record<string, string> = { lt: '<', gt: '>', amp: '&', quot: '"', apos: "'" };
+const xmlText = (text: string): string =>
+  text.replace(/&(#x[0-9a-fA-F]+|#\d+|\w+);/g, (entity, body: string) =>
+    body.startsWith('#x') ? String.fromCodePoint(Number.parseInt(body.slice(2), 16)) : body.startsWith('#') ? String.fromCodePoint(Number(body.slice(1))) : (XML_ENTITIES[body] ?? entity),
+  );
+
+interface XmlElement {
+  tag: string;
+  attributes: Map<string, string>;
+  children: XmlElement[];
+}
+
+/** The elements of doctest's XML report (tags and attributes only: its text is not read). */
+function xmlElements(xml: string): XmlElement {
+  const root: XmlElement = { tag: '', attributes: new Map(), children: [] };
+  const open = [root];
+  const tags = /<!--[\s\S]*?-->|<!\[CDATA\[[\s\S]*?\]\]>|<[?!][^>]*>|<(\/?)([^\s/>]+)((?:[^>"']|"[^"]*"|'[^']*')*?)(\/?)>/g;
+  for (const [, closing, tag, rest, selfClosing] of xml.matchAll(tags)) {
+    if (tag === undefined) continue;
+    if (closing === '/') {
+      if (open.length > 1) open.pop();
+      continue;
+    }
+    const attributes = new Map([...rest!.matchAll(/([^\s=]+)\s*=\s*(?:"([^"]*)"|'([^']*)')/g)].map((m) => [m[1]!, xmlText(m[2] ?? m[3]!)] as const));
+    const element: XmlElement = { tag, attributes, children: [] };
+    open.at(-1)!.children.push(element);
+    if (selfClosing !== '/') open.push(element);
+  }
+  return root;
+}
+
+const descendants = function* (element: XmlElement, tag: string): Generator<XmlElement> {
+  for (const child of element.children) {
+    if (child.tag === tag) yield child;
+    yield* descendants(child, tag);
+  }
+};
+
+/**
+ * SWE-bench's `parse_log_doctest` (nlohmann/json, a doctest binary run with `-s -r=xml`): the
+ * `<doctest>` report's every SubCase under each TestCase, `case > subcase`, PASSED when every
+ * Expression under it has success="true".
+ */
+export const doctestParser: TestParser = {
+  defaultCommand: './test -s -r=xml',
+  targets: () => [],
+  parse(output) {
+    const statuses = new Map<string, TestStatus>();
+    const start = output.indexOf('<doctest');
+    const end = start < 0 ? -1 : output.indexOf('</doctest>', start);
+    if (end < 0) return statuses;
+    const root = xmlElements(output.slice(start, end + '</doctest>'.length));
+    for (const testCase of descendants(root, 'TestCase')) {
+      for (const subCase of descendants(testCase, 'SubCase')) {
+        const ok = [...descendants(subCase, 'Expression')].every((expression) => expression.attributes.get('success') === 'true');
+        statuses.set(`${testCase.attributes.get('name') ?? 'None'} > ${subCase.attributes.get('name') ?? 'None'}`, ok ? 'PASSED' : 'FAILED');
+      }
+    }
+    return statuses;
+  },
+};
+
 const parsers = new Map<string, TestParser>([
   ['pytest', pytestParser],
   ['pytest_options', pytestOptionsParser],
@@ -462,7 +837,7 @@ const parsers = new Map<string, TestParser>([
   ['paramiko', paramikoParser],
   ['autograd', autogradParser],
   ['mypy', mypyParser],
-  // SWE-bench Multilingual's (the rest of its parsers are not built in: a row of those repositories names its test_parser)
+  // SWE-bench Multilingual's
   ['redis', redisParser],
   ['jq', jqParser],
   ['gotest', gotestParser],
@@ -472,6 +847,22 @@ const parsers = new Map<string, TestParser>([
   ['tap', tapParser],
   ['phpunit', phpunitParser],
   ['maven', mavenParser],
+  ['micropython_test', micropythonParser],
+  ['doctest', doctestParser],
+  ['ant', antParser],
+  ['gradle_custom', gradleCustomParser],
+  ['calypso', calypsoParser],
+  ['chart_js', chartJsParser],
+  ['marked', markedParser],
+  ['p5js', p5jsParser],
+  ['react_pdf', reactPdfParser],
+  ['vitest', vitestParser],
+  ['karma', karmaParser],
+  ['jest_json', jestJsonParser],
+  ['ruby_unit', rubyUnitParser],
+  ['rspec_transformed_json', rspecTransformedJsonParser],
+  ['minitest', minitestParser],
+  ['cucumber', cucumberParser],
 ]);
 
 /** Adds a parser (or replaces one) under `name`. */

@@ -8,6 +8,11 @@ export interface MultilingualVersionSpec {
   test: readonly string[];
   /** Commands run before the tests, after test_patch (SWE-bench's `build`). */
   build?: readonly string[];
+  /**
+   * The parser of this version's output, where SWE-bench's repository parser picks one by the
+   * instance's number (jekyll's, immutable-js's: the number is the version); else the repository's.
+   */
+  parser?: string;
 }
 
 export interface MultilingualRepoSpec {
@@ -403,8 +408,8 @@ export const MULTILINGUAL_SPECS: Readonly<Record<string, MultilingualRepoSpec>> 
     language: 'javascript',
     parser: 'immutable_js',
     versions: {
-      '2006': { test: ['npx jest __tests__/Range.ts --verbose'], build: ['npm run build'] },
-      '2005': { test: ["npx jest __tests__/OrderedMap.ts __tests__/OrderedSet.ts --silent --json | jq -r '.testResults[].assertionResults[] | \"[\" + (.status | ascii_upcase) + \"] \" + ((.ancestorTitles | join(\" > \")) + (if .ancestorTitles | length > 0 then \" > \" else \"\" end) + .title)'"], build: ['npm run build'] },
+      '2006': { parser: 'jest', test: ['npx jest __tests__/Range.ts --verbose'], build: ['npm run build'] },
+      '2005': { parser: 'jest_json', test: ["npx jest __tests__/OrderedMap.ts __tests__/OrderedSet.ts --silent --json | jq -r '.testResults[].assertionResults[] | \"[\" + (.status | ascii_upcase) + \"] \" + ((.ancestorTitles | join(\" > \")) + (if .ancestorTitles | length > 0 then \" > \" else \"\" end) + .title)'"], build: ['npm run build'] },
     },
   },
   'mrdoob/three.js': {
@@ -522,11 +527,11 @@ export const MULTILINGUAL_SPECS: Readonly<Record<string, MultilingualRepoSpec>> 
     language: 'ruby',
     parser: 'jekyll',
     versions: {
-      '9141': { test: ['bundle exec ruby -I test test/test_site.rb -v -n "/static files/"'] },
-      '8761': { test: ['bundle exec cucumber --publish-quiet --format progress --no-color features/post_data.feature:6 features/post_data.feature:30'] },
-      '8047': { test: ['bundle exec ruby -I test test/test_filters.rb -v -n "/where_exp filter/"'] },
-      '8167': { test: ['bundle exec ruby -I test test/test_utils.rb -v -n "/Utils.slugify/"'] },
-      '8771': { test: ['bundle exec cucumber --publish-quiet --format progress --no-color features/incremental_rebuild.feature:27 features/incremental_rebuild.feature:70'] },
+      '9141': { parser: 'minitest', test: ['bundle exec ruby -I test test/test_site.rb -v -n "/static files/"'] },
+      '8761': { parser: 'cucumber', test: ['bundle exec cucumber --publish-quiet --format progress --no-color features/post_data.feature:6 features/post_data.feature:30'] },
+      '8047': { parser: 'minitest', test: ['bundle exec ruby -I test test/test_filters.rb -v -n "/where_exp filter/"'] },
+      '8167': { parser: 'minitest', test: ['bundle exec ruby -I test test/test_utils.rb -v -n "/Utils.slugify/"'] },
+      '8771': { parser: 'cucumber', test: ['bundle exec cucumber --publish-quiet --format progress --no-color features/incremental_rebuild.feature:27 features/incremental_rebuild.feature:70'] },
     },
   },
   'fluent/fluentd': {

@@ -117,11 +117,13 @@ describe("SWE-bench Multilingual's specs", () => {
     expect(lookupMultilingualSpec('django/django', '3.0')).toBeUndefined();
   });
 
-  it("a row of a repository whose parser is not built in is a 422 at repo, unless it names a test_parser", () => {
+  it("a row of any Multilingual repository loads with SWE-bench's parser, unless it names a test_parser", () => {
     const config = SweConfig.parse({ image_template: 'docker://swebench/sweb.eval.x86_64.{instance_id_1776}:latest' });
-    const row = { instance_id: 'vuejs__core-11589', repo: 'vuejs/core', version: '3.4', base_commit: 'a'.repeat(40), FAIL_TO_PASS: ['x'], PASS_TO_PASS: [] };
-    expect(() => resolveInstance(SweRow.parse(row), config)).toThrow(/vitest\) is not built in: give the row \(or the config\) a test_parser/);
+    const row = { instance_id: 'vuejs__core-11589', repo: 'vuejs/core', version: '11589', base_commit: 'a'.repeat(40), FAIL_TO_PASS: ['x'], PASS_TO_PASS: [] };
+    expect(resolveInstance(SweRow.parse(row), config)).toMatchObject({ parserName: 'vitest', testScript: true });
     expect(resolveInstance(SweRow.parse({ ...row, test_parser: 'jest' }), config)).toMatchObject({ parserName: 'jest', testScript: true });
+    const jekyll = { ...row, instance_id: 'jekyll__jekyll-8761', repo: 'jekyll/jekyll', version: '8761' };
+    expect(resolveInstance(SweRow.parse(jekyll), config)).toMatchObject({ parserName: 'cucumber' });
   });
 });
 

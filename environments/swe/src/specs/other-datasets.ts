@@ -134,7 +134,7 @@ export function lookupMultilingualSpec(repo: string | undefined, version: string
   const exact = version !== undefined && Object.hasOwn(spec.versions, version) ? spec.versions[version] : undefined;
   const chosen = exact ?? Object.values(spec.versions).at(-1)!;
   const script = [...(chosen.build ?? []), `: ${sq('>>>>> Start Test Output')}`, ...chosen.test, `: ${sq('>>>>> End Test Output')}`].join('\n');
-  return { dataset: 'swe-bench-multilingual', repo: name, testCommand: script, parser: spec.parser, targets: 'none', script: true, language: spec.language, exact: exact !== undefined };
+  return { dataset: 'swe-bench-multilingual', repo: name, testCommand: script, parser: chosen.parser ?? spec.parser, targets: 'none', script: true, language: spec.language, exact: exact !== undefined };
 }
 
 /**
