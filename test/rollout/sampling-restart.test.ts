@@ -1,13 +1,12 @@
-import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { defineEnvironment } from '@rollserve/core';
 import { openStore, RolloutTask } from '@rollserve/core/service';
-import { call, startFakePolicy, startTestPostgres, startTestRolloutService, workspaceRoot, type FakePolicy } from '@rollserve/testing';
+import { call, startFakePolicy, startTestPostgres, startTestRolloutService, type FakePolicy } from '@rollserve/testing';
 import { afterEach, describe, expect, it } from 'vitest';
+import { startChildService } from './fixtures/child-service.ts';
 import { z } from 'zod';
 
 // A dynamic sampling outlives its service: killed (SIGKILL) or stopped (SIGTERM) in the middle of a
@@ -21,31 +20,8 @@ afterEach(async () => {
 });
 
 /** The service of fixtures/sampling-server.ts in a child process; resolves with its URL. */
-async function startChild(options: { store: string; llm: string; killAfter?: { task: string; samples: number } }): Promise<{ url: string; child: ChildProcess }> {
-  const script = fileURLToPath(new URL('./fixtures/sampling-server.ts', import.meta.url));
-  const child = spawn(process.execPath, ['--import', 'tsx', '--conditions=@rollserve/source', script, JSON.stringify(options)], {
-    cwd: workspaceRoot(),
-    stdio: ['ignore', 'pipe', 'pipe'],
-    env: { ...process.env, ROLLSERVE_LOG_LEVEL: 'silent' },
-  });
-  cleanups.push(async () => {
-    if (child.exitCode === null && child.signalCode === null) {
-      child.kill('SIGKILL');
-      await once(child, 'exit');
-    }
-  });
-  let stderr = '';
-  child.stderr!.on('data', (chunk: Buffer) => (stderr += chunk));
-  const url = await new Promise<string>((resolve, reject) => {
-    let stdout = '';
-    child.stdout!.on('data', (chunk: Buffer) => {
-      stdout += chunk;
-      const line = stdout.match(/^(http:\/\/\S+)$/m);
-      if (line) resolve(line[1]!);
-    });
-    child.once('exit', (code, signal) => reject(new Error(`the service exited (${code ?? signal}) before serving: ${stderr}`)));
-  });
-  return { url, child };
+function startChild(options: { store: string; llm: string; killAfter?: { task: string; samples: number } }) {
+  return startChildService('sampling-server.ts', options, cleanups);
 }
 
 /**

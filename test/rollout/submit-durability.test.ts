@@ -1,15 +1,14 @@
-import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { readdirSync } from 'node:fs';
 import { chmod, mkdir, mkdtemp, readdir, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { removeStaleSandboxDirs } from '@rollserve/core/sandbox';
 import { openStore, type RolloutResult } from '@rollserve/core/service';
-import { startFakePolicy, workspaceRoot } from '@rollserve/testing';
+import { startFakePolicy } from '@rollserve/testing';
 import { request } from 'undici';
 import { afterEach, describe, expect, it } from 'vitest';
+import { startChildService } from './fixtures/child-service.ts';
 
 // The 202 of POST /v1/rollouts means the batch is stored: a service killed right after it runs
 // every task of the batch after its restart, each rollout once.
@@ -20,33 +19,10 @@ afterEach(async () => {
 });
 
 /** The service of fixtures/sandboxed-server.ts in a child process; resolves with its URL. */
-async function startChild(options: { store: string; llm: string }, sandboxDir: string): Promise<{ url: string; child: ChildProcess }> {
-  const script = fileURLToPath(new URL('./fixtures/sandboxed-server.ts', import.meta.url));
-  const child = spawn(process.execPath, ['--import', 'tsx', '--conditions=@rollserve/source', script, JSON.stringify(options)], {
-    cwd: workspaceRoot(),
-    stdio: ['ignore', 'pipe', 'pipe'],
-    // the service's sandbox directories go to the test's own directory, so that what a killed
-    // service leaves is found and swept by this test alone
-    env: { ...process.env, ROLLSERVE_LOG_LEVEL: 'silent', TMPDIR: sandboxDir },
-  });
-  cleanups.push(async () => {
-    if (child.exitCode === null && child.signalCode === null) {
-      child.kill('SIGKILL');
-      await once(child, 'exit');
-    }
-  });
-  let stderr = '';
-  child.stderr!.on('data', (chunk: Buffer) => (stderr += chunk));
-  const url = await new Promise<string>((resolve, reject) => {
-    let stdout = '';
-    child.stdout!.on('data', (chunk: Buffer) => {
-      stdout += chunk;
-      const line = stdout.match(/^(http:\/\/\S+)$/m);
-      if (line) resolve(line[1]!);
-    });
-    child.once('exit', (code, signal) => reject(new Error(`the service exited (${code ?? signal}) before serving: ${stderr}`)));
-  });
-  return { url, child };
+function startChild(options: { store: string; llm: string }, sandboxDir: string) {
+  // the service's sandbox directories go to the test's own directory, so that what a killed
+  // service leaves is found and swept by this test alone
+  return startChildService('sandboxed-server.ts', options, cleanups, { TMPDIR: sandboxDir });
 }
 
 /** What the store holds, read by a connection of its own. */

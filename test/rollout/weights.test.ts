@@ -1,12 +1,11 @@
-import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { openStore, startRolloutServer, type RolloutResult, type RolloutServer } from '@rollserve/core/service';
-import { call, counterEnvironment, startFakePolicy, workspaceRoot, type FakePolicy, type FakeReply } from '@rollserve/testing';
+import { call, counterEnvironment, startFakePolicy, type FakePolicy, type FakeReply } from '@rollserve/testing';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { startChildService } from './fixtures/child-service.ts';
 
 // Asynchronous RL over the real service (HTTP, store, pools) and a scripted policy: weight
 // versions per turn, pauses for a weight update in both modes, an update that fails, staleness
@@ -256,31 +255,8 @@ describe('a service killed during a pause for a weight update', () => {
     while (cleanups.length) await cleanups.pop()!();
   });
 
-  async function startChild(options: { store: string; llm: string }): Promise<{ url: string; child: ChildProcess }> {
-    const script = fileURLToPath(new URL('./fixtures/counter-server.ts', import.meta.url));
-    const child = spawn(process.execPath, ['--import', 'tsx', '--conditions=@rollserve/source', script, JSON.stringify(options)], {
-      cwd: workspaceRoot(),
-      stdio: ['ignore', 'pipe', 'pipe'],
-      env: { ...process.env, ROLLSERVE_LOG_LEVEL: 'silent' },
-    });
-    cleanups.push(async () => {
-      if (child.exitCode === null && child.signalCode === null) {
-        child.kill('SIGKILL');
-        await once(child, 'exit');
-      }
-    });
-    let stderr = '';
-    child.stderr!.on('data', (chunk: Buffer) => (stderr += chunk));
-    const url = await new Promise<string>((resolve, reject) => {
-      let stdout = '';
-      child.stdout!.on('data', (chunk: Buffer) => {
-        stdout += chunk;
-        const line = stdout.match(/^(http:\/\/\S+)$/m);
-        if (line) resolve(line[1]!);
-      });
-      child.once('exit', (code, signal) => reject(new Error(`the service exited (${code ?? signal}) before serving: ${stderr}`)));
-    });
-    return { url, child };
+  function startChild(options: { store: string; llm: string }) {
+    return startChildService('counter-server.ts', options, cleanups);
   }
 
   it('stays paused after its restart, loses and duplicates nothing, and runs what it held on the new weights after the resume', async () => {
