@@ -230,6 +230,13 @@ describe('swe over the NeMo Gym face (bwrap)', () => {
     expect(live.size).toBe(0);
   });
 
+  it('a row whose repo_dir the sandbox cannot write (/testbed without an image) is a 422 naming repo_dir, and holds no sandbox', async () => {
+    const seed = await call(url, 'POST', '/seed_session', { ...calc.row, repo_dir: '/testbed' });
+    expect(seed.status, seed.text).toBe(422);
+    expect(seed.json).toEqual({ detail: [expect.objectContaining({ type: 'value_error', loc: ['body', 'repo_dir'], msg: expect.stringContaining('Read-only file system') })] });
+    expect(live.size).toBe(0);
+  });
+
   it("a row's image that does not exist is a 422 naming it, and holds no sandbox", async () => {
     const { repo_path: _local, ...row } = calc.row;
     const seed = await call(url, 'POST', '/seed_session', { ...row, image: 'oci:/nonexistent/sweb.eval.x86_64.fixtures_1776_calc-1:latest' });

@@ -84,7 +84,14 @@ export function ensureOk(result: { returnCode: number; stdout: string; stderr: s
 export async function prepareRepository(sandbox: Sandbox, instance: SweInstance, timeoutMs: number): Promise<string> {
   if (instance.repoPath !== undefined) {
     const tar = await archiveTree(instance.repoPath, instance.baseCommit);
-    ensureOk(await sandbox.exec(extractScript(instance.repoDir), { cwd: '/', stdin: tar, timeoutMs }), 'copying the repository into the sandbox');
+    const copied = await sandbox.exec(extractScript(instance.repoDir), { cwd: '/', stdin: tar, timeoutMs });
+    // the archive is the service's own: what fails here is the row's or config's repo_dir (a
+    // directory of the sandbox it may not write, e.g. /testbed without an image, or a workspace too
+    // small for the tree), so the client hears of it as a 422 on the field, not a 500
+    if (copied.returnCode !== 0) {
+      const why = `${copied.stdout}\n${copied.stderr}`.trim().split('\n').slice(-3).join('\n');
+      throw invalidInputError(['repo_dir'], `cannot copy the repository into ${instance.repoDir} in the sandbox (without an image only its workdir, ${sandbox.workdir}, and /tmp are writable): ${why}`, instance.repoDir);
+    }
   }
   if (instance.checkout !== undefined) {
     ensureOk(await sandbox.exec(checkoutScript(instance.checkout.commit), { cwd: instance.repoDir, stdin: instance.checkout.patch, timeoutMs }), `putting the repository at ${instance.checkout.commit}`);
