@@ -8,12 +8,13 @@ import { startFakePolicy } from '@rollserve/testing';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { makeRootfs, makeSquashfs } from '../sandbox/image-fixtures.ts';
 import { imageNodeEnvironment } from './fixtures/image-env.ts';
-import { Resources, sandboxDir, startNode, startService, until, type NodeProcess } from './helpers.ts';
+import { getJson, Resources, sandboxDir, startNode, startService, until, type NodeProcess } from './helpers.ts';
 
 // Rollout nodes (real processes against a real service) ready the images of the work they have
-// claimed and not started yet: while one rollout holds the node's one INIT slot, the image of the
-// one claimed behind it is unpacked into the cache (the node's runner's prefetch), so that its
-// INIT starts on a cached image; nodes of one host share one cache and unpack an image once.
+// claimed and not started yet, and of the tasks the service names as queued next (a claim's
+// `upcoming`): while one rollout holds the node's one INIT slot, those images are unpacked into
+// the cache (the node's runner's prefetch), so that their INIT starts on a cached image; nodes of
+// one host share one cache and unpack an image once.
 // Unpacks are counted by an `unsquashfs` first on the nodes' PATH that notes each run.
 
 const tools = ['unsquashfs', 'mksquashfs'].filter((tool) => {
@@ -105,23 +106,27 @@ describe.skipIf(skip !== undefined)('rollout nodes prefetch the images of the wo
     expect(readdirSync(cache).filter((name) => name.startsWith('.tmp-') || name.startsWith('.evict-'))).toEqual([]);
   }
 
-  it("unpacks the image of the rollout claimed behind the one in INIT before that one's INIT, each image once", async () => {
+  it("unpacks the images of the rollout claimed behind the one in INIT and of the task queued next before their INIT, each image once", async () => {
     const { service, sandboxes, cache, seedLog, node, gate } = await setUp('one-node');
     const agent = await node();
     const tasks = [task('a-0', 'a', gate), task('b-1', 'b'), task('c-2', 'c')];
     await service.submit(tasks);
-    // a holds INIT (its sandbox up, seedSession waiting); b, claimed behind it, has its image readied
-    await until(() => seeds(seedLog).length === 1 && entries(cache).includes(entryOf('b')));
+    // a holds INIT (its sandbox up, seedSession waiting); b, claimed behind it, has its image
+    // readied, and so has c, which the node (two rollouts at most) has not claimed: the service
+    // named it as queued next
+    await until(() => seeds(seedLog).length === 1 && entries(cache).includes(entryOf('b')) && entries(cache).includes(entryOf('c')));
     expect(seeds(seedLog).map((s) => s.image)).toEqual([`squashfs:${images.a}`]);
-    expect((await agent.waitForCount('claimed', 2)).map((e) => e.rolloutId).sort()).toEqual(['a-0', 'b-1']);
+    expect(agent.events.filter((e) => e.type === 'claimed').map((e) => e.rolloutId).sort()).toEqual(['a-0', 'b-1']);
+    expect(agent.events.filter((e) => e.type === 'upcoming')).toEqual([{ type: 'upcoming', taskIds: ['c-2'] }]);
     writeFileSync(gate, '');
     const results = await Promise.all(tasks.map((t) => service.wait(t.id)));
     for (const result of results) expect(result.error?.message ?? null).toBeNull();
     expect(results.map((r) => r.reward)).toEqual([1, 1, 1]);
     const seen = seeds(seedLog);
     expect(seen.map((s) => s.image)).toEqual(['a', 'b', 'c'].map((name) => `squashfs:${images[name]}`));
-    // b's INIT began on the image its prefetch had unpacked
+    // b's and c's INIT began on the images their prefetches had unpacked
     expect(seen[1]!.entries).toContain(entryOf('b'));
+    expect(seen[2]!.entries).toContain(entryOf('c'));
     expect(unpacks()).toEqual({ a: 1, b: 1, c: 1 });
     await leave([agent], sandboxes, cache);
   }, 180_000);
@@ -144,4 +149,27 @@ describe.skipIf(skip !== undefined)('rollout nodes prefetch the images of the wo
     expect(unpacks()).toEqual({ a: 1, d: 1 });
     await leave([first!, second!], sandboxes, cache);
   }, 180_000);
+
+  it('a claim answer names the tasks queued next only to a node that reads them, and only with work handed out', async () => {
+    const { url, service } = await setUp('protocol');
+    const registration = { node_id: 'raw', host: 'h', pid: 1, capacity: { init: 1, run: 1, eval: 1 }, max_rollouts: 2, environments: ['node-images'] };
+    const registered = await getJson(url, '/v1/nodes', { body: registration });
+    expect(registered.status).toBe(201);
+    const credential = { 'x-rollserve-node-credential': registered.json.credential as string };
+    const claim = (headers: Record<string, string>) => getJson(url, '/v1/nodes/raw/claim', { body: { limit: 1, wait_ms: 0 }, headers: { ...credential, ...headers } });
+    // a group of two (one task) and three more tasks: the distinct tasks next, at most four
+    await service.submit([{ ...task('g', 'a'), n: 2 }, task('t1', 'b'), task('t2', 'c'), task('t3', 'd'), task('t4', 'a')]);
+    const reads = await claim({ 'x-rollserve-node-features': 'weights,prefetch' });
+    expect(reads.status).toBe(200);
+    expect(reads.json.claims.map((c: { rollout_id: string }) => c.rollout_id)).toEqual(['g:0']);
+    expect(reads.json.upcoming.map((u: { task_id: string }) => u.task_id)).toEqual(['g', 't1', 't2', 't3']);
+    expect(reads.json.upcoming[1].task).toMatchObject({ id: 't1', env: 'node-images', row: { image: `squashfs:${images.b}` } });
+    // an older node (no feature) gets the first form, which its strict schema takes
+    const older = await claim({ 'x-rollserve-node-features': 'weights' });
+    expect(Object.keys(older.json)).toEqual(['claims']);
+    expect(older.json.claims.map((c: { rollout_id: string }) => c.rollout_id)).toEqual(['g:1']);
+    // with no work handed out (the node is full), no hint either
+    const full = await claim({ 'x-rollserve-node-features': 'prefetch' });
+    expect(full.json).toEqual({ claims: [] });
+  });
 });
