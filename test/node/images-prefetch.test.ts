@@ -150,7 +150,7 @@ describe.skipIf(skip !== undefined)('rollout nodes prefetch the images of the wo
     await leave([first!, second!], sandboxes, cache);
   }, 180_000);
 
-  it('a claim answer names the tasks queued next only to a node that reads them, and only with work handed out', async () => {
+  it('a claim answer names the tasks queued next only to a node that reads them, only with work handed out, shared among the nodes up', async () => {
     const { url, service } = await setUp('protocol');
     const registration = { node_id: 'raw', host: 'h', pid: 1, capacity: { init: 1, run: 1, eval: 1 }, max_rollouts: 2, environments: ['node-images'] };
     const registered = await getJson(url, '/v1/nodes', { body: registration });
@@ -171,5 +171,13 @@ describe.skipIf(skip !== undefined)('rollout nodes prefetch the images of the wo
     // with no work handed out (the node is full), no hint either
     const full = await claim({ 'x-rollserve-node-features': 'prefetch' });
     expect(full.json).toEqual({ claims: [] });
+    // two nodes up: each is told half as much (the head of the queue goes to whichever frees first)
+    const second = await getJson(url, '/v1/nodes', { body: { ...registration, node_id: 'raw2' } });
+    const seconds = await getJson(url, '/v1/nodes/raw2/claim', {
+      body: { limit: 1, wait_ms: 0 },
+      headers: { 'x-rollserve-node-credential': second.json.credential as string, 'x-rollserve-node-features': 'prefetch' },
+    });
+    expect(seconds.json.claims.map((c: { rollout_id: string }) => c.rollout_id)).toEqual(['t1']);
+    expect(seconds.json.upcoming.map((u: { task_id: string }) => u.task_id)).toEqual(['t2', 't3']);
   });
 });

@@ -216,9 +216,9 @@ export const NodeClaims = z
     claims: z.array(NodeClaim),
     /**
      * To a node that reads `prefetch` (NODE_FEATURES_HEADER), with a claim that handed it work: the
-     * tasks of the rollouts queued next (distinct, at most NODE_UPCOMING_MAX, in the order they
-     * would be claimed), whose images it may ready while it runs what it holds. A hint: another
-     * node may claim them.
+     * tasks of the rollouts queued next (distinct, in the order they would be claimed; at most
+     * NODE_UPCOMING_MAX shared among the nodes up, at least one), whose images it may ready while
+     * it runs what it holds. A hint: another node may claim them.
      */
     upcoming: z.array(NodeUpcoming).optional(),
   })
