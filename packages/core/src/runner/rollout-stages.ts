@@ -55,6 +55,7 @@ export class RolloutStages {
   readonly #modelTime = new ModelTime();
   /** The policy's own time in RUN (see timeoutIsPolicys), known once RUN has ended. */
   #policyRunMs = 0;
+  #initBegan = false;
 
   constructor(job: Job, env: Environment<any, any, any>, parts: StageParts) {
     this.#job = job;
@@ -85,9 +86,13 @@ export class RolloutStages {
     return { session: this.#session, config: this.#config, logger: this.#logger, signal, tools: this.#tools, resources: this.#resources };
   }
 
-  /** While the rollout waits for INIT: its sandbox's image readied (see readyImage). */
+  /**
+   * While the rollout waits for INIT: its sandbox's image readied (see readyImage); not once its
+   * INIT has begun, which readies it itself (a provider whose first use does other work than its
+   * prefetch, Apptainer's, would otherwise do both).
+   */
   async #prefetch(): Promise<void> {
-    if (!this.#job.abort.signal.aborted) await readyImage(this.#parts, this.#env, this.#job.task);
+    if (!this.#job.abort.signal.aborted) await readyImage(this.#parts, this.#env, this.#job.task, { stale: () => this.#initBegan });
   }
 
   /**
@@ -96,6 +101,7 @@ export class RolloutStages {
    * seedSession, under INIT's limit: a call's time limit then counts only the call's own work.
    */
   async #init(signal: AbortSignal): Promise<void> {
+    this.#initBegan = true;
     const env = this.#env;
     const row = this.#row;
     const limits = this.#job.task.limits;
@@ -243,7 +249,7 @@ export async function readyImage(
   parts: Pick<StageParts, 'prefetcher' | 'environments'>,
   env: Environment<any, any, any>,
   task: RolloutTask,
-  options: { hint?: boolean } = {},
+  options: { hint?: boolean; stale?: () => boolean } = {},
 ): Promise<void> {
   const prefetcher = parts.prefetcher;
   if (prefetcher === undefined || !env.sandbox) return;
