@@ -113,13 +113,21 @@ export interface NodeProcess {
   exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
 }
 
-/** A node (fixtures/node-agent.ts) in a child process; resolves once it has registered. */
-export async function startNode(resources: Resources, options: Omit<RolloutNodeOptions, 'environments' | 'onEvent'>, sandboxes: string): Promise<NodeProcess> {
-  const script = fileURLToPath(new URL('./fixtures/node-agent.ts', import.meta.url));
+/**
+ * A node (fixtures/node-agent.ts, or `agent`: another fixture) in a child process, with `env`
+ * over the test's environment; resolves once it has registered.
+ */
+export async function startNode(
+  resources: Resources,
+  options: Omit<RolloutNodeOptions, 'environments' | 'onEvent'>,
+  sandboxes: string,
+  { agent = 'node-agent.ts', env = {} }: { agent?: string; env?: Record<string, string> } = {},
+): Promise<NodeProcess> {
+  const script = fileURLToPath(new URL(`./fixtures/${agent}`, import.meta.url));
   const child = spawn(process.execPath, ['--import', 'tsx', '--conditions=@rollserve/source', script, JSON.stringify({ claimWaitMs: 1_000, ...options })], {
     cwd: workspaceRoot(),
     stdio: ['ignore', 'pipe', 'pipe'],
-    env: { ...process.env, ROLLSERVE_LOG_LEVEL: process.env.ROLLSERVE_LOG_LEVEL ?? 'silent', TMPDIR: sandboxes },
+    env: { ...process.env, ROLLSERVE_LOG_LEVEL: process.env.ROLLSERVE_LOG_LEVEL ?? 'silent', TMPDIR: sandboxes, ...env },
   });
   const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => child.once('exit', (code, signal) => resolve({ code, signal })));
   resources.add(async () => {

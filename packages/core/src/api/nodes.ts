@@ -3,6 +3,7 @@ import {
   HeartbeatAnswer,
   NODE_CREDENTIAL_HEADER,
   NODE_FEATURES_HEADER,
+  NODE_UPCOMING_MAX,
   NodeClaim,
   NodeClaimRequest,
   NodeClaims,
@@ -13,6 +14,7 @@ import {
   NodeModelRequest,
   NodeRegistered,
   NodeRegistration,
+  NodeUpcoming,
   NodeView,
   toWireModelTurn,
   WireModelTurn,
@@ -140,7 +142,8 @@ export function nodesApi({ service }: ApiContext): OpenAPIHono {
   app.openapi(listRoute, (c) => c.json({ nodes: nodes.nodes() }, 200));
 
   // what a node reads beyond the first form of the protocol (an older node's schemas are strict)
-  const readsWeights = (c: { req: { header(name: string): string | undefined } }) => (c.req.header(NODE_FEATURES_HEADER) ?? '').split(',').some((f) => f.trim() === 'weights');
+  const reads = (c: { req: { header(name: string): string | undefined } }, feature: string) => (c.req.header(NODE_FEATURES_HEADER) ?? '').split(',').some((f) => f.trim() === feature);
+  const readsWeights = (c: { req: { header(name: string): string | undefined } }) => reads(c, 'weights');
 
   app.openapi(heartbeatRoute, async (c) => {
     const answer = await nodes.heartbeat(auth(c), c.req.valid('json').leases);
@@ -151,7 +154,12 @@ export function nodesApi({ service }: ApiContext): OpenAPIHono {
     const { limit, wait_ms } = c.req.valid('json');
     const claims = await nodes.claimForNode(auth(c), limit, wait_ms, c.req.raw.signal);
     // (each task goes out as the RolloutTask it is; the document calls it an object)
-    return c.json({ claims: claims as Array<z.infer<typeof NodeClaim>> }, 200);
+    const answer = { claims: claims as Array<z.infer<typeof NodeClaim>> };
+    // the work queued next, to a node that readies images ahead: only with work handed out (a
+    // node with room that got none has nothing queued behind it), and a hint that may be missing
+    if (claims.length === 0 || !reads(c, 'prefetch')) return c.json(answer, 200);
+    const upcoming = await nodes.upcomingForNode(auth(c), NODE_UPCOMING_MAX).catch(() => []);
+    return c.json({ ...answer, upcoming: upcoming as Array<z.infer<typeof NodeUpcoming>> }, 200);
   });
 
   app.openapi(resultsRoute, async (c) => {

@@ -19,6 +19,7 @@ import {
   type NodeLease,
   type NodeModelRequest,
   type NodeRegistration,
+  type NodeUpcoming,
 } from '../protocol/nodes.ts';
 import { encodeResult } from '../protocol/result-codec.ts';
 import { RolloutTask } from '../protocol/rollout.ts';
@@ -85,8 +86,8 @@ export class NodeClient {
     this.#base = options.serviceUrl.replace(/\/+$/, '');
     this.#headers = {
       'content-type': 'application/json',
-      // it reads weight versions and pauses (an older service ignores the header)
-      [NODE_FEATURES_HEADER]: 'weights',
+      // it reads weight versions and pauses, and the work queued next (an older service ignores the header)
+      [NODE_FEATURES_HEADER]: 'weights,prefetch',
       ...(options.token ? { authorization: `Bearer ${options.token}` } : {}),
       ...(options.credential ? { [NODE_CREDENTIAL_HEADER]: options.credential } : {}),
     };
@@ -182,8 +183,19 @@ export class NodeClient {
    * against RolloutTask here: a version skew shows now, not mid-rollout.
    */
   async claim(nodeId: string, limit: number, waitMs: number, signal?: AbortSignal): Promise<NodeClaim[]> {
+    return (await this.claimWork(nodeId, limit, waitMs, signal)).claims;
+  }
+
+  /** A claim, with the tasks the service says are queued next (`upcoming`; none from a service that does not say). */
+  async claimWork(nodeId: string, limit: number, waitMs: number, signal?: AbortSignal): Promise<{ claims: NodeClaim[]; upcoming: NodeUpcoming[] }> {
     const answer = await this.#call('POST', `${this.#node(nodeId)}/claim`, NodeClaims, { limit, wait_ms: waitMs }, { extraMs: waitMs, ...(signal ? { signal } : {}) });
-    return answer.claims.map((claim) => ({ ...claim, task: RolloutTask.parse(claim.task) }));
+    const upcoming: NodeUpcoming[] = [];
+    // a hint: a task this node cannot read is left out, not an error
+    for (const next of answer.upcoming ?? []) {
+      const task = RolloutTask.safeParse(next.task);
+      if (task.success) upcoming.push({ ...next, task: task.data });
+    }
+    return { claims: answer.claims.map((claim) => ({ ...claim, task: RolloutTask.parse(claim.task) })), upcoming };
   }
 
   /**

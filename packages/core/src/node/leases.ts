@@ -100,9 +100,14 @@ export class Leases {
       try {
         const registering = this.#options.registering();
         if (registering) await registering;
-        const claims = await client.claim(nodeId, free, this.#options.claimWaitMs, signal);
+        const { claims, upcoming } = await client.claimWork(nodeId, free, this.#options.claimWaitMs, signal);
         failures = 0;
         for (const claim of claims) this.#start(claim);
+        // the work queued behind this claim: its images readied while this runs (after the claims')
+        if (upcoming.length > 0) {
+          this.#options.emit({ type: 'upcoming', taskIds: upcoming.map((next) => next.task_id) });
+          for (const next of upcoming) this.#options.runner.prefetchTask(next.task);
+        }
       } catch (error) {
         if (signal.aborted) break;
         if (mustRegisterAgain(error)) {

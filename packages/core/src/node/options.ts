@@ -48,6 +48,8 @@ export interface RolloutNodeOptions {
 export type NodeEvent =
   | { type: 'registered'; nodeId: string; timings: NodeTimings; again: boolean }
   | { type: 'claimed'; rolloutId: string; attempt: number }
+  /** Tasks the service said are queued next (a claim's `upcoming`): their images are readied here. */
+  | { type: 'upcoming'; taskIds: string[] }
   | { type: 'committed'; rolloutId: string; attempt: number; status: NodeCommitStatus; state: RolloutResult['state'] }
   /** A lease the node stopped: the service said so, or the node could not reach it for longer than the node timeout. */
   | { type: 'lost'; rolloutId: string; attempt: number; reason: 'service' | 'timeout' }

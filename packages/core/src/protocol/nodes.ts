@@ -38,9 +38,10 @@ export const NODE_CREDENTIAL_HEADER = 'x-rollserve-node-credential';
 
 /**
  * What a node says it reads beyond the protocol's first form, on every call (a header, which an
- * older service ignores): `weights`, a model turn's `weight_version` and `paused_ms` and a
- * heartbeat answer's `generation_paused`. Without it the service answers in the older form, which
- * an older node's strict schemas take.
+ * older service ignores), comma-separated: `weights`, a model turn's `weight_version` and
+ * `paused_ms` and a heartbeat answer's `generation_paused`; `prefetch`, a claim answer's
+ * `upcoming`. Without one the service answers in the older form, which an older node's strict
+ * schemas take.
  */
 export const NODE_FEATURES_HEADER = 'x-rollserve-node-features';
 
@@ -196,7 +197,32 @@ export const NodeClaim = z.strictObject({
 });
 /** A claim; its task a RolloutTask (the node checks it on receipt: a version skew shows there, not mid-rollout). */
 export type NodeClaim = Omit<z.infer<typeof NodeClaim>, 'task'> & { task: RolloutTask };
-export const NodeClaims = z.strictObject({ claims: z.array(NodeClaim) }).openapi('NodeClaims');
+
+/** Tasks a claim answer names as queued next (`upcoming`): at most this many. */
+export const NODE_UPCOMING_MAX = 4;
+
+/** A task queued next: a hint for the node to ready its sandbox's image; nothing is leased. */
+export const NodeUpcoming = z
+  .strictObject({
+    task_id: z.string(),
+    /** The task as submitted (a RolloutTask, its defaults filled in). */
+    task: z.record(z.string(), z.unknown()),
+  })
+  .openapi('NodeUpcoming');
+export type NodeUpcoming = Omit<z.infer<typeof NodeUpcoming>, 'task'> & { task: RolloutTask };
+
+export const NodeClaims = z
+  .strictObject({
+    claims: z.array(NodeClaim),
+    /**
+     * To a node that reads `prefetch` (NODE_FEATURES_HEADER), with a claim that handed it work: the
+     * tasks of the rollouts queued next (distinct, in the order they would be claimed; at most
+     * NODE_UPCOMING_MAX shared among the nodes up, at least one), whose images it may ready while
+     * it runs what it holds. A hint: another node may claim them.
+     */
+    upcoming: z.array(NodeUpcoming).optional(),
+  })
+  .openapi('NodeClaims');
 
 /**
  * A sent result's token ids whole again before it is checked (a malformed encoding is a 422 naming
@@ -321,6 +347,8 @@ export interface NodeCoordinator {
    * an empty list.
    */
   claimForNode(node: NodeAuth, limit: number, waitMs: number, signal?: AbortSignal): Promise<NodeClaim[]>;
+  /** The tasks of the rollouts queued next (distinct, at most `limit`): a hint, nothing leased (see NodeClaims' `upcoming`). */
+  upcomingForNode(node: NodeAuth, limit: number): Promise<NodeUpcoming[]>;
   /** Commits results in order; each gets its own outcome (a stale one, or one for a lease the node does not hold, changes nothing). */
   commitFromNode(node: NodeAuth, commits: readonly NodeCommit[]): Promise<NodeCommitStatus[]>;
   /** One policy turn through the service's backend pool, for a rollout the node holds. */

@@ -55,6 +55,7 @@ export class RolloutStages {
   readonly #modelTime = new ModelTime();
   /** The policy's own time in RUN (see timeoutIsPolicys), known once RUN has ended. */
   #policyRunMs = 0;
+  #initBegan = false;
 
   constructor(job: Job, env: Environment<any, any, any>, parts: StageParts) {
     this.#job = job;
@@ -69,7 +70,7 @@ export class RolloutStages {
   /** Runs the stages; resolves with what they produced, a failure included (never rejects). */
   async outcome(): Promise<Outcome> {
     try {
-      if (this.#parts.prefetcher !== undefined) void this.#prefetch(this.#parts.prefetcher);
+      void this.#prefetch();
       await this.#parts.pools.stage('init', this.#job, (signal) => this.#init(signal));
       this.#stage = 'run';
       await this.#run();
@@ -86,20 +87,12 @@ export class RolloutStages {
   }
 
   /**
-   * While the rollout waits for INIT: its sandbox's image readied (prefetch.ts). What goes wrong
-   * here (a row that does not parse, an image that does not unpack) is INIT's to report.
+   * While the rollout waits for INIT: its sandbox's image readied (see readyImage); not once its
+   * INIT has begun, which readies it itself (a provider whose first use does other work than its
+   * prefetch, Apptainer's, would otherwise do both).
    */
-  async #prefetch(prefetcher: ImagePrefetcher): Promise<void> {
-    try {
-      const env = this.#env;
-      if (!env.sandbox || this.#job.abort.signal.aborted) return;
-      const resources = await this.#parts.environments.setupOf(env);
-      const fitted = env.row.parse(this.#row) as object;
-      const spec = withTaskLimits(sandboxSpecOf(env.sandbox, env.sandbox.spec ? { ...this.#row, ...fitted } : undefined, this.#config), this.#job.task.limits.sandbox);
-      prefetcher.prefetch(this.#parts.environments.sandboxProvider(env, resources), spec);
-    } catch {
-      // INIT meets it again and fails the rollout with it
-    }
+  async #prefetch(): Promise<void> {
+    if (!this.#job.abort.signal.aborted) await readyImage(this.#parts, this.#env, this.#job.task, { stale: () => this.#initBegan });
   }
 
   /**
@@ -108,6 +101,7 @@ export class RolloutStages {
    * seedSession, under INIT's limit: a call's time limit then counts only the call's own work.
    */
   async #init(signal: AbortSignal): Promise<void> {
+    this.#initBegan = true;
     const env = this.#env;
     const row = this.#row;
     const limits = this.#job.task.limits;
@@ -246,6 +240,30 @@ export class RolloutStages {
 }
 
 /** The task's sandbox limits (API names) over the environment's spec. */
+/**
+ * Readies the image of `task`'s sandbox (prefetch.ts): while the rollout waits for INIT, or, a
+ * `hint`, while its task is only queued next (a node's `upcoming`). What goes wrong here (a row
+ * that does not parse, an image that does not unpack) is INIT's to report.
+ */
+export async function readyImage(
+  parts: Pick<StageParts, 'prefetcher' | 'environments'>,
+  env: Environment<any, any, any>,
+  task: RolloutTask,
+  options: { hint?: boolean; stale?: () => boolean } = {},
+): Promise<void> {
+  const prefetcher = parts.prefetcher;
+  if (prefetcher === undefined || !env.sandbox) return;
+  try {
+    const resources = await parts.environments.setupOf(env);
+    const row = { ...task.row };
+    const fitted = env.row.parse(row) as object;
+    const spec = withTaskLimits(sandboxSpecOf(env.sandbox, env.sandbox.spec ? { ...row, ...fitted } : undefined, parts.environments.config(env)), task.limits.sandbox);
+    prefetcher.prefetch(parts.environments.sandboxProvider(env, resources), spec, options);
+  } catch {
+    // INIT meets it again and fails the rollout with it
+  }
+}
+
 function withTaskLimits(spec: SandboxSpec, limits: RolloutTask['limits']['sandbox']): SandboxSpec {
   if (limits === undefined) return spec;
   const names = {

@@ -8,10 +8,10 @@ import { cancelled, createJob, runningOf, type Job, type RunnerJob, type Running
 import type { ServiceMetrics } from './metrics.ts';
 import type { ModelProvider } from './model-provider.ts';
 import { failedOutcome, rolloutResult, type Outcome } from './outcome.ts';
-import { RolloutStages, type StageParts } from './rollout-stages.ts';
+import { readyImage, RolloutStages, type StageParts } from './rollout-stages.ts';
 import { ImagePrefetcher } from './prefetch.ts';
 import { StagePools } from './stage-pools.ts';
-import type { RolloutResult, StageName } from '../protocol/rollout.ts';
+import type { RolloutResult, RolloutTask, StageName } from '../protocol/rollout.ts';
 
 export { STAGES, type StageName } from '../protocol/rollout.ts';
 export type { RunnerJob, RunningRollout } from './job.ts';
@@ -105,6 +105,15 @@ export class RolloutRunner {
    */
   rowSandboxSpec(envName: string, row: Record<string, unknown>): SandboxSpec | undefined {
     return this.#environments.rowSandboxSpec(envName, row);
+  }
+
+  /**
+   * Readies the sandbox image of a task likely to come here soon (a node's `upcoming`): a hint,
+   * after the images of the rollouts held here, within the prefetcher's bounds, holding nothing.
+   */
+  prefetchTask(task: RolloutTask): void {
+    const env = this.#environments.get(task.env);
+    if (!this.#closed && env !== undefined) void readyImage(this.#parts, env, task, { hint: true });
   }
 
   running(id: string): RunningRollout | undefined {

@@ -13,6 +13,7 @@ import {
   type NodeModelRequest,
   type NodeRegistered,
   type NodeRegistration,
+  type NodeUpcoming,
   type NodeView,
 } from '../protocol/nodes.ts';
 import type { ModelTurn } from '../runner/agent-loop.ts';
@@ -231,6 +232,18 @@ export class Coordinator implements NodeCoordinator {
       first.claims = Math.max(0, first.claims - 1);
       first.lastClaimAt = Date.now();
     }
+  }
+
+  async upcomingForNode(auth: NodeAuth, limit: number): Promise<NodeUpcoming[]> {
+    this.#nodes.auth(auth);
+    // whichever node frees a slot first takes the head of the queue: the more nodes are up, the
+    // likelier the hinted work goes elsewhere, so each is told less (the whole limit with one)
+    const share = Math.max(1, Math.ceil(limit / Math.max(1, this.#nodes.up())));
+    // a group's samples are one task: a page of rollouts a few groups deep, its first tasks
+    const { items } = await this.#store.listRollouts({ state: 'queued', limit: Math.min(1_000, share * 64) });
+    const taskIds = [...new Set(items.map((rollout) => rollout.taskId))].slice(0, share);
+    const tasks = await Promise.all(taskIds.map((taskId) => this.#store.getTask(taskId)));
+    return tasks.filter((stored) => stored !== undefined).map((stored) => ({ task_id: stored.id, task: stored.task }));
   }
 
   async commitFromNode(auth: NodeAuth, commits: readonly NodeCommit[]): Promise<NodeCommitStatus[]> {

@@ -20,6 +20,7 @@ import type {
   NodeModelRequest,
   NodeRegistered,
   NodeRegistration,
+  NodeUpcoming,
   NodeView,
 } from '../protocol/nodes.ts';
 import { RolloutRunner, type RolloutRunnerOptions, type StageName } from '../runner/runner.ts';
@@ -425,6 +426,10 @@ export class RolloutService implements NodeCoordinator {
 
   claimForNode(auth: NodeAuth, limit: number, waitMs: number, signal?: AbortSignal): Promise<NodeClaim[]> {
     return this.#coordinator.claimForNode(auth, limit, waitMs, signal);
+  }
+
+  upcomingForNode(auth: NodeAuth, limit: number): Promise<NodeUpcoming[]> {
+    return this.#coordinator.upcomingForNode(auth, limit);
   }
 
   commitFromNode(auth: NodeAuth, commits: readonly NodeCommit[]): Promise<NodeCommitStatus[]> {

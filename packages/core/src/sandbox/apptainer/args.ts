@@ -1,7 +1,14 @@
 import { SOCKET_MOUNT, type ResolvedSandboxResources, type SandboxBind } from '../types.ts';
 
+/**
+ * A bare name becomes `docker://<name>`; `.sif`, paths and `scheme://` URIs are kept (NeMo Gym's
+ * rule), and so are apptainer's local transports on a path (`oci:`, `oci-archive:`,
+ * `docker-archive:`, as the bwrap provider names them); `sif:<path>` is the path.
+ */
 export function normalizeImage(image: string): string {
   if (image.includes('://')) return image;
+  const local = /^(oci|oci-archive|docker-archive|sif):(\.{0,2}\/.*)$/.exec(image);
+  if (local !== null) return local[1] === 'sif' ? local[2]! : image;
   if (image.startsWith('/') || image.startsWith('./') || image.startsWith('../') || image.endsWith('.sif')) return image;
   return `docker://${image}`;
 }

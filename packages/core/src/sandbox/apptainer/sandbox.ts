@@ -20,8 +20,14 @@ export class ApptainerSandbox extends CommandSandbox {
     private readonly name: string,
     /** Appended to every `exec` (the provider's `extraExecArgs`). */
     private readonly extraExecArgs: string[] | undefined,
+    /** Ends the instance's use of its cached SIF (see sif-cache.ts), once it is stopped. */
+    private readonly releaseImage?: () => void,
   ) {
     super(workdir, { host: socketHost, sandbox: SOCKET_MOUNT }, resolved, [base], id);
+  }
+
+  protected override async released(): Promise<void> {
+    this.releaseImage?.();
   }
 
   protected wrap(inner: string[], env: Record<string, string>): HostCommand {
