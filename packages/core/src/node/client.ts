@@ -11,8 +11,12 @@ import {
   NodeClaims,
   NodeCommitAnswer,
   NodeRegistered,
+  NodeRoute,
   NodeView,
   WireModelTurn,
+  type NodeGeneration,
+  type NodeRouteRequest,
+  type NodeWeights,
   type NodeClaim,
   type NodeCommit,
   type NodeCommitStatus,
@@ -33,6 +37,8 @@ export interface NodeClientOptions {
   credential?: string;
   /** A call's limit (the long poll and model turns add their own wait). @default 30_000 */
   timeoutMs?: number;
+  /** What the node says it reads and does (NODE_FEATURES_HEADER). @default ['weights'] */
+  features?: readonly string[];
 }
 
 /** Whether a failed call may succeed if made again: the service unreachable, restarting or busy. */
@@ -80,13 +86,17 @@ export class NodeClient {
   readonly #agent: Agent;
   /** When the service last answered a call (performance.now()): any answer but a 5xx. */
   #lastAnswer = performance.now();
+  /** The features the service took up at the last registration. */
+  #serviceFeatures: readonly string[] = [];
+  /** Called with the weight state whenever an answer carries one (a node calling backends itself). */
+  onWeights: ((weights: NodeWeights) => void) | undefined;
 
   constructor(options: NodeClientOptions) {
     this.#base = options.serviceUrl.replace(/\/+$/, '');
     this.#headers = {
       'content-type': 'application/json',
       // it reads weight versions and pauses (an older service ignores the header)
-      [NODE_FEATURES_HEADER]: 'weights',
+      [NODE_FEATURES_HEADER]: (options.features ?? ['weights']).join(','),
       ...(options.token ? { authorization: `Bearer ${options.token}` } : {}),
       ...(options.credential ? { [NODE_CREDENTIAL_HEADER]: options.credential } : {}),
     };
@@ -106,6 +116,15 @@ export class NodeClient {
   set credential(credential: string | undefined) {
     const { [NODE_CREDENTIAL_HEADER]: _old, ...rest } = this.#headers;
     this.#headers = credential ? { ...rest, [NODE_CREDENTIAL_HEADER]: credential } : rest;
+  }
+
+  /** The features of NODE_FEATURES_HEADER the service took up when the node last registered (none from an older service). */
+  get serviceFeatures(): readonly string[] {
+    return this.#serviceFeatures;
+  }
+
+  #heard(weights: NodeWeights | undefined): void {
+    if (weights) this.onWeights?.(weights);
   }
 
   /** When the service last answered a call (performance.now()): any answer but a 5xx. */
@@ -170,11 +189,21 @@ export class NodeClient {
   async register(registration: NodeRegistration, signal?: AbortSignal): Promise<NodeRegistered> {
     const registered = await this.#call('POST', '/v1/nodes', NodeRegistered, registration, signal ? { signal } : {});
     this.credential = registered.credential;
+    this.#serviceFeatures = registered.features ?? [];
+    this.#heard(registered.weights);
     return registered;
   }
 
-  heartbeat(nodeId: string, leases: readonly NodeLease[], signal?: AbortSignal): Promise<HeartbeatAnswer> {
-    return this.#call('POST', `${this.#node(nodeId)}/heartbeat`, HeartbeatAnswer, { leases }, signal ? { signal } : {});
+  /** `generation`: a node calling backends itself says what it heard of the weights and how many of its turns are in flight. */
+  async heartbeat(nodeId: string, leases: readonly NodeLease[], signal?: AbortSignal, generation?: NodeGeneration): Promise<HeartbeatAnswer> {
+    const answer = await this.#call('POST', `${this.#node(nodeId)}/heartbeat`, HeartbeatAnswer, { leases, ...(generation ? { generation } : {}) }, signal ? { signal } : {});
+    this.#heard(answer.weights);
+    return answer;
+  }
+
+  /** The route of a rollout the node holds (a node calling backends itself); waits as long as the service looks for a healthy backend. */
+  async route(nodeId: string, call: NodeRouteRequest, signal: AbortSignal): Promise<NodeRoute> {
+    return this.#call('POST', `${this.#node(nodeId)}/route`, NodeRoute, call, { signal, extraMs: 600_000 });
   }
 
   /**
@@ -183,6 +212,7 @@ export class NodeClient {
    */
   async claim(nodeId: string, limit: number, waitMs: number, signal?: AbortSignal): Promise<NodeClaim[]> {
     const answer = await this.#call('POST', `${this.#node(nodeId)}/claim`, NodeClaims, { limit, wait_ms: waitMs }, { extraMs: waitMs, ...(signal ? { signal } : {}) });
+    this.#heard(answer.weights);
     return answer.claims.map((claim) => ({ ...claim, task: RolloutTask.parse(claim.task) }));
   }
 
