@@ -54,6 +54,8 @@ export class DirectModelProvider implements ModelProvider {
   #epoch = 0;
   /** The service's backends as last heard (a route to another is asked for again). */
   #backends: ReadonlySet<string> | undefined;
+  /** Turns in flight when the pause now on was heard of. */
+  #inFlightAtPause = 0;
 
   constructor(options: DirectModelsOptions) {
     this.#options = options;
@@ -70,6 +72,7 @@ export class DirectModelProvider implements ModelProvider {
     this.#epoch = state.epoch;
     this.#backends = new Set(state.backends);
     const mode = this.weights.state().pause?.mode;
+    if (state.pause && mode === undefined) this.#inFlightAtPause = this.weights.inFlight;
     if (state.pause && mode !== state.pause.mode) {
       // closes the gate, aborts ('abort') or waits for ('finish') what is in flight; then says so at once
       void this.weights.pause(state.pause.mode).then(() => this.#options.drained());
@@ -80,7 +83,8 @@ export class DirectModelProvider implements ModelProvider {
   /** What the node's heartbeat tells the service of its turns (undefined: not calling backends itself). */
   generation(): NodeGeneration | undefined {
     if (!this.direct) return undefined;
-    return { epoch: this.#epoch, paused: this.weights.paused, in_flight: this.weights.inFlight };
+    const paused = this.weights.paused;
+    return { epoch: this.#epoch, paused, in_flight: this.weights.inFlight, in_flight_at_pause: paused ? this.#inFlightAtPause : 0 };
   }
 
   /** A claim came in: its route, if it brought one. */

@@ -227,7 +227,15 @@ export const NodeHeartbeat = z
      * weight epoch it goes by and its policy turns in flight as it sends this. A pause waits
      * until every such node says it has heard of it and has none in flight.
      */
-    generation: z.strictObject({ epoch: z.number(), paused: z.boolean(), in_flight: z.number().int().nonnegative() }).optional(),
+    generation: z
+      .strictObject({
+        epoch: z.number(),
+        paused: z.boolean(),
+        in_flight: z.number().int().nonnegative(),
+        /** Turns that were in flight when it heard of the pause it is in (aborted or left to finish, as the pause said). */
+        in_flight_at_pause: z.number().int().nonnegative(),
+      })
+      .optional(),
   })
   .openapi('NodeHeartbeat');
 export type NodeGeneration = NonNullable<z.infer<typeof NodeHeartbeat>['generation']>;

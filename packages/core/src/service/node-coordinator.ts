@@ -8,6 +8,7 @@ import {
   type HeartbeatAnswer,
   type NodeAuth,
   type NodeClaim,
+  type NodeGeneration,
   type NodeCommit,
   type NodeCommitStatus,
   type NodeCoordinator,
@@ -193,20 +194,21 @@ export class Coordinator implements NodeCoordinator {
   /**
    * Waits until every node up that calls backends itself has said (with a heartbeat) that it has
    * heard of the weight state of `epoch` or later, is paused and has no generation in flight (or
-   * the pause ended, or the node is gone). Answers how many generations they had in flight as it began.
+   * the pause ended, or the node is gone). Answers how many generations they had in flight when
+   * they heard of it.
    */
   async drainDirect(epoch: number): Promise<number> {
     const direct = () => [...this.#nodes.entries()].filter(([, node]) => node.state === 'up' && node.direct);
-    const inFlight = direct().reduce((sum, [, node]) => sum + (node.generation?.inFlight ?? 0), 0);
+    const heard = () => direct().reduce((sum, [, { generation: g }]) => sum + (g && g.epoch >= epoch && g.paused ? g.atPause : 0), 0);
     for (;;) {
-      if (!this.#paused() || this.#closed()) return inFlight;
+      if (!this.#paused() || this.#closed()) return heard();
       const waiting = direct().filter(([, { generation: g }]) => !(g && g.epoch >= epoch && g.paused && g.inFlight === 0));
-      if (waiting.length === 0) return inFlight;
+      if (waiting.length === 0) return heard();
       await sleepUntilWoken(this.#heartbeatMs, this.#drainWakers);
     }
   }
 
-  async heartbeat(auth: NodeAuth, given: readonly NodeLease[], generation?: { epoch: number; paused: boolean; in_flight: number }): Promise<HeartbeatAnswer> {
+  async heartbeat(auth: NodeAuth, given: readonly NodeLease[], generation?: NodeGeneration): Promise<HeartbeatAnswer> {
     if (this.#closed()) throw unavailable();
     const node = this.#nodes.auth(auth);
     const { node_id: nodeId } = auth;
@@ -222,7 +224,7 @@ export class Coordinator implements NodeCoordinator {
     }
     node.lastSeen = Date.now();
     if (node.direct && generation) {
-      node.generation = { epoch: generation.epoch, paused: generation.paused, inFlight: generation.in_flight };
+      node.generation = { epoch: generation.epoch, paused: generation.paused, inFlight: generation.in_flight, atPause: generation.in_flight_at_pause };
       for (const wake of [...this.#drainWakers]) wake();
     }
     // a lease past its life is not renewed: it runs out, and its rollout is re-issued

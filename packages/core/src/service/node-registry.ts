@@ -34,7 +34,7 @@ export interface NodeState {
   /** It sends its policy turns to the backends itself (DIRECT_BACKENDS_FEATURE), on routes the service hands it. */
   direct?: boolean;
   /** What its last heartbeat said of its generations (a node calling backends itself): a pause waits for them. */
-  generation?: { epoch: number; paused: boolean; inFlight: number };
+  generation?: { epoch: number; paused: boolean; inFlight: number; atPause: number };
 }
 
 /**
