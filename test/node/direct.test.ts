@@ -1,7 +1,7 @@
 import type { RolloutResult } from '@rollserve/core/service';
 import { startFakePolicy, type FakePolicy } from '@rollserve/testing';
 import { afterEach, describe, expect, it, vi } from 'vitest';
-import { getJson, Resources, sandboxDir, sleep, startNode, startService, submit, until, type TestService } from './helpers.ts';
+import { getJson, Resources, sandboxDir, sleep, startNode, startService, startShellPolicy, submit, until, type TestService } from './helpers.ts';
 
 // A rollout node that says `direct-backends` sends its policy turns to the backends itself, on the
 // route the service hands it per rollout (least in flight across the cluster, sticky), instead of
@@ -175,6 +175,26 @@ describe('a node calling the policy backends itself', () => {
     }
     const backends = await poolRequests(test.url);
     expect((backends[new URL(a.url).host] as unknown as { healthy: boolean }).healthy).toBe(false);
+  }, 120_000);
+  it('backends added and removed while the node runs: a rollout on a removed backend moves to the one added', async () => {
+    const [a, b] = [await startShellPolicy(resources), await startShellPolicy(resources)];
+    a.sleep = 1; // each rollout holds its sandbox a second between its two turns
+    const test = await startService(resources, a.url);
+    const sandboxes = await sandboxDir(resources);
+    await startNode(resources, { serviceUrl: test.url, nodeId: 'moving', pools: { init: 2, run: 2, eval: 2 }, maxRollouts: 2 }, sandboxes);
+    await submit(test.url, ['m1', 'm2']);
+    await until(() => a.calls.length === 2);
+    const [idA, idB] = [new URL(a.url).host, new URL(b.url).host];
+    expect((await getJson(test.url, '/v1/llm-backends', { body: { base_url: b.url } })).status).toBe(201);
+    expect((await getJson(test.url, `/v1/llm-backends/${idA}`, { method: 'DELETE' })).status).toBe(200);
+    await until(() => test.results.length === 2);
+    for (const result of test.results) {
+      expect(result).toMatchObject({ state: 'done', reward: 1 });
+      expect(result.turns.map((t) => t.backend)).toEqual([idA, idB]);
+    }
+    expect(a.calls).toHaveLength(2);
+    expect(b.calls).toHaveLength(2);
+    expect((await poolRequests(test.url))[idB]).toMatchObject({ rollouts_in_flight: 0, requests: 0 });
   }, 120_000);
 });
 

@@ -68,9 +68,11 @@ export class DirectModelProvider implements ModelProvider {
 
   /** A weight state the service sent (see NodeWeights). */
   heard(state: NodeWeights): void {
-    if (state.epoch <= this.#epoch) return;
-    this.#epoch = state.epoch;
+    if (state.epoch < this.#epoch) return;
+    // (the backends' list changes without the weights: any answer as new as the weights heard tells it)
     this.#backends = new Set(state.backends);
+    if (state.epoch === this.#epoch) return;
+    this.#epoch = state.epoch;
     const mode = this.weights.state().pause?.mode;
     if (state.pause && mode === undefined) this.#inFlightAtPause = this.weights.inFlight;
     if (state.pause && mode !== state.pause.mode) {
