@@ -142,6 +142,29 @@ describe('a node calling the policy backends itself', () => {
     expect(spy).not.toHaveBeenCalled();
   }, 120_000);
 
+  it("a pause in 'finish' mode answers once the node's turns in flight have ended, which keep the old version", async () => {
+    const fake = await shellPolicy(1_500);
+    const test = await startService(resources, fake.url);
+    expect((await getJson(test.url, '/v1/weights', { body: { version: 4 } })).status).toBe(200);
+    const sandboxes = await sandboxDir(resources);
+    await startNode(resources, { serviceUrl: test.url, nodeId: 'finishing', pools: { init: 2, run: 2, eval: 2 }, maxRollouts: 2 }, sandboxes);
+    await submit(test.url, ['q1', 'q2']);
+    await until(() => fake.calls.length === 2);
+    const paused = await getJson(test.url, '/v1/weights/pause', { body: { mode: 'finish' } });
+    expect(paused.json).toMatchObject({ mode: 'finish', in_flight: 2, aborted: 0 });
+    // answered after the node's two first turns ended (each 1.5 s at the policy); no second turn started
+    const during = fake.calls.length;
+    expect(during).toBe(2);
+    await sleep(1_000);
+    expect(fake.calls.length).toBe(during);
+    expect((await getJson(test.url, '/v1/weights/resume', { body: { version: 5 } })).status).toBe(200);
+    await until(() => test.results.length === 2);
+    for (const result of test.results) {
+      expect(result).toMatchObject({ state: 'done', reward: 1, weight_version_min: 4, weight_version_max: 5 });
+      expect(result.turns.map((turn) => turn.weight_version)).toEqual([4, 5]);
+    }
+  }, 120_000);
+
   it("a node lost mid-rollout gives back its rollouts' backend load; another node finishes them", async () => {
     const fake = await shellPolicy(2_000);
     const test = await startService(resources, fake.url);
