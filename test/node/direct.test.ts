@@ -1,3 +1,6 @@
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import type { RolloutResult } from '@rollserve/core/service';
 import { startFakePolicy, type FakePolicy } from '@rollserve/testing';
 import { afterEach, describe, expect, it, vi } from 'vitest';
@@ -182,6 +185,30 @@ describe('a node calling the policy backends itself', () => {
     await until(() => test.results.length === 2);
     for (const result of test.results) expect(result).toMatchObject({ state: 'done', reward: 1 });
     expect(Object.values(await poolRequests(test.url))[0]!.rollouts_in_flight).toBe(0);
+  }, 120_000);
+
+  it('across a restart of the service: the node goes on, asks for its routes again, and the new service counts them as its backend\'s load', async () => {
+    const policy = await startShellPolicy(resources);
+    policy.sleep = 2; // the rollouts are in their sandboxes, between their turns, when the service restarts
+    const dir = await mkdtemp(join(tmpdir(), 'rollserve-direct-restart-'));
+    resources.add(() => rm(dir, { recursive: true, force: true }));
+    const store = `sqlite://${join(dir, 'store.db')}`;
+    const first = await startService(resources, policy.url, { store });
+    const sandboxes = await sandboxDir(resources);
+    const node = await startNode(resources, { serviceUrl: first.url, nodeId: 'survivor', pools: { init: 2, run: 2, eval: 2 }, maxRollouts: 2 }, sandboxes);
+    await submit(first.url, ['x1', 'x2']);
+    await until(() => policy.calls.length === 2);
+    await first.close();
+    policy.setFaults({ latencyMs: 1_500 }); // the second turns take long enough to be seen in flight
+    const second = await startService(resources, policy.url, { store, port: Number(new URL(first.url).port) });
+    await node.waitFor('registered', (event) => event.again);
+    await until(async () => Object.values(await poolRequests(second.url))[0]!.rollouts_in_flight === 2);
+    await until(() => second.results.length === 2);
+    for (const result of second.results) {
+      expect(result).toMatchObject({ state: 'done', reward: 1 });
+      expect(new Set(result.turns.map((t) => t.backend)).size).toBe(1);
+    }
+    expect(Object.values(await poolRequests(second.url))[0]).toMatchObject({ rollouts_in_flight: 0, requests: 0 });
   }, 120_000);
 
   it('a backend that stops answering: the node asks for another route and the service takes the dead one out of rotation', async () => {

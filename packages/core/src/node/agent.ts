@@ -156,6 +156,8 @@ export class RolloutNode {
   }
 
   #emit(event: NodeEvent): void {
+    // registered again (its service restarted, or lost it a while): the routes are asked for again
+    if (event.type === 'registered' && event.again) this.#direct?.registeredAgain();
     try {
       this.#options.onEvent?.(event);
     } catch (error) {

@@ -95,6 +95,15 @@ export class DirectModelProvider implements ModelProvider {
     else this.#routes.delete(claim.rollout_id);
   }
 
+  /**
+   * The node registered again (its service restarted, or lost it for a while): each rollout asks
+   * for its route again at its next turn, so that the service counts it as its backend's load
+   * again (sticky: the same backend while the service still has it).
+   */
+  registeredAgain(): void {
+    this.#routes.clear();
+  }
+
   generationPaused(paused: boolean): void {
     this.#options.remote.generationPaused(paused);
   }
