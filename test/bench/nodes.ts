@@ -7,7 +7,9 @@ import { adopt, cpuSeconds, dispatcher, load, machineTicks, mathTask, runBatch, 
 import { heading } from './stats.ts';
 
 // `pnpm bench nodes`: rollouts/s of the central service (`rollserve start --run-locally never`)
-// with 1, 2 and 4 rollout nodes (`rollserve node --service URL`, child processes on this host),
+// with 1, 2 and 4 rollout nodes whose policy turns go through the service (`rollserve node
+// --proxy-turns`) and 4 that send them to the backend themselves (the default; NODES_BENCH_SETUPS,
+// e.g. `0,4,4d`, picks the set-ups), child processes on this host,
 // and the service alone (`--run-locally auto`, no node) as the baseline, in the same run, against
 // the same scripted policy (no latency) in its own process. Each set-up has its own service and
 // store and a warm-up; all are up at once and their measured rounds interleaved. The CPU per
