@@ -7,7 +7,9 @@ import { adopt, cpuSeconds, dispatcher, load, machineTicks, mathTask, runBatch, 
 import { heading } from './stats.ts';
 
 // `pnpm bench nodes`: rollouts/s of the central service (`rollserve start --run-locally never`)
-// with 1, 2 and 4 rollout nodes (`rollserve node --service URL`, child processes on this host),
+// with 1, 2 and 4 rollout nodes whose policy turns go through the service (`rollserve node
+// --proxy-turns`) and 4 that send them to the backend themselves (the default; NODES_BENCH_SETUPS,
+// e.g. `0,4,4d`, picks the set-ups), child processes on this host,
 // and the service alone (`--run-locally auto`, no node) as the baseline, in the same run, against
 // the same scripted policy (no latency) in its own process. Each set-up has its own service and
 // store and a warm-up; all are up at once and their measured rounds interleaved. The CPU per
@@ -17,7 +19,16 @@ import { heading } from './stats.ts';
 // a multi-turn one with sandboxes (math_with_code: two `execute_python` calls in the rollout's
 // bwrap sandbox and Python kernel, then the answer). NODES_BENCH_WORKLOADS=single|multi picks one.
 
-const SETUPS = (process.env.NODES_BENCH_SETUPS ?? '0,1,2,4').split(',').map(Number);
+/**
+ * The set-ups: `0` the service alone; `<n>` n nodes whose policy turns go through the service
+ * (`rollserve node --proxy-turns`, as every node did before direct backends); `<n>d` n nodes that
+ * send them to the backend themselves on the service's routes (the default of `rollserve node`).
+ */
+interface SetupSpec {
+  nodes: number;
+  direct: boolean;
+}
+const SETUPS: SetupSpec[] = (process.env.NODES_BENCH_SETUPS ?? '0,1,2,4,4d').split(',').map((spec) => ({ nodes: Number.parseInt(spec, 10), direct: spec.trim().endsWith('d') }));
 
 interface Workload {
   title: string;
@@ -65,6 +76,7 @@ function multiTurn(): Workload {
 
 interface Measured {
   nodes: number;
+  direct: boolean;
   rates: number[];
   /** Rollouts measured. */
   total: number;
@@ -88,14 +100,16 @@ function whyNot(result: WireResult): string {
 /** One set-up (a service, its nodes), started and warmed up; `round()` measures one batch. */
 interface Setup {
   nodes: number;
+  direct: boolean;
   label: string;
   round(index: number): Promise<void>;
   measured(): Measured;
   close(): Promise<void>;
 }
 
-async function startSetup(work: Workload, policyUrl: string, policyPid: number, dir: string, nodeCount: number): Promise<Setup> {
-  const label = nodeCount === 0 ? 'service alone (--run-locally auto, no node)' : `--run-locally never + ${nodeCount} node${nodeCount > 1 ? 's' : ''}`;
+async function startSetup(work: Workload, policyUrl: string, policyPid: number, dir: string, { nodes: nodeCount, direct }: SetupSpec): Promise<Setup> {
+  const label =
+    nodeCount === 0 ? 'service alone (--run-locally auto, no node)' : `--run-locally never + ${nodeCount} node${nodeCount > 1 ? 's' : ''}, ${direct ? 'direct to the backend' : 'turns via the service'}`;
   const nodes: NodeProcess[] = [];
   const service: ServiceProcess = await startService(policyUrl, join(dir, `store-${nodeCount}-${Math.random().toString(36).slice(2)}.db`), { args: ['--run-locally', nodeCount === 0 ? 'auto' : 'never'] });
   const close = async () => {
@@ -103,7 +117,7 @@ async function startSetup(work: Workload, policyUrl: string, policyPid: number, 
     await stop(service.child);
   };
   try {
-    for (let i = 0; i < nodeCount; i++) nodes.push(await startNode(service.url, ['--id', `bench-node-${i}`, ...work.nodeArgs]));
+    for (let i = 0; i < nodeCount; i++) nodes.push(await startNode(service.url, ['--id', `bench-node-${i}`, ...(direct ? [] : ['--proxy-turns']), ...work.nodeArgs]));
     for (let done = 0; done < work.warmup; done += work.perRound) {
       await runBatch(service.url, Array.from({ length: Math.min(work.perRound, work.warmup - done) }, (_, i) => `warm-${done + i}`), work.task, () => true);
     }
@@ -122,6 +136,7 @@ async function startSetup(work: Workload, policyUrl: string, policyPid: number, 
   const unexpected: { count: number; first?: string } = { count: 0 };
   return {
     nodes: nodeCount,
+    direct,
     label,
     async round(index) {
       const cpuBefore = await cpuOf();
@@ -144,6 +159,7 @@ async function startSetup(work: Workload, policyUrl: string, policyPid: number, 
       const per = (seconds: number) => (seconds / (rates.length * work.perRound)) * 1000;
       return {
         nodes: nodeCount,
+        direct,
         rates,
         total: rates.length * work.perRound,
         cpu: { service: per(cpu.service), nodes: per(cpu.nodes), policy: per(cpu.policy), client: per(cpu.client) },
@@ -158,7 +174,7 @@ async function startSetup(work: Workload, policyUrl: string, policyPid: number, 
 
 function describe(label: string, m: Measured): string {
   return (
-    `${label.padEnd(44)} ${m.rates.map((r) => r.toFixed(r < 100 ? 1 : 0)).join(', ')} rollouts/s;  CPU per rollout: service ${m.cpu.service.toFixed(2)} ms, nodes ${m.cpu.nodes.toFixed(2)} ms, ` +
+    `${label.padEnd(66)} ${m.rates.map((r) => r.toFixed(r < 100 ? 1 : 0)).join(', ')} rollouts/s;  CPU per rollout: service ${m.cpu.service.toFixed(2)} ms, nodes ${m.cpu.nodes.toFixed(2)} ms, ` +
     `policy ${m.cpu.policy.toFixed(2)} ms, this client ${m.cpu.client.toFixed(2)} ms;  machine ${(m.machineBusy * 100).toFixed(0)}% busy` +
     (m.unexpected > 0 ? `;  ${m.unexpected} of ${m.total} rollouts not as expected (first: ${m.firstUnexpected})` : '')
   );
@@ -168,7 +184,7 @@ const median = (values: number[]) => [...values].sort((a, b) => a - b)[Math.floo
 
 function summary(measured: Measured[]): void {
   const cores = cpus().length;
-  const name = (m: Measured) => (m.nodes === 0 ? 'alone' : `${m.nodes} node${m.nodes > 1 ? 's' : ''}`);
+  const name = (m: Measured) => (m.nodes === 0 ? 'alone' : `${m.nodes} node${m.nodes > 1 ? 's' : ''}${m.direct ? ' direct' : ''}`);
   const baseline = measured.find((m) => m.nodes === 0);
   console.log(
     `curve (median rollouts/s): ${measured.map((m) => `${name(m)} ${median(m.rates).toFixed(1)}${baseline && m !== baseline ? ` (${(median(m.rates) / median(baseline.rates)).toFixed(2)}× alone)` : ''}`).join('  ')}`,
@@ -177,7 +193,7 @@ function summary(measured: Measured[]): void {
   for (const m of measured) {
     const busy = (ms: number) => ((ms * median(m.rates)) / 1000).toFixed(2); // CPU ms per rollout × rollouts/s = cores busy
     console.log(
-      `  ${name(m).padEnd(7)} cores busy: service ${busy(m.cpu.service)}, nodes ${busy(m.cpu.nodes)}, policy ${busy(m.cpu.policy)}, client ${busy(m.cpu.client)} ` +
+      `  ${name(m).padEnd(14)} cores busy: service ${busy(m.cpu.service)}, nodes ${busy(m.cpu.nodes)}, policy ${busy(m.cpu.policy)}, client ${busy(m.cpu.client)} ` +
         `= ${busy(perRollout(m))} of ${cores}; the whole machine ${(m.machineBusy * cores).toFixed(2)} of ${cores} (the rest: other processes on this host)`,
     );
   }
@@ -188,9 +204,40 @@ function summary(measured: Measured[]): void {
   console.log(
     `bound: ${leastBusy > 0.9 ? `CPU — the machine's ${cores} cores were ≥${(leastBusy * 100).toFixed(0)}% busy in every set-up (other processes on this host included)` : `not CPU alone — the machine was only ${(leastBusy * 100).toFixed(0)}% busy in one set-up`}; ` +
       `CPU per rollout (service + nodes and their sandboxes + policy + client): ${measured.map((m) => `${name(m)} ${perRollout(m).toFixed(2)} ms`).join(', ')}${growing ? ', growing with the node count' : ''}; ` +
-      `the service's own: ${measured.map((m) => `${name(m)} ${m.cpu.service.toFixed(2)}`).join(', ')} ms (alone: the rollouts it runs, sandboxes included; with nodes it still takes the submissions, the store, the stream and every policy turn` +
+      `the service's own: ${measured.map((m) => `${name(m)} ${m.cpu.service.toFixed(2)}`).join(', ')} ms (alone: the rollouts it runs, sandboxes included; with nodes it still takes the submissions, the store and the stream, and, unless they are direct, every policy turn` +
       `${withNodes.length > 0 ? `, using at most ${serviceCores.toFixed(2)} of one core` : ''}). ` +
       `${growing ? 'On one host, more nodes add CPU per rollout, not capacity; ' : ''}with ${cores} whole cores to themselves the ceilings would be ~${measured.map((m) => `${name(m)} ${((cores * 1000) / perRollout(m)).toFixed(0)}`).join(', ')} rollouts/s.`,
+  );
+  if (baseline) {
+    for (const m of withNodes.filter((n) => n.nodes === 4)) {
+      console.log(
+        `service CPU per rollout with 4 nodes (${m.direct ? 'direct' : 'via the service'}) ${m.cpu.service.toFixed(2)} ms vs alone ${baseline.cpu.service.toFixed(2)} ms: ` +
+          `${m.cpu.service <= baseline.cpu.service ? 'at most the service alone (target met)' : `${(m.cpu.service / baseline.cpu.service).toFixed(2)}× the service alone (target: ≤ 1×)`}`,
+      );
+    }
+  }
+  for (const m of withNodes.filter((n) => n.nodes === Math.max(...withNodes.map((w) => w.nodes)))) console.log(efficiency(m, cores, name(m)));
+}
+
+/**
+ * Scaling efficiency of a cluster from the measured CPU per rollout: each node on a host of its own
+ * with `cores` cores (as this one) runs at most cores / (its CPU per rollout) rollouts/s (the
+ * policy's GPUs apart: the fake policy's CPU is not counted), so N nodes ideally N times that; the
+ * one service process does its part of every rollout on one core (its event loop), so the cluster
+ * runs at most 1 / (the service's CPU per rollout). Efficiency at N = achieved / ideal =
+ * min(1, service ceiling / (N × a node's rate)). Measured here with every process on one host.
+ */
+function efficiency(m: Measured, cores: number, label: string): string {
+  // (the nodes' CPU per rollout is per rollout, whichever node ran it)
+  const nodeRate = (cores * 1000) / Math.max(m.cpu.nodes, Number.EPSILON);
+  const serviceCeiling = 1000 / m.cpu.service;
+  const at = (n: number) => {
+    const ideal = n * nodeRate;
+    return `${n} nodes ${((Math.min(ideal, serviceCeiling) / ideal) * 100).toFixed(0)}% (${Math.min(ideal, serviceCeiling).toFixed(0)} of ${ideal.toFixed(0)} rollouts/s)`;
+  };
+  return (
+    `scaling (${label}): a node's CPU per rollout ${m.cpu.nodes.toFixed(2)} ms → ${nodeRate.toFixed(0)} rollouts/s per ${cores}-core node; the service's ${m.cpu.service.toFixed(2)} ms → a ceiling of ${serviceCeiling.toFixed(0)} rollouts/s on one core; ` +
+    `efficiency (achieved / ideal) at ${at(8)}, ${at(32)}`
   );
 }
 
@@ -202,7 +249,7 @@ export default async function bench(): Promise<void> {
   try {
     for (const work of workloads) {
       heading(
-        `rollout nodes: rollouts/s of the central service alone and with ${SETUPS.filter((n) => n > 0).join(', ')} \`rollserve node\` on this host (${cores} cores shared by service, nodes, policy and client); ` +
+        `rollout nodes: rollouts/s of the central service alone and with ${SETUPS.filter((s) => s.nodes > 0).map((s) => `${s.nodes}${s.direct ? ' direct' : ''}`).join(', ')} \`rollserve node\` on this host (${cores} cores shared by service, nodes, policy and client); ` +
           `${work.rounds}×${work.perRound.toLocaleString('en')} ${work.title} after ${work.warmup.toLocaleString('en')} of warm-up, zero-latency policy${work.nodeArgs.length ? `; nodes ${work.nodeArgs.join(' ')}` : ''}`,
       );
       console.log(`(${load()} at the start)`);
@@ -212,7 +259,7 @@ export default async function bench(): Promise<void> {
       try {
         // every set-up up at once, their rounds interleaved: the load of other processes on this
         // host falls on each alike (the idle ones cost little: a long poll per node)
-        for (const count of SETUPS) setups.push(await startSetup(work, policy.url, policy.child.pid!, dir, count));
+        for (const spec of SETUPS) setups.push(await startSetup(work, policy.url, policy.child.pid!, dir, spec));
         for (let round = 0; round < work.rounds; round++) for (const setup of setups) await setup.round(round);
         for (const setup of setups) console.log(describe(setup.label, setup.measured()));
         console.log(`(${load()} at the end)`);

@@ -56,9 +56,9 @@ export interface TestService {
 export async function startService(
   resources: Resources,
   llm: string | readonly string[],
-  options: Partial<RolloutServiceOptions> & { token?: string; port?: number } = {},
+  options: Partial<RolloutServiceOptions> & { token?: string; nodeToken?: string; port?: number } = {},
 ): Promise<TestService> {
-  const { token, port, ...serviceOptions } = options;
+  const { token, nodeToken, port, ...serviceOptions } = options;
   const backends = new LlmBackendPool();
   for (const baseUrl of typeof llm === 'string' ? [llm] : llm) backends.add({ baseUrl });
   const models = new PoolModelProvider(backends);
@@ -73,7 +73,7 @@ export async function startService(
   });
   const results: RolloutResult[] = [];
   service.onResult((result) => results.push(result));
-  const running = await serveFetch(createRolloutApi(service, { backends, ...(token ? { token } : {}) }), { port: port ?? 0 });
+  const running = await serveFetch(createRolloutApi(service, { backends, ...(token ? { token } : {}), ...(nodeToken ? { nodeToken } : {}) }), { port: port ?? 0 });
   let closed: Promise<void> | undefined;
   const close = () =>
     (closed ??= (async () => {

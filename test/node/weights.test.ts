@@ -3,15 +3,19 @@ import { startFakePolicy } from '@rollserve/testing';
 import { afterEach, describe, expect, it } from 'vitest';
 import { getJson, Resources, sandboxDir, sleep, startNode, startService, until } from './helpers.ts';
 
-// A rollout node's turns go through the service's policy routing: they record the weight version
-// of the backend that generated them, wait at the service while generation is paused for a weight
-// update, and their time limit leaves the pause out (the node hears of it with its heartbeats).
+// A rollout node's turns, sent to the backend by the node itself on the service's route or through
+// the service (--proxy-turns), record the weight version of the backend that generated them, wait
+// while generation is paused for a weight update (at the node, or at the service), and their time
+// limit leaves the pause out (the node hears of it with its registration and heartbeats).
 
 const resources = new Resources();
 afterEach(() => resources.cleanup(), 60_000);
 
-describe('a rollout node across a weight update', () => {
-  it('waits at the service while generation is paused, then runs on the announced version; the pause is not charged to its time limit', async () => {
+describe.each([
+  ['sending its turns to the backend itself', true],
+  ['sending its turns through the service', false],
+])('a rollout node %s across a weight update', (_, directBackends) => {
+  it('waits while generation is paused, then runs on the announced version; the pause is not charged to its time limit', async () => {
     const fake = await startFakePolicy({
       script: (request) => {
         const messages = request.messages as Array<{ role: string }>;
@@ -25,7 +29,7 @@ describe('a rollout node across a weight update', () => {
     expect((await getJson(url, '/v1/weights', { body: { version: 4 } })).json).toMatchObject({ newest: 4 });
     expect((await getJson(url, '/v1/weights/pause', { body: { mode: 'abort' } })).json).toMatchObject({ in_flight: 0 });
     const sandboxes = await sandboxDir(resources);
-    await startNode(resources, { serviceUrl: url, nodeId: 'weights-node', pools: { init: 2, run: 2, eval: 2 }, maxRollouts: 2 }, sandboxes);
+    await startNode(resources, { serviceUrl: url, nodeId: 'weights-node', pools: { init: 2, run: 2, eval: 2 }, maxRollouts: 2, directBackends }, sandboxes);
     const tasks = ['wn1', 'wn2'].map((id) => ({
       id,
       env: 'shell',

@@ -371,6 +371,13 @@ describe('the OpenAPI document against real responses', () => {
     const turn = await exercise('POST /v1/nodes/{node_id}/model', '/v1/nodes/oa-node/model', { headers, body: { ...lease, messages: [{ role: 'user', content: '5+5' }], tools: [] } });
     expect(turn.json).toMatchObject({ content: '\\boxed{10}', tool_calls: [] });
     expect((await exercise('POST /v1/nodes/{node_id}/model', '/v1/nodes/oa-node/model', { headers, body: { ...lease, attempt: lease.attempt + 1, messages: [], tools: [] } })).status).toBe(409);
+    // a route is for a node that registered to call the backends itself (x-rollserve-node-features: direct-backends)
+    expect((await exercise('POST /v1/nodes/{node_id}/route', '/v1/nodes/oa-node/route', { headers, body: lease })).status).toBe(409);
+    const direct = { ...headers, 'x-rollserve-node-features': 'weights,direct-backends' };
+    expect((await exercise('POST /v1/nodes', '/v1/nodes', { body: node, headers: direct })).json).toMatchObject({ features: ['direct-backends'], weights: { pause: null } });
+    const route = await exercise('POST /v1/nodes/{node_id}/route', '/v1/nodes/oa-node/route', { headers: direct, body: lease });
+    expect(route.json).toMatchObject({ ...lease, backend: { id: fake.url, base_url: fake.url }, headers: { 'x-rollout-id': 'on-node' } });
+    expect((await exercise('POST /v1/nodes/{node_id}/route', '/v1/nodes/oa-node/route', { headers: direct, body: { rollout_id: 'on-node' } })).status).toBe(422);
     const stage = { queued_ms: 0, active_ms: 0 };
     const result = {
       id: 'on-node', task_id: 'on-node', sample_index: 0, env: 'math', state: 'done', reward: 1, reward_components: null, verify_extras: {}, critical_error: null, filter: false, error: null,

@@ -22,6 +22,11 @@ export default defineCommand({
     'host-label': { type: 'string', description: 'Host name to register with (default: this host\'s name)' },
     'service-lost-s': { type: 'string', description: 'Exit (status 3, sandboxes killed) when the service has not answered for this long', default: '300' },
     'slurm-check-s': { type: 'string', description: 'Under Slurm, ask squeue this often whether this node\'s job is gone, and exit (status 3) if so; 0: never', default: '30' },
+    'proxy-turns': {
+      type: 'boolean',
+      description: "Send the policy's turns through the service (as a node before direct backends did) instead of to the backends the service routes each rollout to",
+      default: false,
+    },
     ...imageArgs,
   },
   async run({ args }) {
@@ -73,6 +78,7 @@ export default defineCommand({
       ...(maxRollouts ? { maxRollouts } : {}),
       ...(args['host-label'] ? { host: args['host-label'] } : {}),
       serviceLostMs,
+      ...(args['proxy-turns'] ? { directBackends: false } : {}),
       slurmCheck: slurmCheckS > 0 ? { everyMs: slurmCheckS * 1000 } : false,
       onEvent: (event) => {
         if (event.type === 'registered' && event.again) console.error(`node ${event.nodeId} registered again with ${service}`);

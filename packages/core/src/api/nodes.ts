@@ -15,7 +15,10 @@ import {
   NodeRegistered,
   NodeRegistration,
   NodeUpcoming,
+  NodeRoute,
+  NodeRouteRequest,
   NodeView,
+  nodeFeatures,
   toWireModelTurn,
   WireModelTurn,
   type NodeAuth,
@@ -115,6 +118,20 @@ const modelRoute = createRoute({
   },
 });
 
+const routeRoute = createRoute({
+  method: 'post',
+  path: '/v1/nodes/{node_id}/route',
+  summary:
+    "The route of a rollout the node holds, for a node that sends its policy turns to the backends itself (it registered saying `direct-backends` in x-rollserve-node-features): the backend the service chose (least in flight across the service and every node, sticky for the rollout, counted as that backend's load until the lease ends), what to send it, and its weight version. `failed`: a backend that gave the node no response (taken out of rotation and probed). Waits for a healthy backend; closing the request stops the wait. 409: the node does not hold the rollout at that attempt, or did not register so",
+  request: { params: NodeParam, headers: CredentialHeader, body: { required: true, content: json(NodeRouteRequest) } },
+  responses: {
+    200: { description: 'The route', content: json(NodeRoute) },
+    ...errorResponses(400, 404, 409, 422, 503),
+    401: NODE_401,
+    502: { description: 'No policy backend can be reached', content: errorResponses(400)[400].content },
+  },
+});
+
 const deregisterRoute = createRoute({
   method: 'delete',
   path: '/v1/nodes/{node_id}',
@@ -137,28 +154,34 @@ export function nodesApi({ service }: ApiContext): OpenAPIHono {
     credential: c.req.header(NODE_CREDENTIAL_HEADER),
   });
 
-  app.openapi(registerRoute, async (c) => c.json(await nodes.registerNode(c.req.valid('json'), c.req.header(NODE_CREDENTIAL_HEADER)), 201));
+  app.openapi(registerRoute, async (c) =>
+    c.json(await nodes.registerNode(c.req.valid('json'), c.req.header(NODE_CREDENTIAL_HEADER), nodeFeatures(c.req.header(NODE_FEATURES_HEADER))), 201),
+  );
 
   app.openapi(listRoute, (c) => c.json({ nodes: nodes.nodes() }, 200));
 
   // what a node reads beyond the first form of the protocol (an older node's schemas are strict)
-  const reads = (c: { req: { header(name: string): string | undefined } }, feature: string) => (c.req.header(NODE_FEATURES_HEADER) ?? '').split(',').some((f) => f.trim() === feature);
+  const reads = (c: { req: { header(name: string): string | undefined } }, feature: string) => nodeFeatures(c.req.header(NODE_FEATURES_HEADER)).includes(feature);
   const readsWeights = (c: { req: { header(name: string): string | undefined } }) => reads(c, 'weights');
 
   app.openapi(heartbeatRoute, async (c) => {
-    const answer = await nodes.heartbeat(auth(c), c.req.valid('json').leases);
+    const { leases, generation } = c.req.valid('json');
+    const answer = await nodes.heartbeat(auth(c), leases, generation);
     return c.json(readsWeights(c) ? { ...answer, generation_paused: service.generationPaused } : answer, 200);
   });
 
   app.openapi(claimRoute, async (c) => {
     const { limit, wait_ms } = c.req.valid('json');
-    const claims = await nodes.claimForNode(auth(c), limit, wait_ms, c.req.raw.signal);
+    const who = auth(c);
+    const claims = await nodes.claimForNode(who, limit, wait_ms, c.req.raw.signal);
+    // a node calling backends itself hears the weight state with its routes
+    const weights = claims.length > 0 ? nodes.weightsFor(who.node_id) : undefined;
     // (each task goes out as the RolloutTask it is; the document calls it an object)
-    const answer = { claims: claims as Array<z.infer<typeof NodeClaim>> };
+    const answer = { claims: claims as Array<z.infer<typeof NodeClaim>>, ...(weights ? { weights } : {}) };
     // the work queued next, to a node that readies images ahead: only with work handed out (a
     // node with room that got none has nothing queued behind it), and a hint that may be missing
     if (claims.length === 0 || !reads(c, 'prefetch')) return c.json(answer, 200);
-    const upcoming = await nodes.upcomingForNode(auth(c), NODE_UPCOMING_MAX).catch(() => []);
+    const upcoming = await nodes.upcomingForNode(who, NODE_UPCOMING_MAX).catch(() => []);
     return c.json({ ...answer, upcoming: upcoming as Array<z.infer<typeof NodeUpcoming>> }, 200);
   });
 
@@ -172,6 +195,8 @@ export function nodesApi({ service }: ApiContext): OpenAPIHono {
   app.openapi(modelRoute, async (c) =>
     c.json(toWireModelTurn(await nodes.modelTurn(auth(c), c.req.valid('json') as unknown as NodeModelRequest, c.req.raw.signal), readsWeights(c)), 200),
   );
+
+  app.openapi(routeRoute, async (c) => c.json(await nodes.route(auth(c), c.req.valid('json'), c.req.raw.signal), 200));
 
   app.openapi(deregisterRoute, async (c) => c.json(await nodes.deregisterNode(auth(c)), 200));
 

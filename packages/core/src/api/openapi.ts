@@ -58,6 +58,7 @@ const OPERATIONS: Record<string, [operationId: string, tag: Tag]> = {
   'POST /v1/nodes/{node_id}/claim': ['nodeClaim', 'Rollout nodes'],
   'POST /v1/nodes/{node_id}/results': ['nodeResults', 'Rollout nodes'],
   'POST /v1/nodes/{node_id}/model': ['nodeModel', 'Rollout nodes'],
+  'POST /v1/nodes/{node_id}/route': ['nodeRoute', 'Rollout nodes'],
   'DELETE /v1/nodes/{node_id}': ['deregisterNode', 'Rollout nodes'],
   'POST /start': ['prorlStart', 'ProRL Agent'],
   'POST /stop': ['prorlStop', 'ProRL Agent'],

@@ -387,3 +387,27 @@ describe('LlmBackendPool', () => {
     expect(after.TCPServerWrap ?? 0).toBeLessThanOrEqual(before.TCPServerWrap ?? 0);
   });
 });
+
+describe('routes handed to others (a node calling a backend itself)', () => {
+  it('tryAcquire sticks by fewest rollouts without waiting, counts the rollout until release, and answers nothing while no backend is healthy', async () => {
+    const [a, b] = [await fake(), await fake()];
+    const backends = pool({ backends: [{ id: 'a', baseUrl: a.url }, { id: 'b', baseUrl: b.url }] });
+    const first = backends.tryAcquire('r1')!.id;
+    const second = backends.tryAcquire('r2')!.id;
+    expect(new Set([first, second])).toEqual(new Set(['a', 'b']));
+    expect(backends.tryAcquire('r1')!.id).toBe(first); // sticky
+    expect(backends.requestHeaders('r1')).toEqual({ 'x-rollout-id': 'r1' });
+    expect(backends.list().map((s) => s.rollouts_in_flight)).toEqual([1, 1]);
+    // someone else's request to `first` got no response: out of rotation, its rollout moves on its next acquire
+    backends.failed(first, 'no response');
+    expect(backends.get(first)).toMatchObject({ healthy: false, last_error: 'no response' });
+    expect(backends.tryAcquire('r1')!.id).toBe(second);
+    expect(backends.list().find((s) => s.id === second)!.rollouts_in_flight).toBe(2);
+    backends.failed(second, 'no response');
+    expect(backends.tryAcquire('r3')).toBeUndefined();
+    for (const id of ['r1', 'r2', 'r3']) backends.release(id);
+    expect(backends.list().map((s) => s.rollouts_in_flight)).toEqual([0, 0]);
+    // the probes put them back
+    await until(() => backends.list().every((s) => s.healthy));
+  });
+});

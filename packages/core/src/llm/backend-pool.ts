@@ -223,6 +223,40 @@ export class LlmBackendPool {
     return { ...entry.config };
   }
 
+  /**
+   * `acquire` without waiting: the rollout's backend (sticking it to the least loaded healthy one
+   * if it has none), or undefined when no backend is healthy now. `release` must follow.
+   */
+  tryAcquire(rolloutId: string): LlmBackendConfig | undefined {
+    if (this.#closed) return undefined;
+    const current = this.#sticky.get(rolloutId);
+    if (current && current.healthy && !current.removed) return { ...current.config };
+    const next = this.#pick();
+    if (!next) return undefined;
+    if (current) current.rollouts -= 1;
+    next.rollouts += 1;
+    this.#sticky.set(rolloutId, next);
+    return { ...next.config };
+  }
+
+  /** The headers the pool sends a backend with each of a rollout's requests. */
+  requestHeaders(rolloutId: string): Record<string, string> {
+    return this.#options.rolloutHeader ? { [this.#options.rolloutHeader]: rolloutId } : {};
+  }
+
+  /**
+   * Someone else's request to a backend got no response (a node calling it directly): it is taken
+   * out of rotation and probed, as after a failure of the pool's own.
+   */
+  failed(backendId: string, message: string): void {
+    const entry = this.#entries.get(backendId);
+    if (!entry || entry.removed || this.#closed) return;
+    entry.failures += 1;
+    entry.connectFailures += 1;
+    entry.lastError = message;
+    this.#markUnhealthy(entry);
+  }
+
   release(rolloutId: string): void {
     const entry = this.#sticky.get(rolloutId);
     if (!entry) return;
@@ -242,7 +276,7 @@ export class LlmBackendPool {
     { signal, timeoutMs }: LlmChatOptions = {},
   ): Promise<R> {
     const deadline = performance.now() + this.#options.waitForBackendMs;
-    const headers = this.#options.rolloutHeader ? { [this.#options.rolloutHeader]: rolloutId } : undefined;
+    const headers = this.#options.rolloutHeader ? this.requestHeaders(rolloutId) : undefined;
     for (let attempt = 1; ; attempt++) {
       const entry = await this.#acquire(rolloutId, signal, deadline);
       entry.inFlight += 1;

@@ -1,6 +1,6 @@
 import { pino, type Logger } from 'pino';
 import { RolloutError } from '../errors.ts';
-import type { NodeRegistration } from '../protocol/nodes.ts';
+import { DIRECT_BACKENDS_FEATURE, type NodeClaim, type NodeRegistration } from '../protocol/nodes.ts';
 import { RolloutRunner } from '../runner/runner.ts';
 import { NodeClient } from './client.ts';
 import { CommitQueue } from './commits.ts';
@@ -9,6 +9,7 @@ import { Leases } from './leases.ts';
 import type { NodeEvent, NodeTimings, RolloutNodeOptions } from './options.ts';
 import { defaultNodeId, nodeRegistration } from './registration.ts';
 import { RemoteModelProvider } from './remote-models.ts';
+import { DirectModelProvider } from './direct-models.ts';
 
 export type { NodeEvent, NodeTimings, RolloutNodeOptions } from './options.ts';
 export { defaultNodeId, slurmFromEnv } from './registration.ts';
@@ -36,6 +37,8 @@ export class RolloutNode {
   readonly #commits: CommitQueue;
   readonly #contact: ServiceContact;
   readonly #stop = new AbortController();
+  /** The policy's turns sent to the backends from here (unless `directBackends: false`). */
+  readonly #direct: DirectModelProvider | undefined;
   #loops: Promise<unknown>[] = [];
   #closing: Promise<void> | undefined;
 
@@ -43,14 +46,25 @@ export class RolloutNode {
     this.#options = options;
     this.logger = options.logger ?? pino({ name: 'rollserve-node', level: process.env.ROLLSERVE_LOG_LEVEL ?? 'info' });
     this.nodeId = options.nodeId ?? defaultNodeId(options.host);
-    this.#client = new NodeClient({ serviceUrl: options.serviceUrl, ...(options.token ? { token: options.token } : {}) });
-    const models = new RemoteModelProvider({
+    const direct = options.directBackends !== false;
+    this.#client = new NodeClient({
+      serviceUrl: options.serviceUrl,
+      ...(options.token ? { token: options.token } : {}),
+      features: direct ? ['weights', 'prefetch', DIRECT_BACKENDS_FEATURE] : ['weights', 'prefetch'],
+    });
+    const lease = {
       client: this.#client,
       nodeId: this.nodeId,
-      attemptOf: (id) => this.#leases.attemptOf(id),
+      attemptOf: (id: string) => this.#leases.attemptOf(id),
       reregister: () => this.#contact.reregister(),
-      leaseLost: (id) => this.#leases.lose(id, 'service'),
-    });
+      leaseLost: (id: string) => this.#leases.lose(id, 'service'),
+    };
+    const remote = new RemoteModelProvider(lease);
+    const models = direct ? new DirectModelProvider({ ...lease, remote, drained: () => this.#contact.beatNow() }) : remote;
+    if (models instanceof DirectModelProvider) {
+      this.#direct = models;
+      this.#client.onWeights = (weights) => models.heard(weights);
+    }
     this.runner = new RolloutRunner({
       environments: options.environments,
       models,
@@ -68,6 +82,7 @@ export class RolloutNode {
       claimWaitMs: options.claimWaitMs ?? 5_000,
       registering: () => this.#contact.registering,
       reregister: () => this.#contact.reregister(),
+      ...(this.#direct ? { claimed: (claim: NodeClaim) => this.#direct!.claimed(claim) } : {}),
       finished: (held) => this.#commits.add(held),
       lost: (held) => this.#commits.drop(held),
     });
@@ -79,6 +94,7 @@ export class RolloutNode {
       leases: this.#leases,
       serviceLostMs: options.serviceLostMs ?? 300_000,
       generationPaused: (paused) => models.generationPaused(paused),
+      ...(this.#direct ? { generation: () => this.#direct!.generation() } : {}),
       slurmCheck: options.slurmCheck,
       closing: () => this.#closing !== undefined,
       end: (leave) => void this.#close(leave),
@@ -102,6 +118,7 @@ export class RolloutNode {
       }
       node.#contact.stopWatching();
       await node.runner.close();
+      await node.#direct?.close();
       await node.#client.close();
       throw error;
     }
@@ -139,6 +156,8 @@ export class RolloutNode {
   }
 
   #emit(event: NodeEvent): void {
+    // registered again (its service restarted, or lost it a while): the routes are asked for again
+    if (event.type === 'registered' && event.again) this.#direct?.registeredAgain();
     try {
       this.#options.onEvent?.(event);
     } catch (error) {
@@ -167,6 +186,7 @@ export class RolloutNode {
       await this.#commits.flushing;
       if (!leave) {
         this.#leases.clear();
+        await this.#direct?.close();
         await this.#client.close();
         return;
       }
@@ -178,6 +198,7 @@ export class RolloutNode {
       } catch (error) {
         this.logger.warn({ err: error }, 'could not deregister (the service re-issues the work after the node timeout)');
       }
+      await this.#direct?.close();
       await this.#client.close();
     })();
     return this.#closing;

@@ -11,8 +11,12 @@ import {
   NodeClaims,
   NodeCommitAnswer,
   NodeRegistered,
+  NodeRoute,
   NodeView,
   WireModelTurn,
+  type NodeGeneration,
+  type NodeRouteRequest,
+  type NodeWeights,
   type NodeClaim,
   type NodeCommit,
   type NodeCommitStatus,
@@ -34,6 +38,8 @@ export interface NodeClientOptions {
   credential?: string;
   /** A call's limit (the long poll and model turns add their own wait). @default 30_000 */
   timeoutMs?: number;
+  /** What the node says it reads and does (NODE_FEATURES_HEADER). @default ['weights'] */
+  features?: readonly string[];
 }
 
 /** Whether a failed call may succeed if made again: the service unreachable, restarting or busy. */
@@ -81,13 +87,17 @@ export class NodeClient {
   readonly #agent: Agent;
   /** When the service last answered a call (performance.now()): any answer but a 5xx. */
   #lastAnswer = performance.now();
+  /** The features the service took up at the last registration. */
+  #serviceFeatures: readonly string[] = [];
+  /** Called with the weight state whenever an answer carries one (a node calling backends itself). */
+  onWeights: ((weights: NodeWeights) => void) | undefined;
 
   constructor(options: NodeClientOptions) {
     this.#base = options.serviceUrl.replace(/\/+$/, '');
     this.#headers = {
       'content-type': 'application/json',
       // it reads weight versions and pauses, and the work queued next (an older service ignores the header)
-      [NODE_FEATURES_HEADER]: 'weights,prefetch',
+      [NODE_FEATURES_HEADER]: (options.features ?? ['weights', 'prefetch']).join(','),
       ...(options.token ? { authorization: `Bearer ${options.token}` } : {}),
       ...(options.credential ? { [NODE_CREDENTIAL_HEADER]: options.credential } : {}),
     };
@@ -107,6 +117,15 @@ export class NodeClient {
   set credential(credential: string | undefined) {
     const { [NODE_CREDENTIAL_HEADER]: _old, ...rest } = this.#headers;
     this.#headers = credential ? { ...rest, [NODE_CREDENTIAL_HEADER]: credential } : rest;
+  }
+
+  /** The features of NODE_FEATURES_HEADER the service took up when the node last registered (none from an older service). */
+  get serviceFeatures(): readonly string[] {
+    return this.#serviceFeatures;
+  }
+
+  #heard(weights: NodeWeights | undefined): void {
+    if (weights) this.onWeights?.(weights);
   }
 
   /** When the service last answered a call (performance.now()): any answer but a 5xx. */
@@ -171,11 +190,21 @@ export class NodeClient {
   async register(registration: NodeRegistration, signal?: AbortSignal): Promise<NodeRegistered> {
     const registered = await this.#call('POST', '/v1/nodes', NodeRegistered, registration, signal ? { signal } : {});
     this.credential = registered.credential;
+    this.#serviceFeatures = registered.features ?? [];
+    this.#heard(registered.weights);
     return registered;
   }
 
-  heartbeat(nodeId: string, leases: readonly NodeLease[], signal?: AbortSignal): Promise<HeartbeatAnswer> {
-    return this.#call('POST', `${this.#node(nodeId)}/heartbeat`, HeartbeatAnswer, { leases }, signal ? { signal } : {});
+  /** `generation`: a node calling backends itself says what it heard of the weights and how many of its turns are in flight. */
+  async heartbeat(nodeId: string, leases: readonly NodeLease[], signal?: AbortSignal, generation?: NodeGeneration): Promise<HeartbeatAnswer> {
+    const answer = await this.#call('POST', `${this.#node(nodeId)}/heartbeat`, HeartbeatAnswer, { leases, ...(generation ? { generation } : {}) }, signal ? { signal } : {});
+    this.#heard(answer.weights);
+    return answer;
+  }
+
+  /** The route of a rollout the node holds (a node calling backends itself); waits as long as the service looks for a healthy backend. */
+  async route(nodeId: string, call: NodeRouteRequest, signal: AbortSignal): Promise<NodeRoute> {
+    return this.#call('POST', `${this.#node(nodeId)}/route`, NodeRoute, call, { signal, extraMs: 600_000 });
   }
 
   /**
@@ -189,6 +218,7 @@ export class NodeClient {
   /** A claim, with the tasks the service says are queued next (`upcoming`; none from a service that does not say). */
   async claimWork(nodeId: string, limit: number, waitMs: number, signal?: AbortSignal): Promise<{ claims: NodeClaim[]; upcoming: NodeUpcoming[] }> {
     const answer = await this.#call('POST', `${this.#node(nodeId)}/claim`, NodeClaims, { limit, wait_ms: waitMs }, { extraMs: waitMs, ...(signal ? { signal } : {}) });
+    this.#heard(answer.weights);
     const upcoming: NodeUpcoming[] = [];
     // a hint: a task this node cannot read is left out, not an error
     for (const next of answer.upcoming ?? []) {

@@ -1,7 +1,6 @@
-import { setTimeout as sleep } from 'node:timers/promises';
 import type { Logger } from 'pino';
 import { RolloutError } from '../errors.ts';
-import type { NodeRegistration } from '../protocol/nodes.ts';
+import type { NodeGeneration, NodeRegistration } from '../protocol/nodes.ts';
 import type { RolloutRunner } from '../runner/runner.ts';
 import { goneSlurmJobs, slurmJobOf } from '../slurm/watch.ts';
 import { isRetryable, withRetry, type NodeClient } from './client.ts';
@@ -28,6 +27,8 @@ export interface ServiceContactOptions {
   emit: (event: NodeEvent) => void;
   /** What each heartbeat answer says of a pause of generation for a weight update (see RemoteModelProvider). */
   generationPaused?: (paused: boolean) => void;
+  /** What each heartbeat tells the service of the node's own calls to the backends (see DirectModelProvider). */
+  generation?: () => NodeGeneration | undefined;
 }
 
 /**
@@ -52,6 +53,10 @@ export class ServiceContact {
   #watchdog: NodeJS.Timeout | undefined;
   #slurmTimer: NodeJS.Timeout | undefined;
   #slurmAsking = false;
+  /** Ends the wait for the next heartbeat (see beatNow). */
+  #wakeHeartbeat: (() => void) | undefined;
+  /** A heartbeat was asked for while one was under way: the next goes at once. */
+  #beatAgain = false;
 
   constructor(options: ServiceContactOptions) {
     this.#options = options;
@@ -146,7 +151,7 @@ export class ServiceContact {
           }
           throw error;
         });
-        const { credential: _credential, ...timings } = registered; // the credential stays in the client
+        const { credential: _credential, features: _features, weights: _weights, ...timings } = registered; // the credential stays in the client
         this.#timings = timings;
         this.#lastContact = performance.now();
         emit({ type: 'registered', nodeId: this.#nodeId, timings, again: this.#registeredOnce });
@@ -178,19 +183,44 @@ export class ServiceContact {
     void this.reregister(lost > 0).catch(() => undefined);
   }
 
+  /** Sends the next heartbeat now (the node's turns have drained after a pause it heard of: the service waits for that). */
+  beatNow(): void {
+    if (this.#wakeHeartbeat) this.#wakeHeartbeat();
+    else this.#beatAgain = true;
+  }
+
+  /** Waits `ms` for the next heartbeat, or less when beatNow is called. */
+  #untilNextBeat(ms: number, signal: AbortSignal): Promise<void> {
+    if (this.#beatAgain) {
+      this.#beatAgain = false;
+      return Promise.resolve();
+    }
+    return new Promise((resolve) => {
+      const done = () => {
+        clearTimeout(timer);
+        signal.removeEventListener('abort', done);
+        this.#wakeHeartbeat = undefined;
+        resolve();
+      };
+      const timer = setTimeout(done, ms);
+      signal.addEventListener('abort', done, { once: true });
+      this.#wakeHeartbeat = done;
+    });
+  }
+
   /** Heartbeats the leases held until the node stops: renewed, lost (stopped here) or cancelled (aborted here). */
   async heartbeatLoop(): Promise<void> {
     const { client, runner, leases, logger, signal, emit } = this.#options;
     try {
       while (!signal.aborted) {
-        await sleep(this.#timings.heartbeat_ms, undefined, { signal }).catch(() => undefined);
+        await this.#untilNextBeat(this.#timings.heartbeat_ms, signal);
         if (signal.aborted) break;
         this.#checkContact();
         if (this.#registering) continue;
         const held = leases.list();
         const sent = performance.now();
         try {
-          const answer = await client.heartbeat(this.#nodeId, held, AbortSignal.any([signal, AbortSignal.timeout(this.#timings.node_timeout_ms)]));
+          const answer = await client.heartbeat(this.#nodeId, held, AbortSignal.any([signal, AbortSignal.timeout(this.#timings.node_timeout_ms)]), this.#options.generation?.());
           this.#lastContact = Math.max(this.#lastContact, sent);
           if (answer.generation_paused !== undefined) this.#options.generationPaused?.(answer.generation_paused);
           for (const id of answer.lost) leases.lose(id, 'service');

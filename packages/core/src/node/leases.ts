@@ -31,6 +31,8 @@ export interface LeasesOptions {
   /** The registration under way, if one is: claims wait for it. */
   registering: () => Promise<void> | undefined;
   reregister: () => Promise<void>;
+  /** A claim came in (before its rollout starts). */
+  claimed?: (claim: NodeClaim) => void;
   /** A rollout has finished here: its result waits to be committed. */
   finished: (held: Held) => void;
   /** A lease is lost: whatever of it waits to be committed is not. */
@@ -129,6 +131,7 @@ export class Leases {
     if (previous) this.#lose(previous, 'service'); // re-issued to this node: the old attempt is over
     const held: Held = { claim, lost: false };
     this.#held.set(id, held);
+    this.#options.claimed?.(claim);
     emit({ type: 'claimed', rolloutId: id, attempt: claim.attempt });
     const draining = this.#draining.get(id);
     const run = async () => {

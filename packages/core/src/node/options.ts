@@ -39,6 +39,13 @@ export interface RolloutNodeOptions {
    * @default { everyMs: 30_000 }
    */
   slurmCheck?: false | { everyMs?: number; squeue?: string; env?: NodeJS.ProcessEnv };
+  /**
+   * Send the policy's turns to its backends from here, on the routes the service hands out
+   * (least in flight and sticky per rollout across the cluster), instead of through the service.
+   * Used only with a service that takes it up; an older one gets the turns through /model.
+   * @default true
+   */
+  directBackends?: boolean;
   sandboxProvider?: SandboxProvider;
   logger?: Logger;
   /** What the node does, as it happens (the CLI's line on registration, tests). */
@@ -69,4 +76,4 @@ export type NodeEvent =
   | { type: 'orphaned'; reason: string };
 
 /** What a registration answered but the credential (which stays in the client). */
-export type NodeTimings = Omit<NodeRegistered, 'credential'>;
+export type NodeTimings = Omit<NodeRegistered, 'credential' | 'features' | 'weights'>;

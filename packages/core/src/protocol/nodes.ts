@@ -45,6 +45,19 @@ export const NODE_CREDENTIAL_HEADER = 'x-rollserve-node-credential';
  */
 export const NODE_FEATURES_HEADER = 'x-rollserve-node-features';
 
+/**
+ * The feature a node names in NODE_FEATURES_HEADER when it calls the policy's backends itself:
+ * the service then answers its registration with `features` (and the weight state), hands it a
+ * route per claimed rollout (NodeRoute: the backend the service picked, least in flight across
+ * the cluster, counted as that backend's load until the rollout's lease ends), tells it the
+ * weight state with every heartbeat, and waits for its generations to drain when it pauses. A
+ * service that does not name it back (an older one) gets the node's turns through /model.
+ */
+export const DIRECT_BACKENDS_FEATURE = 'direct-backends';
+
+/** The features a call names in NODE_FEATURES_HEADER. */
+export const nodeFeatures = (header: string | undefined): string[] => (header ?? '').split(',').map((f) => f.trim()).filter((f) => f !== '');
+
 /** Rollouts a node holds at most: its claims, heartbeats and commits are bounded by it. */
 export const MAX_NODE_ROLLOUTS = 10_000;
 
@@ -98,6 +111,57 @@ export interface NodeAuth {
   credential?: string | undefined;
 }
 
+/**
+ * The weight state as a node calling backends itself needs it (the service's Weights.state(),
+ * see llm/weights.ts): the version each backend serves, and the pause of a weight update if one is
+ * on. `epoch` orders the states a node hears (from its registration, claims and heartbeats, whose
+ * answers may cross): it keeps the one with the greatest. `backends`: the ids of the service's
+ * backends now (a rollout routed to one no longer there is routed again).
+ */
+export const NodeWeights = z
+  .strictObject({
+    epoch: z.number(),
+    newest: z.number().int().nullable(),
+    default: z.number().int().nullable(),
+    versions: z.record(z.string(), z.number().int()),
+    pause: z.strictObject({ mode: z.enum(['abort', 'finish']), since: z.string() }).nullable(),
+    backends: z.array(z.string()),
+  })
+  .openapi('NodeWeights');
+export type NodeWeights = z.infer<typeof NodeWeights>;
+
+/**
+ * Where a node sends a rollout's policy turns itself (DIRECT_BACKENDS_FEATURE): the backend the
+ * service chose for it (sticky for the rollout, least in flight across the service and every
+ * node), and what the service would send it. Good for the rollout's lease at `attempt`.
+ */
+export const NodeRoute = z
+  .strictObject({
+    rollout_id: z.string(),
+    attempt: z.number().int().nonnegative(),
+    backend: z.strictObject({
+      id: z.string(),
+      base_url: z.string(),
+      model: z.string().optional(),
+      api_key: z.string().optional(),
+      max_concurrency: z.number().int().positive().optional(),
+    }),
+    /** Request headers the service sends the backend with each of the rollout's calls (`x-rollout-id`). */
+    headers: z.record(z.string(), z.string()),
+  })
+  .openapi('NodeRoute');
+export type NodeRoute = z.infer<typeof NodeRoute>;
+
+/** A node asking for a rollout's route (again): `failed`, the backend that gave no response (it is taken out of rotation and probed, as the service does with its own). */
+export const NodeRouteRequest = z
+  .strictObject({
+    rollout_id: z.string().min(1),
+    attempt: z.number().int().nonnegative(),
+    failed: z.string().optional(),
+  })
+  .openapi('NodeRouteRequest');
+export type NodeRouteRequest = z.infer<typeof NodeRouteRequest>;
+
 /** What the service answers to a registration: the node's credential and the timings it must keep. */
 export const NodeRegistered = z
   .strictObject({
@@ -114,6 +178,10 @@ export const NodeRegistered = z
     /** Heartbeat this often (a node missing heartbeats for `node_timeout_ms` is lost: its work re-issued). */
     heartbeat_ms: z.number(),
     node_timeout_ms: z.number(),
+    /** The features of NODE_FEATURES_HEADER the service takes up with this node (absent from an older service). */
+    features: z.array(z.string()).optional(),
+    /** With DIRECT_BACKENDS_FEATURE: the weight state now (a node starts no turn during a pause it has not heard of). */
+    weights: NodeWeights.optional(),
   })
   .openapi('NodeRegistered');
 export type NodeRegistered = z.infer<typeof NodeRegistered>;
@@ -152,7 +220,26 @@ function boundedArray<T extends z.ZodType>(item: T, max: number) {
 }
 
 /** Every lease the node holds: at most its `max_rollouts` (a longer list is a 422 that names it). */
-export const NodeHeartbeat = z.strictObject({ leases: boundedArray(NodeLease, MAX_NODE_ROLLOUTS) }).openapi('NodeHeartbeat');
+export const NodeHeartbeat = z
+  .strictObject({
+    leases: boundedArray(NodeLease, MAX_NODE_ROLLOUTS),
+    /**
+     * A node calling backends itself (DIRECT_BACKENDS_FEATURE, to a service that took it up): the
+     * weight epoch it goes by and its policy turns in flight as it sends this. A pause waits
+     * until every such node says it has heard of it and has none in flight.
+     */
+    generation: z
+      .strictObject({
+        epoch: z.number(),
+        paused: z.boolean(),
+        in_flight: z.number().int().nonnegative(),
+        /** Turns that were in flight when it heard of the pause it is in (aborted or left to finish, as the pause said). */
+        in_flight_at_pause: z.number().int().nonnegative(),
+      })
+      .optional(),
+  })
+  .openapi('NodeHeartbeat');
+export type NodeGeneration = NonNullable<z.infer<typeof NodeHeartbeat>['generation']>;
 
 export const HeartbeatAnswer = z
   .strictObject({
@@ -170,6 +257,8 @@ export const HeartbeatAnswer = z
      * of its rollouts' time limits). Sent to a node that reads it (NODE_FEATURES_HEADER).
      */
     generation_paused: z.boolean().optional(),
+    /** The weight state, to a node calling backends itself (DIRECT_BACKENDS_FEATURE). */
+    weights: NodeWeights.optional(),
   })
   .openapi('NodeHeartbeatAnswer');
 export type HeartbeatAnswer = z.infer<typeof HeartbeatAnswer>;
@@ -194,6 +283,8 @@ export const NodeClaim = z.strictObject({
   lease_expires_at: z.number(),
   /** The task as submitted (a RolloutTask, its defaults filled in). */
   task: z.record(z.string(), z.unknown()),
+  /** To a node calling backends itself: where its turns go, when a backend could be chosen at once (else it asks for one). */
+  route: NodeRoute.optional(),
 });
 /** A claim; its task a RolloutTask (the node checks it on receipt: a version skew shows there, not mid-rollout). */
 export type NodeClaim = Omit<z.infer<typeof NodeClaim>, 'task'> & { task: RolloutTask };
@@ -221,6 +312,8 @@ export const NodeClaims = z
      * it runs what it holds. A hint: another node may claim them.
      */
     upcoming: z.array(NodeUpcoming).optional(),
+    /** To a node calling backends itself: the weight state as the claims were made. */
+    weights: NodeWeights.optional(),
   })
   .openapi('NodeClaims');
 
@@ -338,9 +431,16 @@ export interface NodeCoordinator {
    * Registers a node, or registers it again under the same id. `credential`: the one it was given
    * before; without it, an id that is in use (a node up, or holding leases) is a CONFLICT.
    */
-  registerNode(registration: NodeRegistration, credential?: string): Promise<NodeRegistered>;
-  /** Renews what the node holds (at most its `max_rollouts` leases); tells it what it lost and what to cancel. */
-  heartbeat(node: NodeAuth, leases: readonly NodeLease[]): Promise<HeartbeatAnswer>;
+  registerNode(registration: NodeRegistration, credential?: string, features?: readonly string[]): Promise<NodeRegistered>;
+  /**
+   * Renews what the node holds (at most its `max_rollouts` leases); tells it what it lost and what
+   * to cancel. `generation`: what a node calling backends itself says of its turns in flight.
+   */
+  heartbeat(node: NodeAuth, leases: readonly NodeLease[], generation?: NodeGeneration): Promise<HeartbeatAnswer>;
+  /** The route of a rollout the node holds and calls the backends for itself (DIRECT_BACKENDS_FEATURE). */
+  route(node: NodeAuth, call: NodeRouteRequest, signal: AbortSignal): Promise<NodeRoute>;
+  /** The weight state for a node that calls backends itself (undefined for any other). */
+  weightsFor(nodeId: string): NodeWeights | undefined;
   /**
    * Leases up to `limit` rollouts (at most the node's free capacity) of the node's environments.
    * When there are none, waits up to `waitMs` for work to arrive (a long poll) before answering

@@ -1,11 +1,14 @@
 import { randomBytes } from 'node:crypto';
 import type { Logger } from 'pino';
 import { RolloutError } from '../errors.ts';
+import type { WeightState } from '../llm/weights.ts';
 import {
+  DIRECT_BACKENDS_FEATURE,
   isReservedNodeId,
   type HeartbeatAnswer,
   type NodeAuth,
   type NodeClaim,
+  type NodeGeneration,
   type NodeCommit,
   type NodeCommitStatus,
   type NodeCoordinator,
@@ -14,7 +17,10 @@ import {
   type NodeRegistered,
   type NodeRegistration,
   type NodeUpcoming,
+  type NodeRoute,
+  type NodeRouteRequest,
   type NodeView,
+  type NodeWeights,
 } from '../protocol/nodes.ts';
 import type { ModelTurn } from '../runner/agent-loop.ts';
 import type { ModelProvider } from '../runner/runner.ts';
@@ -29,7 +35,14 @@ export interface CoordinatorOptions {
   logger: Logger;
   nodes: NodeRegistry;
   commits: Pick<Commits, 'commit' | 'withinAttempts'>;
-  models: Pick<ModelProvider, 'forRollout'>;
+  models: Pick<ModelProvider, 'forRollout' | 'release' | 'route' | 'backendIds'>;
+  /**
+   * The weight state and its epoch (greater after every change), where the service routes turns
+   * itself: then nodes that say DIRECT_BACKENDS_FEATURE are handed routes (unless `direct` is false).
+   */
+  weights?: () => { state: WeightState; epoch: number } | undefined;
+  /** Whether nodes may call the backends themselves (see DIRECT_BACKENDS_FEATURE). @default true */
+  direct?: boolean;
   closed: () => boolean;
   /** Names of the environments the service serves (a node must serve them all). */
   environments: readonly string[];
@@ -75,6 +88,10 @@ export class Coordinator implements NodeCoordinator {
   readonly #nodes: NodeRegistry;
   readonly #commits: CoordinatorOptions['commits'];
   readonly #models: CoordinatorOptions['models'];
+  readonly #weights: CoordinatorOptions['weights'];
+  readonly #direct: boolean;
+  /** A pause waiting for nodes calling backends themselves to drain (woken by their heartbeats). */
+  readonly #drainWakers = new Set<() => void>();
   readonly #closed: () => boolean;
   readonly #environments: readonly string[];
   readonly #workArrived: () => void;
@@ -95,6 +112,8 @@ export class Coordinator implements NodeCoordinator {
     this.#nodes = options.nodes;
     this.#commits = options.commits;
     this.#models = options.models;
+    this.#weights = options.weights;
+    this.#direct = options.direct !== false && options.models.route !== undefined && options.models.backendIds !== undefined && options.weights?.() !== undefined;
     this.#closed = options.closed;
     this.#environments = options.environments;
     this.#workArrived = options.workArrived;
@@ -111,13 +130,13 @@ export class Coordinator implements NodeCoordinator {
     for (const wake of [...this.#claimWakers]) wake();
   }
 
-  registerNode(registration: NodeRegistration, credential?: string): Promise<NodeRegistered> {
-    const registered = this.#registrations.then(() => this.#register(registration, credential));
+  registerNode(registration: NodeRegistration, credential?: string, features: readonly string[] = []): Promise<NodeRegistered> {
+    const registered = this.#registrations.then(() => this.#register(registration, credential, this.#direct && features.includes(DIRECT_BACKENDS_FEATURE)));
     this.#registrations = registered.catch(() => undefined);
     return registered;
   }
 
-  async #register(registration: NodeRegistration, credential: string | undefined): Promise<NodeRegistered> {
+  async #register(registration: NodeRegistration, credential: string | undefined, direct: boolean): Promise<NodeRegistered> {
     if (this.#closed()) throw unavailable();
     const { node_id: nodeId } = registration;
     if (isReservedNodeId(nodeId)) {
@@ -151,12 +170,46 @@ export class Coordinator implements NodeCoordinator {
     const state: NodeState = known ?? { registration, registeredAt: now, lastSeen: now, state: 'up', committed: 0, claims: 0, lastClaimAt: 0 };
     Object.assign(state, { registration, lastSeen: now, state: 'up', credentialHash: hash! });
     delete state.lostReason;
+    delete state.generation;
+    if (direct) state.direct = true;
+    else delete state.direct;
     this.#nodes.set(nodeId, state);
     this.#logger.info({ node: nodeId, host: registration.host, capacity: registration.capacity, slurm: registration.slurm }, known ? 'node registered again' : 'node registered');
-    return { node_id: nodeId, credential: credential!, lease_ms: this.#leaseMs, heartbeat_ms: this.#heartbeatMs, node_timeout_ms: this.#nodeTimeoutMs };
+    const answer: NodeRegistered = { node_id: nodeId, credential: credential!, lease_ms: this.#leaseMs, heartbeat_ms: this.#heartbeatMs, node_timeout_ms: this.#nodeTimeoutMs };
+    return direct ? { ...answer, features: [DIRECT_BACKENDS_FEATURE], weights: this.#nodeWeights()! } : answer;
   }
 
-  async heartbeat(auth: NodeAuth, given: readonly NodeLease[]): Promise<HeartbeatAnswer> {
+  /** The weight state as a node calling backends itself reads it. */
+  #nodeWeights(): NodeWeights | undefined {
+    const weights = this.#weights?.();
+    if (!weights) return undefined;
+    const { state, epoch } = weights;
+    return { epoch, newest: state.newest, default: state.default, versions: state.backends, pause: state.pause, backends: this.#models.backendIds?.() ?? [] };
+  }
+
+  /** The weight state for `nodeId` when it calls backends itself (else undefined: it reads none). */
+  weightsFor(nodeId: string): NodeWeights | undefined {
+    return this.#nodes.get(nodeId)?.direct ? this.#nodeWeights() : undefined;
+  }
+
+  /**
+   * Waits until every node up that calls backends itself has said (with a heartbeat) that it has
+   * heard of the weight state of `epoch` or later, is paused and has no generation in flight (or
+   * the pause ended, or the node is gone). Answers how many generations they had in flight when
+   * they heard of it.
+   */
+  async drainDirect(epoch: number): Promise<number> {
+    const direct = () => [...this.#nodes.entries()].filter(([, node]) => node.state === 'up' && node.direct);
+    const heard = () => direct().reduce((sum, [, { generation: g }]) => sum + (g && g.epoch >= epoch && g.paused ? g.atPause : 0), 0);
+    for (;;) {
+      if (!this.#paused() || this.#closed()) return heard();
+      const waiting = direct().filter(([, { generation: g }]) => !(g && g.epoch >= epoch && g.paused && g.inFlight === 0));
+      if (waiting.length === 0) return heard();
+      await sleepUntilWoken(this.#heartbeatMs, this.#drainWakers);
+    }
+  }
+
+  async heartbeat(auth: NodeAuth, given: readonly NodeLease[], generation?: NodeGeneration): Promise<HeartbeatAnswer> {
     if (this.#closed()) throw unavailable();
     const node = this.#nodes.auth(auth);
     const { node_id: nodeId } = auth;
@@ -171,6 +224,10 @@ export class Coordinator implements NodeCoordinator {
       return { renewed: [], lost: leases.map((lease) => lease.rollout_id), cancel: [] };
     }
     node.lastSeen = Date.now();
+    if (node.direct && generation) {
+      node.generation = { epoch: generation.epoch, paused: generation.paused, inFlight: generation.in_flight, atPause: generation.in_flight_at_pause };
+      for (const wake of [...this.#drainWakers]) wake();
+    }
     // a lease past its life is not renewed: it runs out, and its rollout is re-issued
     const now = Date.now();
     // while generation is paused for a weight update, rollouts wait through no fault of their own
@@ -196,7 +253,9 @@ export class Coordinator implements NodeCoordinator {
     }
     for (const id of lost) this.#nodes.forgetLease(id, nodeId);
     const cancel = renewed.filter((id) => this.#nodes.cancelRequested(id));
-    return { renewed, lost: [...lost, ...overdue.map((lease) => lease.rollout_id)], cancel };
+    const answer: HeartbeatAnswer = { renewed, lost: [...lost, ...overdue.map((lease) => lease.rollout_id)], cancel };
+    const weights = node.direct ? this.#nodeWeights() : undefined;
+    return weights ? { ...answer, weights } : answer;
   }
 
   async claimForNode(auth: NodeAuth, limit: number, waitMs: number, signal?: AbortSignal): Promise<NodeClaim[]> {
@@ -218,11 +277,17 @@ export class Coordinator implements NodeCoordinator {
         const claimed = room > 0 ? await this.#commits.withinAttempts(nodeId, await this.#store.claim({ workerId: nodeId, limit: room, leaseMs: this.#leaseMs })) : [];
         if (claimed.length > 0) {
           const now = Date.now();
+          const answer: NodeClaim[] = [];
           for (const work of claimed) {
             const { taskId, sampleIndex } = work;
-            this.#nodes.setLease(work.id, { nodeId, attempt: work.attempt, stage: 'queued', policy: work.task.policy, n: work.task.n, renewUntil: now + leaseLifeMs(work.task), taskId, sampleIndex });
+            const lease: RemoteLease = { nodeId, attempt: work.attempt, stage: 'queued', policy: work.task.policy, n: work.task.n, renewUntil: now + leaseLifeMs(work.task), taskId, sampleIndex };
+            this.#nodes.setLease(work.id, lease);
+            const claim: NodeClaim = { rollout_id: work.id, task_id: work.taskId, sample_index: work.sampleIndex, attempt: work.attempt, lease_expires_at: work.leaseExpiresAt, task: work.task };
+            // a node calling backends itself gets the rollout's backend now, if one is healthy (else it asks when its first turn comes)
+            const route = node.direct ? await this.#route(lease, work.id, {}) : undefined;
+            answer.push(route ? { ...claim, route } : claim);
           }
-          return claimed.map((work) => ({ rollout_id: work.id, task_id: work.taskId, sample_index: work.sampleIndex, attempt: work.attempt, lease_expires_at: work.leaseExpiresAt, task: work.task }));
+          return answer;
         }
         const left = until - Date.now();
         if (left <= 0 || signal?.aborted) return [];
@@ -281,6 +346,52 @@ export class Coordinator implements NodeCoordinator {
     }
     lease.caller ??= this.#models.forRollout(call.rollout_id, lease.policy);
     return lease.caller({ messages: call.messages, tools: call.tools }, signal);
+  }
+
+  /**
+   * A route for a rollout a node holds and calls the backends for itself: asked when its claim
+   * came without one, or when its backend failed (`failed`), was removed, or its lease is new.
+   * Waits for a healthy backend as a turn at the service would.
+   */
+  async route(auth: NodeAuth, call: NodeRouteRequest, signal: AbortSignal): Promise<NodeRoute> {
+    const node = this.#nodes.auth(auth);
+    const { node_id: nodeId } = auth;
+    if (!node.direct) {
+      throw new RolloutError({ code: 'CONFLICT', message: `node "${nodeId}" did not register as one that calls the policy's backends itself (${DIRECT_BACKENDS_FEATURE}): its turns go through /model` });
+    }
+    const lease = await this.#remoteLease(nodeId, call.rollout_id, call.attempt);
+    if (!lease?.policy) {
+      throw new RolloutError({ code: 'CONFLICT', message: `node "${nodeId}" does not hold rollout "${call.rollout_id}" at attempt ${call.attempt}: its lease was lost` });
+    }
+    const route = await this.#route(lease, call.rollout_id, { failed: call.failed, wait: true, signal });
+    if (!route) throw new RolloutError({ code: 'UNAVAILABLE', message: 'no healthy policy backend', retryable: true });
+    // the lease may have ended while the route was waited for: its backend is not held for it then
+    const current = this.#nodes.lease(call.rollout_id);
+    if (current !== lease) {
+      if (!current) this.#models.release(call.rollout_id);
+      throw new RolloutError({ code: 'CONFLICT', message: `node "${nodeId}" does not hold rollout "${call.rollout_id}" at attempt ${call.attempt}: its lease was lost` });
+    }
+    return route;
+  }
+
+  /** The route of a leased rollout (its backend counted as held by it until the lease ends). */
+  async #route(lease: RemoteLease, rolloutId: string, options: { failed?: string | undefined; wait?: boolean; signal?: AbortSignal }): Promise<NodeRoute | undefined> {
+    lease.routed = true;
+    const routed = await this.#models.route!(rolloutId, lease.policy!, options);
+    if (!routed) return undefined;
+    const { backend, headers } = routed;
+    return {
+      rollout_id: rolloutId,
+      attempt: lease.attempt,
+      backend: {
+        id: backend.id,
+        base_url: backend.baseUrl,
+        ...(backend.model === undefined ? {} : { model: backend.model }),
+        ...(backend.apiKey === undefined ? {} : { api_key: backend.apiKey }),
+        ...(backend.maxConcurrency === undefined ? {} : { max_concurrency: backend.maxConcurrency }),
+      },
+      headers,
+    };
   }
 
   /**

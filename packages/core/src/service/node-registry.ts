@@ -31,6 +31,10 @@ export interface NodeState {
   claims: number;
   /** When its last claim answered. */
   lastClaimAt: number;
+  /** It sends its policy turns to the backends itself (DIRECT_BACKENDS_FEATURE), on routes the service hands it. */
+  direct?: boolean;
+  /** What its last heartbeat said of its generations (a node calling backends itself): a pause waits for them. */
+  generation?: { epoch: number; paused: boolean; inFlight: number; atPause: number };
 }
 
 /**
@@ -46,6 +50,8 @@ export interface RemoteLease {
   /** The task's samples. */
   n?: number;
   caller?: CallModel;
+  /** Its node was handed a route (the rollout counts as its backend's load until the lease ends). */
+  routed?: boolean;
   /** No heartbeat renews the lease after this (epoch ms; see LEASE_LIFE_PER_TIME_LIMIT). */
   renewUntil?: number;
   /** Whose sample it is: a result the node sends for it must say the same. */
@@ -208,7 +214,7 @@ export class NodeRegistry {
     const lease = this.#remote.get(rolloutId);
     if (!lease || (nodeId !== undefined && lease.nodeId !== nodeId)) return;
     this.#remote.delete(rolloutId);
-    if (lease.caller) this.#release(rolloutId);
+    if (lease.caller || lease.routed) this.#release(rolloutId);
   }
 
   /** A cancel for a rollout on a node: it hears so at its next heartbeat. */

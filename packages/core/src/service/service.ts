@@ -17,11 +17,15 @@ import type {
   NodeCommitStatus,
   NodeCoordinator,
   NodeLease,
+  NodeGeneration,
   NodeModelRequest,
   NodeRegistered,
   NodeRegistration,
   NodeUpcoming,
+  NodeRoute,
+  NodeRouteRequest,
   NodeView,
+  NodeWeights,
 } from '../protocol/nodes.ts';
 import { RolloutRunner, type RolloutRunnerOptions, type StageName } from '../runner/runner.ts';
 import type { RolloutResult, RolloutState, RolloutTaskInput, RolloutView } from '../protocol/rollout.ts';
@@ -71,6 +75,12 @@ export interface RolloutServiceOptions extends Omit<RolloutRunnerOptions, 'metri
    * node that is up but claims nothing does not stop the service running rollouts itself.
    */
   runLocally?: 'auto' | 'always' | 'never';
+  /**
+   * Whether rollout nodes that can (they say `direct-backends`) send their policy turns to the
+   * backends themselves, on routes the service hands them (least in flight and sticky per rollout,
+   * as its own turns), instead of through the service. @default true (where the service routes turns: `models.route`)
+   */
+  directBackends?: boolean;
   /**
    * How many times a rollout is handed out before it fails: each claim counts (a node lost with
    * it, a lease that ran out, a restart of the service while it ran the rollout itself). @default 5
@@ -126,6 +136,8 @@ export class RolloutService implements NodeCoordinator {
   readonly #weights: Weights | undefined;
   /** Changes of the weight state, one at a time (each stored before it is answered). */
   #weightsChange: Promise<unknown> = Promise.resolve();
+  /** Greater after every change of the weight state (nodes calling backends themselves keep the greatest they hear of). */
+  #weightsEpoch = Date.now();
   #timers: NodeJS.Timeout[] = [];
   #closed = false;
 
@@ -202,6 +214,8 @@ export class RolloutService implements NodeCoordinator {
       workArrived,
       runsLocally: () => this.#scheduler.runsLocally(),
       paused: () => this.#weights?.paused === true,
+      weights: () => (this.#weights ? { state: this.#weights.state(), epoch: this.#weightsEpoch } : undefined),
+      ...(options.directBackends === undefined ? {} : { direct: options.directBackends }),
       isGoneRun: (run) => this.#watch.isGoneRun(run),
       leaseMs: this.#leaseMs,
       heartbeatMs: this.#heartbeatMs,
@@ -235,7 +249,10 @@ export class RolloutService implements NodeCoordinator {
     // A pause for a weight update outlives a restart (the trainer is still mid-update): what is
     // re-run waits at its first turn until the resume.
     const kept = this.#weights ? await this.store.getSetting(WEIGHTS_SETTING) : undefined;
-    if (kept !== undefined) this.#weights!.restore(kept as WeightState);
+    if (kept !== undefined) {
+      this.#weights!.restore(kept as WeightState);
+      this.#bumpWeightsEpoch();
+    }
     const requeued = [...(await this.store.releaseWorker(LOCAL)), ...(await this.store.expireLeases())];
     if (this.#options.retention) await this.#prune();
     await this.#feed.recount();
@@ -352,12 +369,16 @@ export class RolloutService implements NodeCoordinator {
    */
   async pauseGeneration(mode: PauseMode): Promise<PauseOutcome & { state: WeightState }> {
     const weights = this.#requireWeights();
+    const started = performance.now();
     let drained!: Promise<PauseOutcome>;
     await this.#changeWeights((target) => {
       const pausing = target.pause(mode);
       if (target === weights) drained = pausing;
     });
-    const outcome = await drained;
+    const own = await drained;
+    // and the nodes that call the backends themselves: each says it has heard of the pause and has nothing in flight
+    const nodes = await this.#coordinator.drainDirect(this.#weightsEpoch);
+    const outcome = nodes === 0 ? own : { ...own, in_flight: own.in_flight + nodes, aborted: own.aborted + (mode === 'abort' ? nodes : 0), drained_ms: performance.now() - started };
     this.logger.info(outcome, 'generation paused for a weight update');
     return { ...outcome, state: weights.state() };
   }
@@ -389,6 +410,10 @@ export class RolloutService implements NodeCoordinator {
     return this.#weights?.versionOf(backendId) ?? null;
   }
 
+  #bumpWeightsEpoch(): void {
+    this.#weightsEpoch = Math.max(this.#weightsEpoch + 1, Date.now());
+  }
+
   #requireWeights(): Weights {
     if (!this.#weights) throw new RolloutError({ code: 'NOT_FOUND', message: 'this service does not route the policy\'s turns (no weight versions)' });
     return this.#weights;
@@ -408,6 +433,7 @@ export class RolloutService implements NodeCoordinator {
       change(next);
       await this.store.putSetting(WEIGHTS_SETTING, next.state());
       change(weights);
+      this.#bumpWeightsEpoch();
       return { ...weights.state(), in_flight: weights.inFlight };
     });
     this.#weightsChange = run.catch(() => undefined);
@@ -416,12 +442,20 @@ export class RolloutService implements NodeCoordinator {
 
   // ----- rollout nodes (NodeCoordinator) -----------------------------------------------------
 
-  registerNode(registration: NodeRegistration, credential?: string): Promise<NodeRegistered> {
-    return this.#coordinator.registerNode(registration, credential);
+  registerNode(registration: NodeRegistration, credential?: string, features?: readonly string[]): Promise<NodeRegistered> {
+    return this.#coordinator.registerNode(registration, credential, features);
   }
 
-  heartbeat(auth: NodeAuth, given: readonly NodeLease[]): Promise<HeartbeatAnswer> {
-    return this.#coordinator.heartbeat(auth, given);
+  heartbeat(auth: NodeAuth, given: readonly NodeLease[], generation?: NodeGeneration): Promise<HeartbeatAnswer> {
+    return this.#coordinator.heartbeat(auth, given, generation);
+  }
+
+  route(auth: NodeAuth, call: NodeRouteRequest, signal: AbortSignal): Promise<NodeRoute> {
+    return this.#coordinator.route(auth, call, signal);
+  }
+
+  weightsFor(nodeId: string): NodeWeights | undefined {
+    return this.#coordinator.weightsFor(nodeId);
   }
 
   claimForNode(auth: NodeAuth, limit: number, waitMs: number, signal?: AbortSignal): Promise<NodeClaim[]> {
