@@ -478,12 +478,34 @@ def _report(fd, line):
         pass
 
 
-def main(kernel_source, plain=False):
+def _preload(spec):
+    """A bare server's preload (SandboxPythonRun.preload): standard modules imported, and the
+    caller's module made from its source, before any fork, so that no program pays for them.
+    `random` reseeds itself in every fork (os.register_at_fork)."""
+    import importlib
+    import types
+
+    for name in spec.get("modules") or []:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass  # not in this interpreter: a program that wants it finds out as it would anyway
+    module = spec.get("module")
+    if module:
+        made = types.ModuleType(module["name"])
+        made.__file__ = module.get("file") or module["name"] + ".py"
+        exec(compile(module["source"], made.__file__, "exec"), made.__dict__)
+        sys.modules[module["name"]] = made
+
+
+def main(kernel_source, plain=False, preload=""):
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     # a kernel whose fork (the one that entered the sandbox) exits is reparented here and reaped
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
     os.chdir("/")
     kernel = _load_kernel(kernel_source)
+    if plain and preload:
+        _preload(json.loads(preload))
     ipython = None if plain else _prepare_ipython(kernel)
     if ipython is not None:
         # what is made by now is every kernel's, read-only in effect: the collector of a kernel

@@ -453,7 +453,7 @@ export class BwrapSandbox extends CommandSandbox {
     const tag = this.nextTag();
     const env = this.env(request.env, tag);
     const python = this.forkServers.resolve(request.python, env);
-    const server = python === undefined ? undefined : this.forkServers.get(python, true);
+    const server = python === undefined ? undefined : this.forkServers.get(python, true, request.preload);
     if (server === undefined) return undefined;
     const id = `f${(++this.seq).toString(36)}${randomBytes(4).toString('hex')}`;
     const input = join(this.inputDir, `${id}.in`);
