@@ -56,6 +56,11 @@ export interface KernelForkRequest {
   plain: boolean;
   /** Instead of a kernel: a program run as `python -I -c`, stdin from `stdin`, output to `stdout`, `stderr` (paths inside). */
   run?: { code: string; stdin: string | undefined; stdout: string; stderr: string };
+  /**
+   * Instead of a kernel: `argv` exec'd on the terminal whose master is this process's descriptor
+   * `tty.fd` (taken by the fork with pidfd_getfd: a root service only), as its controlling terminal.
+   */
+  exec?: { argv: string[]; tty: { fd: number; cols: number; rows: number } };
 }
 
 interface Pending {
@@ -195,6 +200,7 @@ export class KernelForkServer {
       socket: request.socket,
       plain: request.plain,
       ...(request.run === undefined ? {} : { run: request.run.code, stdin: request.run.stdin ?? null, stdout: request.run.stdout, stderr: request.run.stderr }),
+      ...(request.exec === undefined ? {} : { exec: request.exec.argv, tty: request.exec.tty }),
     });
     let timer: NodeJS.Timeout | undefined;
     try {
