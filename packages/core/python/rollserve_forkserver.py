@@ -578,6 +578,13 @@ _service_pidfd = None
 
 def main(kernel_source, plain=False, preload=""):
     global _service_pidfd
+    # what every fork imports: once here, not in each (a C extension is a dlopen)
+    import fcntl  # noqa: F401
+    import resource  # noqa: F401
+    import struct  # noqa: F401
+    import termios  # noqa: F401
+    import threading  # noqa: F401
+    import time  # noqa: F401
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.geteuid() == 0:
         libc.syscall.restype = ctypes.c_long

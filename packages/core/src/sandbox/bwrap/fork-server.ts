@@ -245,6 +245,8 @@ export class KernelForkServer {
   /** Ends the server (its kernels live on in their sandboxes, which end them). */
   async close(): Promise<void> {
     if (!this.dead) {
+      // (held: unref'd, its exit alone would not keep the event loop going, and this would never settle)
+      this.child.ref();
       this.child.kill('SIGKILL');
       await this.ended;
     }
