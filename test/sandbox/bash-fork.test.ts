@@ -120,4 +120,19 @@ describe.skipIf(skip !== undefined)('bash shells forked into their sandboxes', (
     expect(alive(inner)).toBe(false);
     expect((await sandbox.exec('ps -e -o comm= | grep -c bash || true')).stdout).toBe('0\n');
   });
+
+  it('keeps a shell whose fork server was killed, ends it on close, and forks the next from a new server', async () => {
+    const { bash } = await start();
+    const pid = pidOf(bash);
+    const serverPid = parentOf(pid);
+    process.kill(serverPid, 'SIGKILL');
+    for (let i = 0; i < 100 && alive(serverPid); i++) await new Promise((resolve) => setTimeout(resolve, 20));
+    expect((await bash.run('echo still here')).output).toBe('still here\n');
+    await bash.close();
+    for (let i = 0; i < 100 && alive(pid); i++) await new Promise((resolve) => setTimeout(resolve, 20));
+    expect(alive(pid)).toBe(false);
+    const next = await start();
+    expect(parentOf(pidOf(next.bash))).not.toBe(serverPid);
+    expect((await next.bash.run('echo new')).output).toBe('new\n');
+  });
 });

@@ -562,10 +562,28 @@ export class BwrapSandbox extends CommandSandbox {
       master.onClosed(settle);
       setTimeout(settle, 200).unref();
     };
+    let startTime: string | undefined;
     const kill = (): void => {
-      if (pid > 0) server.kill(pid);
+      if (pid > 0 && server.alive()) server.kill(pid);
+      else if (pid > 0) {
+        // its server is gone (its end will not be told): by pid, checked to be the shell still
+        if (startTime !== undefined && startTimeOf(pid) === startTime) {
+          for (const target of [-pid, pid]) {
+            try {
+              process.kill(target, 'SIGKILL');
+            } catch {
+              // gone
+            }
+          }
+        }
+        exited(137);
+      }
       this.sweep(killOptions);
     };
+    // a shell whose server died: its end is its terminal's
+    master.onClosed(() => {
+      if (exit === undefined && pid > 0 && !server.alive()) exited(137);
+    });
     let terminated = false;
     const cols = options.cols ?? 200;
     const rows = options.rows ?? 50;
@@ -578,6 +596,7 @@ export class BwrapSandbox extends CommandSandbox {
       .then(
         (started) => {
           pid = started.pid;
+          startTime = startTimeOf(pid);
           untrack = this.track(pid, kill);
           if (terminated || this.closed) kill();
         },
