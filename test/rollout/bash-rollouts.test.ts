@@ -20,7 +20,16 @@ const shell = defineEnvironment({
   },
 });
 
-/** Processes below this one (by /proc ppid links). */
+/** Whether `pid` is a kernel fork server: the provider's, started at its first shell or kernel and kept while it lives. */
+function isForkServer(pid: number): boolean {
+  try {
+    return readFileSync(`/proc/${pid}/cmdline`, 'latin1').includes('rollserve_forkserver');
+  } catch {
+    return false;
+  }
+}
+
+/** Processes below this one (by /proc ppid links), the provider's fork servers not counted (what they forked is). */
 function descendants(root: number): number[] {
   const parents = new Map<number, number>();
   for (const entry of readdirSync('/proc')) {
@@ -34,7 +43,7 @@ function descendants(root: number): number[] {
   }
   const found: number[] = [];
   const walk = (pid: number) => {
-    for (const [child, parent] of parents) if (parent === pid) (found.push(child), walk(child));
+    for (const [child, parent] of parents) if (parent === pid) (isForkServer(child) || found.push(child), walk(child));
   };
   walk(root);
   return found;

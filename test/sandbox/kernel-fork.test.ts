@@ -291,6 +291,37 @@ describe.skipIf(skip !== undefined)('kernels forked from one fork server', () =>
     expect((await sandbox.exec('ps -e -o comm= | grep -c python3 || true')).stdout).toBe('0\n');
   });
 
+  it('forks programs from a server per preload: its modules and module there in each, changes to them in one fork seen by no other, random drawn anew', async () => {
+    const sandbox = await provider.create();
+    open.push({ sandbox });
+    const bareServers = () => serversOf(sandbox).running().filter((server) => server.bare).length;
+    const before = bareServers();
+    const preload = { modules: ['statistics', 'no_such_module_here'], module: { name: 'rs_preloaded', source: 'import random\nstate = []\ndef where():\n    raise ValueError("in the module")', file: 'pre.py' } };
+    const program = [
+      'import sys, random, traceback',
+      'm = sys.modules["rs_preloaded"]',
+      'seen = list(m.state); m.state.append(1)',
+      'try:',
+      '    m.where()',
+      'except ValueError:',
+      '    tb = traceback.format_exc()',
+      'print("statistics" in sys.modules, seen, random.random(), "pre.py" in tb)',
+    ].join('\n');
+    const runs = [];
+    for (let i = 0; i < 2; i++) runs.push(await sandbox.forkPython!({ python: 'python3', code: program, preload })!);
+    const lines = runs.map((run) => {
+      expect(run).toMatchObject({ stderr: '', returnCode: 0 });
+      return run.stdout.trim().split(' ');
+    });
+    for (const words of lines) expect([words[0], words[1], words[3]]).toEqual(['True', '[]', 'True']);
+    expect(lines[0]![2]).not.toBe(lines[1]![2]);
+    // one server for the two: a program without the preload is another's, which has none of it
+    expect(bareServers()).toBe(before + 1);
+    const plain = await sandbox.forkPython!({ python: 'python3', code: 'import sys\nprint("rs_preloaded" in sys.modules, "statistics" in sys.modules)' })!;
+    expect(plain.stdout).toBe('False False\n');
+    expect(() => sandbox.forkPython!({ python: 'python3', code: 'pass', preload: { modules: ['os; import evil'] } })).toThrow(/bad module name/);
+  });
+
   it('starts a plain kernel from the same server when asked, and spawns one where the environment changes the interpreter', async () => {
     const plain = await start({}, { shell: 'plain' });
     expect(plain.kernel.mode).toBe('plain');

@@ -16,6 +16,10 @@ Protocol on stdin/stdout, one JSON object a line:
   <- {"id": 1, "pid": 5678, "mode": "ipython"}      or {"id": 1, "error": "..."}
   <- {"exit": 5678, "code": 137}                     a kernel ended (the server reaps them)
   -> {"kill": 5678}                                  SIGKILLs a kernel's process group
+A request with "exec": [argv...] and "tty": {"fd": 12, "cols": 200, "rows": 50} instead runs a
+program on the service's pseudo-terminal (its master descriptor `fd`): entered as a kernel is,
+it execs argv with the terminal's other side as its controlling terminal and 0-2 (a root service
+only: the fork takes the master from the service with pidfd_getfd, which needs CAP_SYS_PTRACE).
 """
 
 import ctypes
@@ -40,6 +44,10 @@ PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
 PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
+SYS_PIDFD_OPEN = 434  # the same number on every architecture
+SYS_PIDFD_GETFD = 438
+TIOCSPTLCK = 0x40045431
+TIOCGPTPEER = 0x5441
 LINUX_CAPABILITY_VERSION_3 = 0x20080522
 # nsenter's order: the user namespace first (it gives the capabilities to enter the rest), the
 # mount namespace last (the other namespaces' files are opened through the host's /proc)
@@ -355,8 +363,13 @@ def _enter(request, status, kernel, ipython, in_pidns):
         if not in_pidns:
             # dies with the fork server while it starts
             _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        os.closerange(3, status)
-        os.closerange(status + 1, 65536)
+        # the terminal's other side, while this process may still take the service's descriptor
+        tty = _open_tty(request["tty"]) if request.get("tty") is not None else None
+        low = 3
+        for fd in sorted(fd for fd in (status, tty) if fd is not None):
+            os.closerange(low, fd)
+            low = fd + 1
+        os.closerange(low, 65536)
         init = int(request["init"])
         fds = {}
         for ns in NS_ORDER:
@@ -385,10 +398,70 @@ def _enter(request, status, kernel, ipython, in_pidns):
         _report(status, "P%d" % pid)
         os._exit(0)
     try:
+        if tty is not None:
+            _become_program(request, status, tty)
         _become_kernel(request, status, kernel, ipython)
     except BaseException as exc:  # noqa: B902
         _report(status, "Ecannot start the kernel: %s" % exc)
         os._exit(1)
+
+
+def _open_tty(spec):
+    """The slave side of the service's terminal whose master is the service's descriptor
+    spec["fd"]: a copy of the master taken from the service (the server's parent) with
+    pidfd_getfd, unlocked, its peer opened from it (TIOCGPTPEER: no path on the way), sized,
+    and the copy closed. The service opened the master close-on-exec: no other process has it."""
+    import fcntl
+    import struct
+    import termios
+
+    if _service_pidfd is None:
+        raise OSError("no pidfd of the service")
+    libc.syscall.restype = ctypes.c_long
+    master = libc.syscall(ctypes.c_long(SYS_PIDFD_GETFD), ctypes.c_int(_service_pidfd), ctypes.c_int(int(spec["fd"])), ctypes.c_uint(0))
+    if master < 0:
+        raise OSError(ctypes.get_errno(), "pidfd_getfd: %s" % os.strerror(ctypes.get_errno()))
+    try:
+        if not os.isatty(master) or os.stat("/dev/ptmx").st_rdev != os.fstat(master).st_rdev:
+            raise OSError("the terminal descriptor is not a pseudo-terminal master")
+        fcntl.ioctl(master, TIOCSPTLCK, struct.pack("i", 0))
+        slave = fcntl.ioctl(master, TIOCGPTPEER, os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", int(spec["rows"]), int(spec["cols"]), 0, 0))
+        return slave
+    finally:
+        os.close(master)
+
+
+def _become_program(request, status, tty):
+    """What an entering process does (sh's ulimits and cd, then exec), for a program on the
+    terminal: its own session with the terminal as its controlling one."""
+    import fcntl
+    import termios
+
+    os.setsid()
+    fcntl.ioctl(tty, termios.TIOCSCTTY, 0)
+    for fd in (0, 1, 2):
+        os.dup2(tty, fd)
+    os.close(tty)
+    _drop_capabilities()
+    import resource
+
+    for name, value in request.get("rlimits", {}).items():
+        resource.setrlimit(getattr(resource, RLIMITS[name]), (value, value))
+    env = dict(request["env"])
+    os.chdir(request["cwd"])
+    env["PWD"] = request["cwd"]
+    # what Python changed at its start, which exec would keep (ignored signals and the mask)
+    for signum in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    _report(status, "Rexec")
+    argv = request["exec"]
+    try:
+        os.execvpe(argv[0], argv, env)
+    except OSError as exc:
+        os.write(2, ("%s: %s\n" % (argv[0], exc.strerror)).encode("utf-8", "replace"))
+    os._exit(127)
 
 
 def _become_kernel(request, status, kernel, ipython):
@@ -478,12 +551,51 @@ def _report(fd, line):
         pass
 
 
-def main(kernel_source, plain=False):
+def _preload(spec):
+    """A bare server's preload (SandboxPythonRun.preload): standard modules imported, and the
+    caller's module made from its source, before any fork, so that no program pays for them.
+    `random` reseeds itself in every fork (os.register_at_fork)."""
+    import importlib
+    import types
+
+    for name in spec.get("modules") or []:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass  # not in this interpreter: a program that wants it finds out as it would anyway
+    module = spec.get("module")
+    if module:
+        made = types.ModuleType(module["name"])
+        made.__file__ = module.get("file") or module["name"] + ".py"
+        exec(compile(module["source"], made.__file__, "exec"), made.__dict__)
+        sys.modules[module["name"]] = made
+
+
+# the service, the server's parent, whose terminal descriptors a fork takes (_open_tty): a pidfd
+# (a pid would name another process in a sandbox's pid namespace, where a root server forks)
+_service_pidfd = None
+
+
+def main(kernel_source, plain=False, preload=""):
+    global _service_pidfd
+    # what every fork imports: once here, not in each (a C extension is a dlopen)
+    import fcntl  # noqa: F401
+    import resource  # noqa: F401
+    import struct  # noqa: F401
+    import termios  # noqa: F401
+    import threading  # noqa: F401
+    import time  # noqa: F401
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.geteuid() == 0:
+        libc.syscall.restype = ctypes.c_long
+        pidfd = libc.syscall(ctypes.c_long(SYS_PIDFD_OPEN), ctypes.c_int(os.getppid()), ctypes.c_uint(0))
+        _service_pidfd = pidfd if pidfd >= 0 else None
     # a kernel whose fork (the one that entered the sandbox) exits is reparented here and reaped
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
     os.chdir("/")
     kernel = _load_kernel(kernel_source)
+    if plain and preload:
+        _preload(json.loads(preload))
     ipython = None if plain else _prepare_ipython(kernel)
     if ipython is not None:
         # what is made by now is every kernel's, read-only in effect: the collector of a kernel

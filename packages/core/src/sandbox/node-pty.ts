@@ -1,4 +1,5 @@
-import { writeSync } from 'node:fs';
+import { closeSync, constants, openSync, writeSync } from 'node:fs';
+import { ReadStream } from 'node:tty';
 import * as pty from 'node-pty';
 import type { SandboxPty } from './types.ts';
 
@@ -48,7 +49,12 @@ export function spawnTerminal(host: { argv: string[]; env: Record<string, string
  * own write is kept; node-pty is pinned).
  */
 function directPtyWriter(term: pty.IPty): { write: (data: string | Buffer) => void; close: () => void } | undefined {
-  const socket = (term as unknown as { _socket?: { _handle?: { fd?: unknown } | null; destroyed?: boolean } })._socket;
+  return directWriter((term as unknown as { _socket?: SocketLike })._socket);
+}
+
+type SocketLike = { _handle?: { fd?: unknown } | null; destroyed?: boolean };
+
+function directWriter(socket: SocketLike | undefined): { write: (data: string | Buffer) => void; close: () => void } | undefined {
   const fdOf = (): number => {
     const fd = socket?.destroyed ? -1 : socket?._handle?.fd;
     return typeof fd === 'number' ? fd : -1;
@@ -89,5 +95,64 @@ function directPtyWriter(term: pty.IPty): { write: (data: string | Buffer) => vo
       if (pending.length === 1 && retry === undefined) flush();
     },
     close,
+  };
+}
+
+/** A terminal's master side, opened here, whose program another process starts (see `openMaster`). */
+export interface TerminalMaster {
+  /** The master's descriptor in this process (close-on-exec: no child of this process inherits it). */
+  readonly fd: number;
+  write(data: string | Buffer): void;
+  onData(listener: (data: string) => void): void;
+  /** Calls `listener` once the other side is closed everywhere (read gives EIO) or the master is closed. */
+  onClosed(listener: () => void): void;
+  close(): void;
+}
+
+/**
+ * Opens a new pseudo-terminal's master (/dev/ptmx, close-on-exec as every descriptor Node opens;
+ * its other side stays locked until the process that starts the program unlocks it), read as
+ * node-pty reads its own and written on the spot (directWriter). For a program started by
+ * another process (the kernel fork server), where node-pty would fork this one.
+ */
+export function openMaster(): TerminalMaster {
+  const fd = openSync('/dev/ptmx', constants.O_RDWR | constants.O_NOCTTY);
+  let stream: ReadStream;
+  try {
+    stream = new ReadStream(fd);
+  } catch (error) {
+    closeSync(fd);
+    throw error;
+  }
+  stream.setEncoding('utf8');
+  const writer = directWriter(stream as unknown as SocketLike);
+  const closedListeners: Array<() => void> = [];
+  let closed = false;
+  const onClosed = (): void => {
+    if (closed) return;
+    closed = true;
+    writer?.close();
+    for (const listener of closedListeners.splice(0)) listener();
+  };
+  // EIO: every descriptor of the other side is closed (the program and all it started are gone)
+  stream.on('error', () => stream.destroy());
+  stream.on('close', onClosed);
+  return {
+    fd,
+    write: (data) => {
+      if (closed) return;
+      if (writer !== undefined) writer.write(data);
+      else stream.write(data);
+    },
+    onData: (listener) => {
+      stream.on('data', listener);
+    },
+    onClosed: (listener) => {
+      if (closed) listener();
+      else closedListeners.push(listener);
+    },
+    close: () => {
+      stream.destroy();
+    },
   };
 }

@@ -211,6 +211,15 @@ export interface SandboxPythonRun {
   timeoutMs?: number;
   /** Output kept per stream (head and tail). @default 10 MiB */
   maxOutputBytes?: number;
+  /**
+   * What the provider's interpreter prepares once for every program given the same preload, so
+   * no program pays for it: standard modules imported, and `module`, the caller's own source (a
+   * harness; never a sandbox's: it runs where the provider prepares, as the service), made a
+   * module of that name. Programs find them in `sys.modules`, as a program finds what it
+   * imported itself. Ignored where programs are not forked.
+   * @example { modules: ['json', 'typing'], module: { name: 'my_harness', source: 'def main(): ...' } }
+   */
+  preload?: { modules?: string[]; module?: { name: string; source: string; /** Its file name in tracebacks. @default `<name>.py` */ file?: string } };
 }
 
 export interface Sandbox {

@@ -1,9 +1,10 @@
 import { spawn, type ChildProcess } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import { accessSync, constants, readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import type { Writable } from 'node:stream';
 import { RolloutError } from '../../errors.ts';
-import { BASE_ENV } from '../types.ts';
+import { BASE_ENV, type SandboxPythonRun } from '../types.ts';
 
 /*
  * The kernel fork server (packages/core/python/rollserve_forkserver.py): one Python process per
@@ -25,11 +26,16 @@ const SERVER_SOURCE = fileURLToPath(new URL('../../../python/rollserve_forkserve
 
 /**
  * The server's command line names no host path (a kernel's /proc/<pid>/cmdline is the server's):
- * the sources come on fd 3, the kernel's, a NUL, the server's.
+ * the sources come on fd 3, the kernel's, a NUL, the server's, a NUL, the preload (JSON).
  */
 const LOADER =
-  "import os;f=os.fdopen(3,'rb');k,_,s=f.read().decode().partition('\\0');f.close();" +
-  "import sys;g={'__name__':'rollserve_forkserver'};exec(compile(s,'<rollserve-forkserver>','exec'),g);g['main'](k,'bare' in sys.argv)";
+  "import os;f=os.fdopen(3,'rb');k,_,s=f.read().decode().partition('\\0');f.close();s,_,p=s.partition('\\0');" +
+  "import sys;g={'__name__':'rollserve_forkserver'};exec(compile(s,'<rollserve-forkserver>','exec'),g);g['main'](k,'bare' in sys.argv,p)";
+
+/** What a bare server prepares for its programs (`SandboxPythonRun.preload`). */
+export type ForkServerPreload = NonNullable<SandboxPythonRun['preload']>;
+
+const MODULE_NAME = /^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$/;
 
 /** What a kernel fork needs to know of its sandbox and of itself. */
 export interface KernelForkRequest {
@@ -50,6 +56,11 @@ export interface KernelForkRequest {
   plain: boolean;
   /** Instead of a kernel: a program run as `python -I -c`, stdin from `stdin`, output to `stdout`, `stderr` (paths inside). */
   run?: { code: string; stdin: string | undefined; stdout: string; stderr: string };
+  /**
+   * Instead of a kernel: `argv` exec'd on the terminal whose master is this process's descriptor
+   * `tty.fd` (taken by the fork with pidfd_getfd: a root service only), as its controlling terminal.
+   */
+  exec?: { argv: string[]; tty: { fd: number; cols: number; rows: number } };
 }
 
 interface Pending {
@@ -71,10 +82,14 @@ export class KernelForkServer {
   /** Resolves once the server process has ended. */
   readonly ended: Promise<void>;
 
-  /** `bare`: without IPython, for programs (`forkPython`): what they find in the interpreter is close to a new one's. */
+  /**
+   * `bare`: without IPython, for programs (`forkPython`): what they find in the interpreter is
+   * close to a new one's, plus `preload` (imported and made once, before any fork).
+   */
   constructor(
     readonly python: string,
     readonly bare = false,
+    preload?: ForkServerPreload,
   ) {
     this.child = spawn(python, ['-s', '-c', LOADER, ...(bare ? ['bare'] : [])], {
       env: { ...BASE_ENV, PYTHONUNBUFFERED: '1', PYTHONDONTWRITEBYTECODE: '1' },
@@ -86,7 +101,9 @@ export class KernelForkServer {
     for (const stream of [this.child.stdin, this.child.stdout, this.child.stderr]) (stream as unknown as { unref?(): void } | null)?.unref?.();
     const sources = (this.child.stdio as unknown as Array<Writable | null>)[3]!;
     sources.on('error', () => {});
-    sources.end(Buffer.concat([readFileSync(KERNEL_SOURCE), Buffer.from([0]), readFileSync(SERVER_SOURCE)]));
+    sources.end(
+      Buffer.concat([readFileSync(KERNEL_SOURCE), Buffer.from([0]), readFileSync(SERVER_SOURCE), Buffer.from([0]), Buffer.from(JSON.stringify(preload ?? {}))]),
+    );
     this.child.stdin!.on('error', () => {});
     let stderr = '';
     this.child.stderr!.on('data', (chunk: Buffer) => {
@@ -183,6 +200,7 @@ export class KernelForkServer {
       socket: request.socket,
       plain: request.plain,
       ...(request.run === undefined ? {} : { run: request.run.code, stdin: request.run.stdin ?? null, stdout: request.run.stdout, stderr: request.run.stderr }),
+      ...(request.exec === undefined ? {} : { exec: request.exec.argv, tty: request.exec.tty }),
     });
     let timer: NodeJS.Timeout | undefined;
     try {
@@ -227,6 +245,8 @@ export class KernelForkServer {
   /** Ends the server (its kernels live on in their sandboxes, which end them). */
   async close(): Promise<void> {
     if (!this.dead) {
+      // (held: unref'd, its exit alone would not keep the event loop going, and this would never settle)
+      this.child.ref();
       this.child.kill('SIGKILL');
       await this.ended;
     }
@@ -272,13 +292,22 @@ export class KernelForkServers {
     return undefined;
   }
 
-  /** The running server for the interpreter at `hostPath` (a new one if it has none or it ended); `bare`: see KernelForkServer. */
-  get(hostPath: string, bare = false): KernelForkServer | undefined {
+  /**
+   * The running server for the interpreter at `hostPath` (a new one if it has none or it ended);
+   * `bare` and `preload`: see KernelForkServer (a bare server per distinct preload).
+   */
+  get(hostPath: string, bare = false, preload?: ForkServerPreload): KernelForkServer | undefined {
     if (this.closed) return undefined;
-    const key = `${bare ? 'bare' : 'kernel'}:${hostPath}`;
+    const prepared = bare && preload !== undefined && (preload.modules?.length || preload.module !== undefined) ? preload : undefined;
+    if (prepared !== undefined) {
+      const names = [...(prepared.modules ?? []), ...(prepared.module === undefined ? [] : [prepared.module.name])];
+      const bad = names.find((name) => !MODULE_NAME.test(name));
+      if (bad !== undefined) throw new RolloutError({ code: 'SANDBOX', message: `bad module name to preload: ${JSON.stringify(bad)}` });
+    }
+    const key = `${bare ? 'bare' : 'kernel'}:${hostPath}${prepared === undefined ? '' : `:${createHash('sha256').update(JSON.stringify(prepared)).digest('hex')}`}`;
     let server = this.servers.get(key);
     if (server === undefined || !server.alive()) {
-      server = new KernelForkServer(hostPath, bare);
+      server = new KernelForkServer(hostPath, bare, prepared);
       this.servers.set(key, server);
     }
     return server;

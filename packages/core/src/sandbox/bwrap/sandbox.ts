@@ -6,7 +6,8 @@ import { join } from 'node:path';
 import type { SandboxCgroup } from '../cgroup.ts';
 import { CommandSandbox, type HostCommand } from '../command-sandbox.ts';
 import { inodeShares, shmMib, ulimitScript } from '../limits.ts';
-import { killDescendants, killTree, pidNamespaceOf, shQuote, type KillTreeOptions } from '../process.ts';
+import { openMaster } from '../node-pty.ts';
+import { childrenOf, killDescendants, killTree, pidNamespaceOf, shQuote, type KillTreeOptions } from '../process.ts';
 import { RolloutError } from '../../errors.ts';
 import {
   DEFAULT_EXEC_TIMEOUT_MS,
@@ -16,7 +17,10 @@ import {
   type SandboxExecOptions,
   type SandboxExecResult,
   type SandboxKernelFork,
+  BASE_ENV,
   type SandboxProcess,
+  type SandboxPty,
+  type SandboxPtyOptions,
   type SandboxPythonRun,
   type SandboxStatus,
 } from '../types.ts';
@@ -125,6 +129,8 @@ const AGENT_LINE = /^x[0-9a-z]+ \d{1,3}$/;
  * with the reason.
  */
 const LIMIT_CHECK_MS = 1000;
+/** How long after a shell's or kernel's end its tag sweep waits for the sandbox's own end (see `sweep`). */
+const SWEEP_DELAY_MS = 50;
 
 export class BwrapSandbox extends CommandSandbox {
   readonly provider = 'bwrap';
@@ -421,7 +427,7 @@ export class BwrapSandbox extends CommandSandbox {
           resolveExit(137);
         }
         // what it started and what left its process group, by the tag its environment carries
-        killTree(undefined, killOptions);
+        this.sweep(killOptions);
       };
       const untrack = this.track(pid, kill);
       void exited.then(untrack);
@@ -453,7 +459,7 @@ export class BwrapSandbox extends CommandSandbox {
     const tag = this.nextTag();
     const env = this.env(request.env, tag);
     const python = this.forkServers.resolve(request.python, env);
-    const server = python === undefined ? undefined : this.forkServers.get(python, true);
+    const server = python === undefined ? undefined : this.forkServers.get(python, true, request.preload);
     if (server === undefined) return undefined;
     const id = `f${(++this.seq).toString(36)}${randomBytes(4).toString('hex')}`;
     const input = join(this.inputDir, `${id}.in`);
@@ -511,8 +517,138 @@ export class BwrapSandbox extends CommandSandbox {
     })();
   }
 
+  /**
+   * A program on a terminal: as a fork of the bare fork server where one runs and the service is
+   * root (the fork takes the terminal's master from the service: pidfd_getfd), else as every
+   * entering process (node-pty's fork of the service, then the cgroup's sh, setpriv, nsenter
+   * and sh's ulimits before the program). The fork enters, drops and limits as a kernel does.
+   */
+  override spawnPty(argv: string[], options: SandboxPtyOptions = {}): SandboxPty {
+    return this.forkPty(argv, options) ?? super.spawnPty(argv, options);
+  }
+
+  private forkPty(argv: string[], options: SandboxPtyOptions): SandboxPty | undefined {
+    if (process.getuid?.() !== 0 || this.closed || this.exited || this.forkServers === undefined || this.pidNamespace === undefined) return undefined;
+    const python = this.forkServers.resolve('python3', BASE_ENV);
+    const server = python === undefined ? undefined : this.forkServers.get(python, true);
+    if (server === undefined) return undefined;
+    const tag = this.nextTag();
+    const env = this.env(options.env, tag);
+    env.TERM ??= 'dumb';
+    const killOptions = this.killOptions(`ROLLSERVE_SANDBOX=${tag}`);
+    const master = openMaster();
+    const dataListeners = new Set<(data: string) => void>();
+    const exitListeners = new Set<(exit: { exitCode: number; signal?: number }) => void>();
+    let pid = -1;
+    let ended = false;
+    let exit: { exitCode: number; signal?: number } | undefined;
+    let untrack = (): void => {};
+    master.onData((data) => {
+      for (const listener of dataListeners) listener(data);
+    });
+    // the exit is told once the terminal has given all the program wrote (its other side closed
+    // everywhere), or shortly after the exit where a job left behind holds it open
+    const settle = (): void => {
+      if (exit === undefined || ended) return;
+      ended = true;
+      untrack();
+      master.close();
+      for (const listener of exitListeners) listener(exit);
+      exitListeners.clear();
+    };
+    const exited = (code: number): void => {
+      if (exit !== undefined) return;
+      exit = code > 128 ? { exitCode: 0, signal: code - 128 } : { exitCode: code };
+      master.onClosed(settle);
+      setTimeout(settle, 200).unref();
+    };
+    let startTime: string | undefined;
+    const kill = (): void => {
+      if (pid > 0 && server.alive()) server.kill(pid);
+      else if (pid > 0) {
+        // its server is gone (its end will not be told): by pid, checked to be the shell still
+        if (startTime !== undefined && startTimeOf(pid) === startTime) {
+          for (const target of [-pid, pid]) {
+            try {
+              process.kill(target, 'SIGKILL');
+            } catch {
+              // gone
+            }
+          }
+        }
+        exited(137);
+      }
+      this.sweep(killOptions);
+    };
+    // a shell whose server died: its end is its terminal's
+    master.onClosed(() => {
+      if (exit === undefined && pid > 0 && !server.alive()) exited(137);
+    });
+    let terminated = false;
+    const cols = options.cols ?? 200;
+    const rows = options.rows ?? 50;
+    server
+      .fork(
+        { ...this.forkRequest(env, options.cwd ?? this.workdir), socket: '', plain: true, exec: { argv, tty: { fd: master.fd, cols, rows } } },
+        15_000,
+        exited,
+      )
+      .then(
+        (started) => {
+          pid = started.pid;
+          startTime = startTimeOf(pid);
+          untrack = this.track(pid, kill);
+          if (terminated || this.closed) kill();
+        },
+        (error: Error) => {
+          for (const listener of dataListeners) listener(`${error.message}\r\n`);
+          exited(125);
+          settle();
+        },
+      );
+    return {
+      get pid() {
+        return pid;
+      },
+      write: (data) => master.write(data),
+      onData: (listener) => {
+        dataListeners.add(listener);
+        return { dispose: () => dataListeners.delete(listener) };
+      },
+      onExit: (listener) => {
+        if (ended) {
+          queueMicrotask(() => listener(exit!));
+          return { dispose: () => {} };
+        }
+        exitListeners.add(listener);
+        return { dispose: () => exitListeners.delete(listener) };
+      },
+      killChildren: () => {
+        if (pid > 0 && exit === undefined) for (const child of childrenOf(pid)) killTree(child);
+      },
+      terminate: () => {
+        terminated = true;
+        if (exit === undefined) kill();
+      },
+    };
+  }
+
+  /**
+   * Ends, by the tag their environment carries, the processes an ended shell or kernel started
+   * that left its process group, shortly after, unless the sandbox ends first: its end kills every
+   * process of its pid namespace, and the sweep reads every process of the host (a shell and a
+   * kernel closed just before their sandbox, as a rollout closes them, cost 17 ms of the
+   * service's CPU in `readlink`s on a host with a few hundred processes).
+   */
+  private sweep(killOptions: KillTreeOptions): void {
+    if (this.closed) return;
+    setTimeout(() => {
+      if (!this.closed) killTree(undefined, killOptions);
+    }, SWEEP_DELAY_MS).unref();
+  }
+
   /** What every fork into this sandbox is given: its namespaces, cgroup, uid, limits, workdir and `env`. */
-  private forkRequest(env: Record<string, string>): Omit<KernelForkRequest, 'socket' | 'plain'> {
+  private forkRequest(env: Record<string, string>, cwd = this.workdir): Omit<KernelForkRequest, 'socket' | 'plain'> {
     const mib = 1024 * 1024;
     const limits = this.limits;
     return {
@@ -522,7 +658,7 @@ export class BwrapSandbox extends CommandSandbox {
       cgroupProcs: this.cgroup?.procsFiles ?? [],
       user: this.user,
       rlimits: { as: limits.memoryMib * mib, fsize: limits.maxFileSizeMib * mib, cpu: limits.cpuSeconds, nofile: limits.maxOpenFiles, nproc: limits.maxProcesses, core: 0 },
-      cwd: this.workdir,
+      cwd,
       env,
     };
   }
