@@ -134,6 +134,8 @@ const AggregateRequest = z.object({
 const BUILT_IN_PATHS = new Set(['/', '/reverify_mode', '/seed_session', '/verify', '/aggregate_metrics']);
 /** A request target the fast path takes as it is (anything else, a query or an escape, goes to the app). */
 const PLAIN_PATH = /^\/[\w./-]*$/;
+/** Cookie headers remembered with their verified session cookie (see cookieValueOf). */
+const KNOWN_COOKIES = 4_096;
 /** Hono's `c.text` content type. */
 const TEXT_PLAIN = 'text/plain; charset=UTF-8';
 
@@ -228,10 +230,20 @@ export function createResourcesServer(env: Environment<any, any, any>, options: 
   // Session cookie on every response, 404 and 422 as CONTRACT.md §1.3 asks, and 500 too (Python
   // sends none there; re-sending it keeps simple_agent's session alive, which can only help).
   /** The session cookie's value for a request's Cookie header: its own when we signed it, else a new session's. */
+  // A session's Cookie header comes back on each of its calls: once verified, its value is kept.
+  const knownCookies = new Map<string, string>();
   const cookieValueOf = (header: string | undefined): string => {
+    const known = header === undefined ? undefined : knownCookies.get(header);
+    if (known !== undefined) return known;
     const given = cookieFrom(header, cookieName);
     const id = sessions.idFromCookie(given);
-    return id === undefined ? sessions.newCookieValue() : given!.replace(/^"(.*)"$/, '$1');
+    if (id === undefined) return sessions.newCookieValue();
+    const value = given!.replace(/^"(.*)"$/, '$1');
+    if (header!.length <= 4096) {
+      if (knownCookies.size >= KNOWN_COOKIES) knownCookies.delete(knownCookies.keys().next().value!);
+      knownCookies.set(header!, value);
+    }
+    return value;
   };
   const setCookie = (value: string) => `${cookieName}=${value}; path=/; Max-Age=1209600; httponly; samesite=lax`;
   // A tool call the fast path began and handed to the app: its session's cookie, and the tool's
@@ -411,7 +423,10 @@ export function createResourcesServer(env: Environment<any, any, any>, options: 
     try {
       // No body at all is a no-argument call, as on the route.
       const raw = bodyValue(decodeRequestBody(await readIncomingBytes(incoming, maxBodyBytes), incoming.headers['content-type'] ?? null));
-      [args] = validate([tool.parameters], raw === undefined ? {} : raw);
+      // a JSON null is FastAPI's missing body, and bad arguments its 422: the app answers them
+      const parsed = raw === null ? undefined : (tool.parameters as z.ZodType).safeParse(raw === undefined ? {} : raw);
+      if (!parsed?.success) return false;
+      args = parsed.data;
       context = sessionContext(sessionId, () => sessions.use(sessionId, true));
     } catch {
       // the app answers it from the same bytes: its 422, its 400, its 500
