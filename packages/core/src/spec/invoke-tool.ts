@@ -36,6 +36,7 @@ export class LazyAbort {
 interface Deadline {
   at: number;
   expire: (() => void) | undefined;
+  queue: DeadlineQueue;
 }
 
 /**
@@ -51,10 +52,14 @@ class DeadlineQueue {
   private timer: NodeJS.Timeout | undefined;
   private timerAt = Infinity;
 
-  constructor(private readonly ms: number) {}
+  constructor(
+    private readonly ms: number,
+    /** Called when the queue has no call left (it is then dropped: limits vary with tasks). */
+    private readonly onEmpty: () => void,
+  ) {}
 
   add(expire: () => void): Deadline {
-    const deadline: Deadline = { at: performance.now() + this.ms, expire };
+    const deadline: Deadline = { at: performance.now() + this.ms, expire, queue: this };
     this.entries.push(deadline);
     this.live++;
     if (this.timer === undefined) this.arm(deadline.at);
@@ -77,6 +82,7 @@ class DeadlineQueue {
       clearTimeout(this.timer);
       this.timer = undefined;
       this.timerAt = Infinity;
+      this.onEmpty();
     } else if (entries.length - this.head > 2 * this.live + 1024) {
       this.entries = entries.slice(this.head).filter((d) => d.expire !== undefined);
       this.head = 0;
@@ -116,14 +122,17 @@ const deadlineQueues = new Map<number, DeadlineQueue>();
 function deadlineAfter(ms: number, expire: () => void): Deadline {
   let queue = deadlineQueues.get(ms);
   if (queue === undefined) {
-    queue = new DeadlineQueue(ms);
+    const created = new DeadlineQueue(ms, () => {
+      if (deadlineQueues.get(ms) === created) deadlineQueues.delete(ms);
+    });
+    queue = created;
     deadlineQueues.set(ms, queue);
   }
   return queue.add(expire);
 }
 
-function cancelDeadline(ms: number, deadline: Deadline): void {
-  deadlineQueues.get(ms)?.cancel(deadline);
+function cancelDeadline(deadline: Deadline): void {
+  deadline.queue.cancel(deadline);
 }
 
 /**
@@ -159,7 +168,7 @@ export function invokeTool<Config>(
     const settle = (outcome: ToolOutcome): void => {
       if (settled) return;
       settled = true;
-      if (deadline !== undefined) cancelDeadline(timeoutMs, deadline);
+      if (deadline !== undefined) cancelDeadline(deadline);
       clearTimeout(timer);
       outer?.removeEventListener('abort', forward);
       resolve(outcome);
