@@ -68,7 +68,7 @@ export type ResourcesServer = Hono<Vars> & {
   readonly environment: Environment<any, any, any>;
   /** Ends every session (their sandboxes and kernels) and stops the reaper. */
   close(): Promise<void>;
-  /** The tool calls answered on Node's own objects when `serveFetch` serves the app (see toolFastPath). */
+  /** Tool calls answered on Node's own objects when `serveFetch` serves the app (its 200s; see NodeFastPath). */
   readonly fastPath: NodeFastPath;
 };
 
@@ -227,10 +227,8 @@ export function createResourcesServer(env: Environment<any, any, any>, options: 
     });
   const contextFor = (c: Context<Vars>): EnvironmentContext => ({ ...contextOf(c), signal: requestSignal(c) });
 
-  // Session cookie on every response, 404 and 422 as CONTRACT.md §1.3 asks, and 500 too (Python
-  // sends none there; re-sending it keeps simple_agent's session alive, which can only help).
-  /** The session cookie's value for a request's Cookie header: its own when we signed it, else a new session's. */
-  // A session's Cookie header comes back on each of its calls: once verified, its value is kept.
+  // The session cookie's value for a request's Cookie header: its own when we signed it, else a new
+  // session's. A session's Cookie header comes back on each of its calls: once verified, it is kept.
   const knownCookies = new Map<string, string>();
   const cookieValueOf = (header: string | undefined): string => {
     const known = header === undefined ? undefined : knownCookies.get(header);
@@ -250,6 +248,8 @@ export function createResourcesServer(env: Environment<any, any, any>, options: 
   // outcome once the tool ran (the app answers it; the tool never runs twice).
   const handedBack = new WeakMap<IncomingMessage, { cookie: string; outcome?: ToolOutcome }>();
 
+  // Session cookie on every response, 404 and 422 as CONTRACT.md §1.3 asks, and 500 too (Python
+  // sends none there; re-sending it keeps simple_agent's session alive, which can only help).
   app.use(async (c, next) => {
     const { incoming } = nodeBindings(c);
     const value = (incoming && handedBack.get(incoming)?.cookie) ?? cookieValueOf(requestHeader(c, 'cookie'));
