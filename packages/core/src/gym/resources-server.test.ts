@@ -1,3 +1,4 @@
+import { Agent, request as httpRequest, type IncomingHttpHeaders } from 'node:http';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { defineEnvironment } from '../spec/environment.ts';
@@ -55,6 +56,10 @@ const env = defineEnvironment({
 
 let app: ResourcesServer;
 let server: RunningServer;
+/** The same app served without its fast path: every request through Hono, as before it. */
+let honoOnly: RunningServer;
+/** Requests the fast path took (answered or handed to the app). */
+let taken = 0;
 
 async function post(path: string, body: unknown, headers: Record<string, string> = {}) {
   const response = await fetch(new URL(path, server.url), {
@@ -67,10 +72,19 @@ async function post(path: string, body: unknown, headers: Record<string, string>
 
 beforeAll(async () => {
   app = createResourcesServer(env);
-  server = await serveFetch(app);
+  server = await serveFetch({
+    fetch: app.fetch,
+    fastPath: (incoming, outgoing, fallback) => {
+      const took = app.fastPath(incoming, outgoing, fallback);
+      if (took) taken++;
+      return took;
+    },
+  });
+  honoOnly = await serveFetch({ fetch: app.fetch });
 });
 afterAll(async () => {
   await server.close();
+  await honoOnly.close();
   await app.close();
 });
 
@@ -155,5 +169,89 @@ describe('resources server', () => {
     session.onClose(() => void closed.push('reaped'));
     expect(await store.reap(Date.now() + 2 * 3_600_000)).toBeGreaterThan(0);
     expect(closed).toContain('reaped');
+  });
+
+  describe('fast path', () => {
+    interface Raw {
+      status: number;
+      headers: string[];
+      body: string;
+      reusedSocket: boolean;
+    }
+    /** One request on node:http, the answer as it came: status, raw headers in order, body. */
+    const raw = (url: string, path: string, options: { method?: string; headers?: Record<string, string>; body?: string | Buffer; agent?: Agent } = {}) =>
+      new Promise<Raw>((resolve, reject) => {
+        const req = httpRequest(new URL(path, url), { method: options.method ?? 'POST', headers: options.headers, agent: options.agent ?? false }, (res) => {
+          let body = '';
+          res.setEncoding('utf8');
+          res.on('data', (chunk: string) => (body += chunk));
+          res.on('end', () => resolve({ status: res.statusCode!, headers: res.rawHeaders, body, reusedSocket: req.reusedSocket }));
+        });
+        req.on('error', reject);
+        req.end(options.body);
+      });
+    /** The raw headers with the Date and a new session's cookie id made comparable. */
+    const comparable = (answer: Raw) => ({
+      ...answer,
+      reusedSocket: undefined,
+      headers: answer.headers.map((value, i) =>
+        answer.headers[i - 1]?.toLowerCase() === 'date' ? '<date>' : value.replace(/=[0-9a-f-]{36}\.[0-9a-f]{32};/, '=<new session>;'),
+      ),
+    });
+    const cookieOf = (headers: string[] | IncomingHttpHeaders) => {
+      const list = Array.isArray(headers) ? headers : [];
+      const at = list.findIndex((h) => h.toLowerCase() === 'set-cookie');
+      return list[at + 1]!.split(';')[0]!;
+    };
+
+    it('answers every kind of tool call as the app alone does', async () => {
+      const seeded = await raw(server.url, '/seed_session', { headers: { 'content-type': 'application/json' }, body: '{}' });
+      const cookie = cookieOf(seeded.headers);
+      const json = { 'content-type': 'application/json' };
+      const cases: Array<[string, { method?: string; headers?: Record<string, string>; body?: string | Buffer }]> = [
+        ['/text', { headers: { ...json, cookie }, body: '{}' }],
+        ['/slow', { headers: { ...json, cookie }, body: '{"ms":1}' }],
+        ['/own', { headers: { ...json, cookie }, body: '{"tag":"fast"}' }],
+        ['/ng-rollout/7-1/text', { headers: { ...json, cookie }, body: '{}' }],
+        ['/text?x=1', { headers: { ...json, cookie }, body: '{}' }],
+        ['/text', { headers: json, body: '{}' }],
+        ['/text', { headers: { ...json, cookie: `${cookie}x` }, body: '{}' }],
+        ['/text', { headers: { ...json, cookie }, body: '' }],
+        ['/text', { headers: { cookie }, body: '{}' }],
+        ['/text', { headers: { 'content-type': 'text/plain', cookie }, body: '{}' }],
+        ['/own', { headers: { ...json, cookie }, body: '{"tag":5}' }],
+        ['/own', { headers: { ...json, cookie }, body: '{"tag":' }],
+        ['/own', { headers: { ...json, cookie }, body: 'null' }],
+        ['/own', { headers: { ...json, cookie }, body: Buffer.from([0xff]) }],
+        ['/slow', { headers: { ...json, cookie }, body: '{"ms":5000}' }],
+        ['/boom', { headers: { ...json, cookie }, body: '{}' }],
+        ['/text', { method: 'GET', headers: { cookie } }],
+        ['/text', { headers: { ...json, cookie, host: 'LOCALHOST' }, body: '{}' }],
+        ['/text', { headers: { ...json, cookie, 'transfer-encoding': 'chunked' }, body: '{}' }],
+      ];
+      for (const [i, [path, options]] of cases.entries()) {
+        const before = taken;
+        const fast = await raw(server.url, path, options);
+        // the plain calls (the first four: 200s) and those it hands to the app (422, 400, 504, 500) are its own
+        if (i < 4 || (i >= 5 && i < 9) || (i >= 10 && i < 16)) expect(taken, path).toBe(before + 1);
+        const hono = await raw(honoOnly.url, path, options);
+        expect(comparable(fast), `${options.method ?? 'POST'} ${path} ${JSON.stringify(options)}`).toEqual(comparable(hono));
+      }
+      closed.splice(0);
+    });
+
+    it('keeps the connection of a call it handed to the app', async () => {
+      const agent = new Agent({ keepAlive: true, maxSockets: 1 });
+      try {
+        const refused = await raw(server.url, '/own', { headers: { 'content-type': 'application/json' }, body: '{"tag":5}', agent });
+        expect(refused.status).toBe(422);
+        // @hono/node-server would cut a connection whose body it still waits for 500 ms after the answer
+        await new Promise((resolve) => setTimeout(resolve, 700));
+        const next = await raw(server.url, '/text', { headers: { 'content-type': 'application/json' }, body: '{}', agent });
+        expect(next).toMatchObject({ status: 200, body: 'plain output', reusedSocket: true });
+      } finally {
+        agent.destroy();
+      }
+    });
   });
 });

@@ -1,3 +1,5 @@
+import { timingSafeEqual } from 'node:crypto';
+import type { IncomingMessage, ServerResponse } from 'node:http';
 import { Hono, type Context } from 'hono';
 import { bearerAuth } from 'hono/bearer-auth';
 import { getPath } from 'hono/utils/url';
@@ -5,18 +7,27 @@ import { pino, type Logger } from 'pino';
 import { z } from 'zod';
 import { NeMoGymResponse, ResponseCreateParams } from '../protocol/responses.ts';
 import { sandboxSpecOf, type Environment, type EnvironmentContext, type Session, type VerifyEntry } from '../spec/environment.ts';
-import { invokeTool, LazyAbort } from '../spec/invoke-tool.ts';
+import { invokeTool, LazyAbort, type ToolOutcome } from '../spec/invoke-tool.ts';
 import type { ToolDefinition } from '../spec/tool.ts';
 import type { SandboxProvider } from '../sandbox/types.ts';
 import { createSessionTools, type SessionTools } from '../tools/session-tools.ts';
 import { METHOD_NOT_ALLOWED_BODY, NOT_FOUND_BODY, pydanticInt } from '../server/fastapi-errors.ts';
-import { stripRolloutPrefix, validateBody as validate } from '../server/fastapi.ts';
-import { fastApiErrorHandler, nodeBindings, readBodyBytes, readFastApiBody, requestDeclaredLength, requestHeader } from '../server/fastapi-hono.ts';
+import { bodyValue, stripRolloutPrefix, validateBody as validate } from '../server/fastapi.ts';
+import {
+  fastApiErrorHandler,
+  nodeBindings,
+  readBodyBytes,
+  readFastApiBody,
+  readIncomingBytes,
+  requestDeclaredLength,
+  requestHeader,
+} from '../server/fastapi-hono.ts';
 import { checkToken } from '../server/bind-policy.ts';
 import { computeAggregateMetrics } from './metrics.ts';
 import { aggregateMetricsFloats, verifyResponseFloats } from './float-fields.ts';
 import { fastApiJsonResponse } from '../server/fastapi-hono.ts';
-import { DEFAULT_MAX_BODY_BYTES } from '../server/read-body.ts';
+import { decodeRequestBody, DEFAULT_MAX_BODY_BYTES, LARGE_BODY_BYTES } from '../server/read-body.ts';
+import type { NodeFastPath } from '../server/serve.ts';
 import { SessionStore } from '../server/session-store.ts';
 
 export { stripRolloutPrefix } from '../server/fastapi.ts';
@@ -57,6 +68,8 @@ export type ResourcesServer = Hono<Vars> & {
   readonly environment: Environment<any, any, any>;
   /** Ends every session (their sandboxes and kernels) and stops the reaper. */
   close(): Promise<void>;
+  /** Tool calls answered on Node's own objects when `serveFetch` serves the app (its 200s; see NodeFastPath). */
+  readonly fastPath: NodeFastPath;
 };
 
 type Vars = { Variables: { sessionId: string; sessionBusy: boolean; signal: AbortSignal | undefined } };
@@ -116,6 +129,15 @@ const AggregateRequest = z.object({
       }
     }),
 });
+
+/** The paths of the server's own routes (a tool of one of these names is served by the route). */
+const BUILT_IN_PATHS = new Set(['/', '/reverify_mode', '/seed_session', '/verify', '/aggregate_metrics']);
+/** A request target the fast path takes as it is (anything else, a query or an escape, goes to the app). */
+const PLAIN_PATH = /^\/[\w./-]*$/;
+/** Cookie headers remembered with their verified session cookie (see cookieValueOf). */
+const KNOWN_COOKIES = 4_096;
+/** Hono's `c.text` content type. */
+const TEXT_PLAIN = 'text/plain; charset=UTF-8';
 
 function pascalCase(name: string): string {
   return name.replace(/(^|[-_])([a-z0-9])/g, (_, __, ch: string) => ch.toUpperCase());
@@ -187,26 +209,50 @@ export function createResourcesServer(env: Environment<any, any, any>, options: 
     return entry;
   };
 
-  /** The hooks' ctx but its signal (a tool call's comes from invokeTool, made only when read). */
-  const contextOf = (c: Context<Vars>): Omit<EnvironmentContext, 'signal'> => {
-    const session = sessions.get(c.get('sessionId'));
-    // Busy while this request is served: the idle reaper leaves it alone (a long SWE verify).
-    if (!c.get('sessionBusy')) {
-      sessions.use(session.id, true);
-      c.set('sessionBusy', true);
-    }
+  /** The hooks' ctx for a session but its signal (a tool call's comes from invokeTool, made only when read). */
+  const sessionContext = (sessionId: string, busy: () => void): Omit<EnvironmentContext, 'signal'> => {
+    const session = sessions.get(sessionId);
+    busy();
     const entry = toolsOf(session);
     entry.logger ??= logger.child({ session: session.id });
     return { session, config, logger: entry.logger, tools: entry.tools, resources };
   };
+  const contextOf = (c: Context<Vars>): Omit<EnvironmentContext, 'signal'> =>
+    sessionContext(c.get('sessionId'), () => {
+      // Busy while this request is served: the idle reaper leaves it alone (a long SWE verify).
+      if (!c.get('sessionBusy')) {
+        sessions.use(c.get('sessionId'), true);
+        c.set('sessionBusy', true);
+      }
+    });
   const contextFor = (c: Context<Vars>): EnvironmentContext => ({ ...contextOf(c), signal: requestSignal(c) });
+
+  // The session cookie's value for a request's Cookie header: its own when we signed it, else a new
+  // session's. A session's Cookie header comes back on each of its calls: once verified, it is kept.
+  const knownCookies = new Map<string, string>();
+  const cookieValueOf = (header: string | undefined): string => {
+    const known = header === undefined ? undefined : knownCookies.get(header);
+    if (known !== undefined) return known;
+    const given = cookieFrom(header, cookieName);
+    const id = sessions.idFromCookie(given);
+    if (id === undefined) return sessions.newCookieValue();
+    const value = given!.replace(/^"(.*)"$/, '$1');
+    if (header!.length <= 4096) {
+      if (knownCookies.size >= KNOWN_COOKIES) knownCookies.delete(knownCookies.keys().next().value!);
+      knownCookies.set(header!, value);
+    }
+    return value;
+  };
+  const setCookie = (value: string) => `${cookieName}=${value}; path=/; Max-Age=1209600; httponly; samesite=lax`;
+  // A tool call the fast path began and handed to the app: its session's cookie, and the tool's
+  // outcome once the tool ran (the app answers it; the tool never runs twice).
+  const handedBack = new WeakMap<IncomingMessage, { cookie: string; outcome?: ToolOutcome }>();
 
   // Session cookie on every response, 404 and 422 as CONTRACT.md §1.3 asks, and 500 too (Python
   // sends none there; re-sending it keeps simple_agent's session alive, which can only help).
   app.use(async (c, next) => {
-    const given = cookieFrom(requestHeader(c, 'cookie'), cookieName);
-    const id = sessions.idFromCookie(given);
-    const value = id === undefined ? sessions.newCookieValue() : given!.replace(/^"(.*)"$/, '$1');
+    const { incoming } = nodeBindings(c);
+    const value = (incoming && handedBack.get(incoming)?.cookie) ?? cookieValueOf(requestHeader(c, 'cookie'));
     const sessionId = value.slice(0, value.lastIndexOf('.'));
     c.set('sessionId', sessionId);
     try {
@@ -214,7 +260,7 @@ export function createResourcesServer(env: Environment<any, any, any>, options: 
     } finally {
       if (c.get('sessionBusy')) sessions.use(sessionId, false);
     }
-    c.res.headers.append('set-cookie', `${cookieName}=${value}; path=/; Max-Age=1209600; httponly; samesite=lax`);
+    c.res.headers.append('set-cookie', setCookie(value));
   });
 
   // A declared body above the cap is refused on every route, before the token and whether the
@@ -301,7 +347,10 @@ export function createResourcesServer(env: Environment<any, any, any>, options: 
 
   async function runTool(c: Context<Vars>, tool: ToolDefinition<any, any>, args: unknown) {
     if (!setupDone) await setup();
-    const outcome = await invokeTool(tool, args, contextOf(c), { timeoutMs: tool.timeoutMs ?? defaultToolTimeoutMs, ...requestAbort(c) });
+    const { incoming } = nodeBindings(c);
+    const outcome =
+      (incoming && handedBack.get(incoming)?.outcome) ??
+      (await invokeTool(tool, args, contextOf(c), { timeoutMs: tool.timeoutMs ?? defaultToolTimeoutMs, ...requestAbort(c) }));
     if (outcome.ok) {
       if (tool.text) return c.text(tool.text(outcome.value));
       return typeof outcome.value === 'string' ? c.text(outcome.value) : c.json(outcome.value ?? null);
@@ -327,7 +376,122 @@ export function createResourcesServer(env: Environment<any, any, any>, options: 
   // found only while computing (the 422 a pydantic validator gives).
   app.onError(fastApiErrorHandler({ logger }));
 
+  // The fast path: a tool call's 200 answered on Node's own objects, with what the routes above
+  // would answer (status, headers, body, cookie). It takes only the plain requests (POST to a
+  // tool's exact path, a declared small body, a Host and token @hono/node-server and bearerAuth
+  // accept, the environment set up); anything else, and every answer but a 200 (422, 504, an
+  // error), goes to the app as before, with the bytes, the session and the tool's outcome it has.
+  const toolsByPath = new Map<string, ToolDefinition<any, any>>(
+    Object.entries(env.tools)
+      .filter(([name]) => !BUILT_IN_PATHS.has(`/${name}`))
+      .map(([name, tool]) => [`/${name}`, tool] as const),
+  );
+  const bearer = options.token === undefined ? undefined : Buffer.from(`Bearer ${options.token}`);
+  const authorized = (header: string | undefined): boolean => {
+    if (bearer === undefined) return true;
+    if (header === undefined) return false;
+    const given = Buffer.from(header);
+    return given.length === bearer.length && timingSafeEqual(given, bearer);
+  };
+  const hosts = new Map<string, boolean>();
+  /** Whether @hono/node-server takes this Host (it answers 400 to one it does not), as it decides. */
+  const hostAccepted = (host: string | undefined): boolean => {
+    if (!host) return false;
+    let accepted = hosts.get(host);
+    if (accepted === undefined) {
+      try {
+        const { hostname } = new URL(`http://${host}/`);
+        accepted = hostname.length === host.length || hostname === host.replace(/:\d+$/, '');
+      } catch {
+        accepted = false;
+      }
+      if (hosts.size < 64) hosts.set(host, accepted);
+    }
+    return accepted;
+  };
+
+  /** Runs a tool call begun on the fast path; false hands it to the app (begun then says how far it got). */
+  async function answerToolCall(
+    incoming: IncomingMessage,
+    outgoing: ServerResponse,
+    tool: ToolDefinition<any, any>,
+    begun: { cookie: string; outcome?: ToolOutcome },
+  ): Promise<boolean> {
+    const sessionId = begun.cookie.slice(0, begun.cookie.lastIndexOf('.'));
+    let args: unknown;
+    let context: Omit<EnvironmentContext, 'signal'>;
+    try {
+      // No body at all is a no-argument call, as on the route.
+      const raw = bodyValue(decodeRequestBody(await readIncomingBytes(incoming, maxBodyBytes), incoming.headers['content-type'] ?? null));
+      // a JSON null is FastAPI's missing body, and bad arguments its 422: the app answers them
+      const parsed = raw === null ? undefined : (tool.parameters as z.ZodType).safeParse(raw === undefined ? {} : raw);
+      if (!parsed?.success) return false;
+      args = parsed.data;
+      context = sessionContext(sessionId, () => sessions.use(sessionId, true));
+    } catch {
+      // the app answers it from the same bytes: its 422, its 400, its 500
+      return false;
+    }
+    const abort = new LazyAbort();
+    outgoing.once('close', () => {
+      if (!outgoing.writableFinished) abort.abort(new Error('Client connection prematurely closed.'));
+    });
+    try {
+      begun.outcome = await invokeTool(tool, args, context, { timeoutMs: tool.timeoutMs ?? defaultToolTimeoutMs, abort });
+    } finally {
+      sessions.use(sessionId, false);
+    }
+    const { outcome } = begun;
+    if (!outcome.ok) return false;
+    let text: unknown;
+    let type: string;
+    try {
+      if (tool.text || typeof outcome.value === 'string') {
+        text = tool.text ? tool.text(outcome.value) : outcome.value;
+        type = TEXT_PLAIN;
+      } else {
+        text = JSON.stringify(outcome.value ?? null);
+        type = 'application/json';
+      }
+    } catch {
+      return false;
+    }
+    if (typeof text !== 'string') return false;
+    // the headers as @hono/node-server writes the route's Response with the session cookie
+    outgoing.writeHead(200, { 'content-type': type, 'set-cookie': setCookie(begun.cookie), 'Content-Length': Buffer.byteLength(text) });
+    outgoing.end(text);
+    return true;
+  }
+
+  const fastPath: NodeFastPath = (incoming, outgoing, fallback) => {
+    if (incoming.method !== 'POST' || !setupDone) return false;
+    const url = incoming.url ?? '';
+    if (!PLAIN_PATH.test(url)) return false;
+    const tool = toolsByPath.get(stripRolloutPrefix(url).path);
+    const { headers } = incoming;
+    const length = headers['content-length'];
+    if (tool === undefined || length === undefined || headers['transfer-encoding'] !== undefined) return false;
+    const declared = Number(length);
+    if (!(declared <= maxBodyBytes && declared < LARGE_BODY_BYTES) || !hostAccepted(headers.host) || !authorized(headers.authorization)) return false;
+    const begun: { cookie: string; outcome?: ToolOutcome } = { cookie: cookieValueOf(headers.cookie) };
+    const handBack = () => {
+      handedBack.set(incoming, begun);
+      fallback();
+    };
+    answerToolCall(incoming, outgoing, tool, begun).then(
+      (answered) => {
+        if (!answered) handBack();
+      },
+      (error: unknown) => {
+        logger.error({ err: error, path: url }, 'tool call failed on the fast path');
+        if (!outgoing.headersSent) handBack();
+      },
+    );
+    return true;
+  };
+
   return Object.assign(app, {
+    fastPath,
     cookieName,
     sessions,
     environment: env,

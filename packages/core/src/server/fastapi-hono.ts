@@ -1,3 +1,4 @@
+import type { IncomingMessage } from 'node:http';
 import type { HttpBindings } from '@hono/node-server';
 import type { Context, ErrorHandler } from 'hono';
 import { HTTPException } from 'hono/http-exception';
@@ -30,7 +31,20 @@ export function requestDeclaredLength(c: Context): number | undefined {
   return declaredLength({ get: (name) => requestHeader(c, name) ?? null });
 }
 
-const bytesRead = new WeakMap<Context, Promise<Uint8Array>>();
+const bytesRead = new WeakMap<object, Promise<Uint8Array>>();
+
+/**
+ * `readBodyBytes` for Node's own request, read once: a fast path that began a request on Node's
+ * objects and handed it to the app (see `NodeFastPath`) leaves its bytes here for the app's route.
+ */
+export function readIncomingBytes(incoming: IncomingMessage, maxBytes: number): Promise<Uint8Array> {
+  let bytes = bytesRead.get(incoming);
+  if (bytes === undefined) {
+    bytes = readNodeBody(incoming, maxBytes);
+    bytesRead.set(incoming, bytes);
+  }
+  return bytes;
+}
 
 /**
  * The request's body bytes, at most `maxBytes` of them (a BodyTooLargeError past the cap, before
@@ -40,10 +54,11 @@ const bytesRead = new WeakMap<Context, Promise<Uint8Array>>();
  * showed in tool-call profiles).
  */
 export function readBodyBytes(c: Context, maxBytes: number): Promise<Uint8Array> {
+  const { incoming } = nodeBindings(c);
+  if (incoming) return readIncomingBytes(incoming, maxBytes);
   let bytes = bytesRead.get(c);
   if (bytes === undefined) {
-    const { incoming } = nodeBindings(c);
-    bytes = incoming ? readNodeBody(incoming, maxBytes) : readRequestBytes(c.req.raw, maxBytes);
+    bytes = readRequestBytes(c.req.raw, maxBytes);
     bytesRead.set(c, bytes);
   }
   return bytes;

@@ -171,10 +171,18 @@ function parseOnce(text: string): { body: RequestBody } | { scanTo: number; befo
   return { body: { kind: 'json', value } };
 }
 
+// A client sends the same Content-Type on every request: the answer for each is remembered.
+const jsonContentTypes = new Map<string, boolean>();
+
 function isJsonContentType(header: string): boolean {
-  const [type = ''] = header.split(';', 1);
-  const [main, sub = ''] = type.trim().toLowerCase().split('/', 2);
-  return main === 'application' && (sub === 'json' || sub.endsWith('+json'));
+  let json = jsonContentTypes.get(header);
+  if (json === undefined) {
+    const [type = ''] = header.split(';', 1);
+    const [main, sub = ''] = type.trim().toLowerCase().split('/', 2);
+    json = main === 'application' && (sub === 'json' || sub.endsWith('+json'));
+    if (jsonContentTypes.size < 64) jsonContentTypes.set(header, json);
+  }
+  return json;
 }
 
 /**
