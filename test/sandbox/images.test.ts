@@ -1,4 +1,5 @@
-import { execFileSync, spawnSync } from 'node:child_process';
+import { execFileSync, spawn, spawnSync } from 'node:child_process';
+import { once } from 'node:events';
 import { createHash } from 'node:crypto';
 import { chmodSync, lstatSync, type Stats, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -202,6 +203,35 @@ describe.skipIf(skip !== undefined)('images on bwrap', () => {
     expect(readdirSync(cache).filter((name) => name.startsWith('.tmp-') || name.startsWith('.stage-') || name.endsWith('.lock'))).toEqual([]);
     expect(readdirSync(join(cache, '.unpacks'))).toEqual([]);
     expect(readdirSync(cache).filter((name) => !name.startsWith('.'))).toHaveLength(1);
+  });
+
+  it('a file another process is reading (its source lock held) is waited for, not unpacked a second time; a holder gone is taken over', async () => {
+    const cache = join(dir, 'cache-source-lock');
+    const file = join(dir, 'root-held.sqfs');
+    execFileSync('cp', [join(dir, 'root.sqfs'), file]);
+    mkdirSync(join(cache, '.sources'), { recursive: true, mode: 0o700 });
+    chmodSync(cache, process.getuid?.() === 0 ? 0o711 : 0o700);
+    // the lock of a live process (by pid and start time, as the cache's locks name their holders)
+    const holder = spawn('sleep', ['600'], { stdio: 'ignore' });
+    try {
+      const stat = readFileSync(`/proc/${holder.pid}/stat`, 'latin1');
+      const start = stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19];
+      const lock = join(cache, '.sources', `${createHash('sha256').update(file).digest('hex')}.json.lock`);
+      writeFileSync(lock, `${holder.pid} ${start}`);
+      let done = false;
+      const resolving = resolveImage(`squashfs:${file}`, { cacheDir: cache }).finally(() => (done = true));
+      await new Promise((resolve) => setTimeout(resolve, 1500));
+      expect(done).toBe(false);
+      expect(readdirSync(cache).filter((name) => name.startsWith('.stage-') || name.startsWith('.tmp-') || name.startsWith('sha256-'))).toEqual([]);
+      holder.kill('SIGKILL');
+      await once(holder, 'exit');
+      const resolved = await resolving;
+      expect(resolved.unpacked).toBe(true);
+      expect(readFileSync(join(resolved.rootfs, 'data/marker'), 'utf8')).toBe('from the image\n');
+      expect(readdirSync(join(cache, '.sources')).filter((name) => name.endsWith('.lock'))).toEqual([]);
+    } finally {
+      holder.kill('SIGKILL');
+    }
   });
 
   it('unpacks a large squashfs with several unsquashfs at once: the same files, links and modes as the image, sealed', async () => {

@@ -160,8 +160,14 @@ export function createImageResolver(): ImageResolver {
         const hashKey = `${cacheDir}\0${parsed.path}\0${stamp}`;
         let hashing = hashes.get(hashKey);
         if (hashing === undefined) {
-          early = startEarlyUnpack(reference, parsed, cacheDir, unpackAs, slots, Date.now() + lockTimeoutMs);
-          hashing = hashSource(parsed.path, cacheDir, stamp);
+          // across the processes sharing the cache, one hashes and unpacks early (under the source's
+          // lock, held until it holds the entry's); the others wait for it, then find its entry
+          const sourceLock = `${sourceNote(cacheDir, parsed.path)}.lock`;
+          mkdirSync(join(cacheDir, '.sources'), { recursive: true, mode: 0o700 });
+          if (tryLock(sourceLock)) {
+            early = startEarlyUnpack(reference, parsed, cacheDir, unpackAs, slots, Date.now() + lockTimeoutMs, sourceLock);
+            hashing = hashSource(parsed.path, cacheDir, stamp);
+          } else hashing = awaitSource(reference, parsed, cacheDir, stamp, sourceLock, Date.now() + lockTimeoutMs);
           hashes.set(hashKey, hashing);
           const forget = () => void hashes.delete(hashKey);
           hashing.then(forget, forget);
@@ -328,10 +334,29 @@ async function hashSource(path: string, cacheDir: string, stamp: string): Promis
   return digest;
 }
 
+/**
+ * The digest of a file another process is hashing (and unpacking early): known once its lock is
+ * free (its holder holds the entry's lock by then, or is done, or died); hashed here when that
+ * process left no note.
+ */
+async function awaitSource(reference: string, parsed: ParsedImageReference, cacheDir: string, stamp: string, sourceLock: string, deadline: number): Promise<string> {
+  while (!tryLock(sourceLock)) {
+    if (Date.now() > deadline) throw new RolloutError({ code: 'UNAVAILABLE', message: `image ${reference}: still being read by another process (${sourceLock})`, retryable: true });
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+  try {
+    return knownDigest(reference, parsed, cacheDir, stamp) ?? (await hashSource(parsed.path, cacheDir, stamp));
+  } finally {
+    unlock(sourceLock);
+  }
+}
+
 /** An unpack into a staging directory of its own, started before its cache entry is known. */
 interface EarlyUnpack {
   /** The staging directory, unpacked (its root in `rootfs/`), and how the config is read. */
   result: Promise<{ temp: string; readConfig: (rootfs: string) => ImageConfig }>;
+  /** Gives back the source's lock (the entry's lock is held now, or the unpack dropped). Idempotent. */
+  release(): void;
   /** Kills the tools and removes the staging directory (once the cache is found to hold the image). */
   discard(): Promise<void>;
 }
@@ -351,14 +376,14 @@ function startEarlyUnpack(
   unpackAs: { uid: number; gid: number } | undefined,
   slots: number,
   deadline: number,
+  sourceLock: string,
 ): EarlyUnpack {
   const controller = new AbortController();
   const self = (processIdentity('self') ?? `${process.pid} 0`).replace(' ', '-');
   const temp = join(cacheDir, `.stage-${self}-${randomBytes(6).toString('hex')}`);
   const result = (async () => {
-    const slot = await takeUnpackSlot(cacheDir, slots, deadline, `image ${reference}`);
+    const slot = await takeUnpackSlot(cacheDir, slots, deadline, `image ${reference}`, controller.signal);
     try {
-      controller.signal.throwIfAborted();
       mkdirSync(temp, { mode: 0o700 });
       if (unpackAs !== undefined) chownSync(temp, unpackAs.uid, unpackAs.gid);
       const readConfig = await IMAGE_KINDS[parsed.kind].unpack({ reference, parsed, staging: temp, rootfs: join(temp, 'rootfs'), unpackAs, signal: controller.signal });
@@ -370,10 +395,18 @@ function startEarlyUnpack(
   // a failure is the adopter's to report (or nobody's, once discarded)
   result.catch(() => undefined);
   let discarded: Promise<void> | undefined;
+  let held = true;
+  // once: the lock may be another process's after
+  const release = (): void => {
+    if (held) unlock(sourceLock);
+    held = false;
+  };
   return {
     result,
+    release,
     discard: () =>
       (discarded ??= (async () => {
+        release();
         controller.abort();
         await result.catch(() => undefined);
         await rm(temp, { recursive: true, force: true });
@@ -410,7 +443,10 @@ async function unpackOnce(
       return { record: done, fresh: false };
     }
     // (a holder that died left its temp directory: removed by the next one to take the lock)
-    if (tryLock(lockFile)) break;
+    if (tryLock(lockFile)) {
+      early?.release();
+      break;
+    }
     if (Date.now() > deadline) {
       await early?.discard();
       throw new RolloutError({ code: 'UNAVAILABLE', message: `image ${reference}: still being unpacked by another process (${lockFile})`, retryable: true });
