@@ -17,8 +17,13 @@ import type { ImageConfig, ParsedImageReference, ResolvedImage, ResolveImageOpti
  * half-unpacked image is never used; `<entry>.lock` (a lock file naming its holder: cache.ts)
  * makes processes unpack an image once, and in one process concurrent first uses share one
  * promise. `<cacheDir>/.sources/` remembers the sha256 of image files by path, size, mtime and
- * inode, so a second resolve reads no image file. The cap, the uses that keep an entry from
- * eviction (`.uses/`) and the host's unpack slots (`.unpacks/`) are cache.ts's.
+ * inode, so a second resolve reads no image file. A file not hashed yet is hashed while it is
+ * unpacked: the unpack starts at once into `<cacheDir>/.stage-<pid>-<start>-*` (an early unpack,
+ * within an unpack slot) and is renamed into its entry once the digest is known and the entry's
+ * lock held, or dropped when the cache holds the entry already; `.sources/<path hash>.json.lock`
+ * lets one process of the host do that while the others wait for its digest. The cap, the uses
+ * that keep an entry from eviction (`.uses/`) and the host's unpack slots (`.unpacks/`) are
+ * cache.ts's.
  *
  * The cache is the service's alone: the directory is mode 0700 and everything in it belongs to
  * the service's user (nothing is handed to a sandbox uid); sandboxes see an image root only
