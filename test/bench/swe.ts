@@ -1,5 +1,5 @@
 import { execFileSync } from 'node:child_process';
-import { chmodSync, mkdirSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { chmodSync, chownSync, mkdirSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import swe from '@rollserve/env-swe';
@@ -8,7 +8,7 @@ import { createResourcesServer, serveFetch } from '@rollserve/core/gym';
 import { call, cookieHeader, makeResponse } from '@rollserve/testing';
 import { buildSweFixtures, type SweFixture } from '../swe/fixtures.ts';
 import { buildSweImages, buildSweImageSet, sweImageName } from '../swe/image-fixtures.ts';
-import { heading, latencyLine } from './stats.ts';
+import { heading, latencyLine, percentile } from './stats.ts';
 
 // `pnpm bench swe`: the SWE environment on bwrap over its NeMo Gym face, on the three fixture
 // repositories: seed and verify time per instance (the gold fix made through str_replace_editor),
@@ -37,15 +37,18 @@ export default async function bench(): Promise<void> {
   await manyImagesBench();
 }
 
-const IMAGE_FIRST_USES = 2;
+const IMAGE_FIRST_USES = 3;
 const IMAGE_CACHED_SEEDS = 10;
 
 let imageCacheDir: string | undefined;
 let imageTmpDir: string | undefined;
 registerSandboxProvider('swe-bench-image', () => createBwrapProvider({ ...(imageCacheDir === undefined ? {} : { imageCacheDir }), ...(imageTmpDir === undefined ? {} : { tmpDir: imageTmpDir }) }));
 
-/** The image part alone (`tsx --conditions=@rollserve/source -e "import('./test/bench/swe.ts').then((m) => m.imageBench())"`). */
-export async function imageBench(): Promise<void> {
+/**
+ * The image part alone (`tsx --conditions=@rollserve/source -e "import('./test/bench/swe.ts').then((m) => m.imageBench())"`;
+ * `imageBench(['squashfs'])` for one kind).
+ */
+export async function imageBench(only?: string[]): Promise<void> {
   const built = buildSweFixtures();
   const calc = built.fixtures[0]!;
   const images = buildSweImages(calc, { padding: { repoFiles: 3000, envFiles: 12_000, fileBytes: 12_000 } });
@@ -55,6 +58,21 @@ export async function imageBench(): Promise<void> {
   chmodSync(imageTmpDir, 0o755);
   const tag = sweImageName(String(calc.row.instance_id));
   const { repo_path: _host, ...imageRow } = calc.row;
+  // under a root service the unpack tools run as the sandbox uid (65534): the tool alone so too
+  const asService = (name: string, argv: (out: string) => string[]): Array<{ name: string; run: (out: string) => void }> => {
+    if (process.getuid?.() !== 0) return [];
+    return [
+      {
+        name: `${name} (uid 65534)`,
+        run: (out: string) => {
+          mkdirSync(out, { mode: 0o700 });
+          chownSync(out, 65534, 65534);
+          const [command, ...args] = argv(join(out, 'rootfs'));
+          execFileSync(command!, args, { stdio: 'ignore', uid: 65534, gid: 65534, cwd: '/' });
+        },
+      },
+    ];
+  };
   const timeMs = (run: () => void): number => {
     const t = performance.now();
     run();
@@ -66,11 +84,15 @@ export async function imageBench(): Promise<void> {
       { name: 'OCI layout', image: `oci:${images.ociLayout}:${tag}`, tools: [
         { name: 'umoci unpack --rootless', run: (out: string) => execFileSync('umoci', ['unpack', '--rootless', '--image', `${images.ociLayout}:${tag}`, out], { stdio: 'ignore' }) },
         { name: 'umoci raw unpack --rootless', run: (out: string) => execFileSync('umoci', ['raw', 'unpack', '--rootless', '--image', `${images.ociLayout}:${tag}`, out], { stdio: 'ignore' }) },
+        ...asService('umoci raw unpack --rootless', (out) => ['umoci', 'raw', 'unpack', '--rootless', '--image', `${images.ociLayout}:${tag}`, out]),
       ] },
       { name: 'squashfs', image: `squashfs:${images.squashfs}`, tools: [
         { name: 'unsquashfs', run: (out: string) => execFileSync('unsquashfs', ['-no-progress', '-d', out, images.squashfs], { stdio: 'ignore' }) },
+        // (as uid 65534 it cannot make the image's device nodes: exit status 2, the rest unpacked)
+        ...asService('unsquashfs', (out) => ['sh', '-c', 'unsquashfs -no-progress -d "$1" "$2" >/dev/null 2>&1; [ $? -le 2 ]', 'unsquashfs', out, images.squashfs]),
       ] },
     ]) {
+      if (only !== undefined && !only.some((name) => kind.name.toLowerCase().startsWith(name.toLowerCase()))) continue;
       const row = { ...imageRow, image: kind.image };
       const toolMs = new Map<string, number[]>(kind.tools.map((t) => [t.name, []]));
       const firstMs: number[] = [];
@@ -110,9 +132,15 @@ export async function imageBench(): Promise<void> {
           rmSync(imageCacheDir, { recursive: true, force: true });
         }
       }
-      console.log(`${kind.name.padEnd(11)} first-use seed      ${latencyLine(firstMs)}`);
-      for (const [name, ms] of toolMs) console.log(`${''.padEnd(11)} ${name.padEnd(28)} ${latencyLine(ms)}`);
-      console.log(`${''.padEnd(11)} cached seed         ${latencyLine(cachedMs)}  (seed_time ${latencyLine(cachedSeedS)})`);
+      console.log(`${kind.name.padEnd(11)} ${'first-use seed'.padEnd(40)} ${latencyLine(firstMs)}`);
+      // the ratio of the medians, and of the runs' sums: the tool and the first use take turns, so
+      // both see the host's load of the moment
+      const sum = (values: number[]): number => values.reduce((a, b) => a + b, 0);
+      for (const [name, ms] of toolMs) {
+        const ratio = `first use / tool: ${(percentile(firstMs, 50) / percentile(ms, 50)).toFixed(2)} (p50s), ${(sum(firstMs) / sum(ms)).toFixed(2)} (sums)`;
+        console.log(`${''.padEnd(11)} ${name.padEnd(40)} ${latencyLine(ms)}  ${ratio}`);
+      }
+      console.log(`${''.padEnd(11)} ${'cached seed'.padEnd(40)} ${latencyLine(cachedMs)}  (seed_time ${latencyLine(cachedSeedS)})`);
     }
   } finally {
     imageCacheDir = undefined;

@@ -1,4 +1,5 @@
-import { execFileSync, spawnSync } from 'node:child_process';
+import { execFileSync, spawn, spawnSync } from 'node:child_process';
+import { once } from 'node:events';
 import { createHash } from 'node:crypto';
 import { chmodSync, lstatSync, type Stats, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -173,7 +174,7 @@ describe.skipIf(skip !== undefined)('images on bwrap', () => {
     expect(again.rootfs).toBe(first[0]!.rootfs);
     expect(statSync(join(cache, entries[0]!)).mtimeMs).toBe(unpackedAt);
     // nothing half-done left behind
-    expect(readdirSync(cache).filter((name) => name.startsWith('.tmp-') || name.endsWith('.lock'))).toEqual([]);
+    expect(readdirSync(cache).filter((name) => name.startsWith('.tmp-') || name.startsWith('.stage-') || name.endsWith('.lock'))).toEqual([]);
 
     // and sandboxes started together on a fresh cache share one unpack
     const fresh = createBwrapProvider({ imageCacheDir: join(dir, 'cache-race'), tmpDir: sandboxDir });
@@ -181,6 +182,85 @@ describe.skipIf(skip !== undefined)('images on bwrap', () => {
     open.push(...sandboxes);
     for (const sandbox of sandboxes) expect((await sandbox.exec('cat /data/marker')).stdout).toBe('from the image\n');
     expect(readdirSync(join(dir, 'cache-race')).filter((name) => !name.startsWith('.'))).toHaveLength(1);
+  });
+
+  it('hashes a new image file while it unpacks it: a copy of a cached image is found by its digest, its early unpack dropped', async () => {
+    const cache = join(dir, 'cache-early');
+    const resolver = createImageResolver();
+    try {
+      const first = await resolver.resolve(`squashfs:${dir}/root.sqfs`, { cacheDir: cache });
+      expect(first.unpacked).toBe(true);
+      // another path, never hashed: its unpack starts beside the hash, and is dropped once the
+      // digest names an entry the cache holds
+      execFileSync('cp', [join(dir, 'root.sqfs'), join(dir, 'root-copy.sqfs')]);
+      const copy = await resolver.resolve(`squashfs:${dir}/root-copy.sqfs`, { cacheDir: cache });
+      expect(copy.unpacked).toBe(false);
+      expect(copy.rootfs).toBe(first.rootfs);
+    } finally {
+      await resolver.close();
+    }
+    // (close waits for the dropped unpack's removal) nothing of it left, no unpack slot held
+    expect(readdirSync(cache).filter((name) => name.startsWith('.tmp-') || name.startsWith('.stage-') || name.endsWith('.lock'))).toEqual([]);
+    expect(readdirSync(join(cache, '.unpacks'))).toEqual([]);
+    expect(readdirSync(cache).filter((name) => !name.startsWith('.'))).toHaveLength(1);
+  });
+
+  it('a file another process is reading (its source lock held) is waited for, not unpacked a second time; a holder gone is taken over', async () => {
+    const cache = join(dir, 'cache-source-lock');
+    const file = join(dir, 'root-held.sqfs');
+    execFileSync('cp', [join(dir, 'root.sqfs'), file]);
+    mkdirSync(join(cache, '.sources'), { recursive: true, mode: 0o700 });
+    chmodSync(cache, process.getuid?.() === 0 ? 0o711 : 0o700);
+    // the lock of a live process (by pid and start time, as the cache's locks name their holders)
+    const holder = spawn('sleep', ['600'], { stdio: 'ignore' });
+    try {
+      const stat = readFileSync(`/proc/${holder.pid}/stat`, 'latin1');
+      const start = stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19];
+      const lock = join(cache, '.sources', `${createHash('sha256').update(file).digest('hex')}.json.lock`);
+      writeFileSync(lock, `${holder.pid} ${start}`);
+      let done = false;
+      const resolving = resolveImage(`squashfs:${file}`, { cacheDir: cache }).finally(() => (done = true));
+      await new Promise((resolve) => setTimeout(resolve, 1500));
+      expect(done).toBe(false);
+      expect(readdirSync(cache).filter((name) => name.startsWith('.stage-') || name.startsWith('.tmp-') || name.startsWith('sha256-'))).toEqual([]);
+      holder.kill('SIGKILL');
+      await once(holder, 'exit');
+      const resolved = await resolving;
+      expect(resolved.unpacked).toBe(true);
+      expect(readFileSync(join(resolved.rootfs, 'data/marker'), 'utf8')).toBe('from the image\n');
+      expect(readdirSync(join(cache, '.sources')).filter((name) => name.endsWith('.lock'))).toEqual([]);
+    } finally {
+      holder.kill('SIGKILL');
+    }
+  });
+
+  it('unpacks a large squashfs with several unsquashfs at once: the same files, links and modes as the image, sealed', async () => {
+    const root = join(dir, 'large-rootfs');
+    makeRootfs(root, { 'data/marker': 'from the image\n' });
+    // 2,600 files over 26 directories (past the size below which one unsquashfs does it all),
+    // a symlink and a hard link
+    for (let d = 0; d < 26; d++) {
+      mkdirSync(join(root, 'many', `d${d}`), { recursive: true });
+      for (let f = 0; f < 100; f++) writeFileSync(join(root, 'many', `d${d}`, `f${f}`), `file ${d}/${f}\n`);
+    }
+    chmodSync(join(root, 'many/d3/f7'), 0o750);
+    execFileSync('ln', ['-s', '../d0/f0', join(root, 'many/d1/link')]);
+    execFileSync('ln', [join(root, 'many/d2/f2'), join(root, 'many/d25/hard')]);
+    const file = join(dir, 'large.sqfs');
+    makeSquashfs(root, file, { hostile: true });
+    const resolved = await resolveImage(`squashfs:${file}`, { cacheDir: join(dir, 'cache-large') });
+    expect(resolved.unpacked).toBe(true);
+    const listing = (base: string): string[] =>
+      execFileSync('find', ['.', '-path', './hostile', '-prune', '-o', '-printf', '%y %m %p %l\\n'], { cwd: base, encoding: 'utf8' }).split('\n').sort();
+    expect(listing(resolved.rootfs)).toEqual(listing(root));
+    const digest = (base: string): string => execFileSync('sh', ['-c', "find many data -type f -exec sha256sum {} + | sort"], { cwd: base, encoding: 'utf8' });
+    expect(digest(resolved.rootfs)).toBe(digest(root));
+    // the hostile entries were not made, or were sealed
+    expect(readdirSync(join(resolved.rootfs, 'hostile')).sort()).toEqual(['sgid', 'shared', 'sticky', 'suid']);
+    for (const name of ['sgid', 'suid', 'shared', 'shared/open-file', 'sticky']) expect(statSync(join(resolved.rootfs, 'hostile', name)).mode & 0o6022, name).toBe(0);
+    const sandbox = await provider.create({ image: `squashfs:${file}` });
+    open.push(sandbox);
+    expect((await sandbox.exec('cat /many/d25/hard /many/d1/link /data/marker')).stdout).toBe('file 2/2\nfile 0/0\nfrom the image\n');
   });
 
   it('never uses what an unpack that died left, and takes over its lock', async () => {
@@ -193,6 +273,8 @@ describe.skipIf(skip !== undefined)('images on bwrap', () => {
     writeFileSync(join(cache, `.tmp-${entry}-0123456789ab`, 'rootfs/data/marker'), 'half\n');
     mkdirSync(join(cache, entry, 'rootfs'), { recursive: true }); // no image.json: incomplete
     writeFileSync(join(cache, `${entry}.lock`), String(dead));
+    // and what an early unpack (before the digest was known) of a dead process left
+    mkdirSync(join(cache, `.stage-${dead}-12345-0123456789ab`, 'rootfs'), { recursive: true });
     const image = await resolveImage(`squashfs:${file}`, { cacheDir: cache, lockTimeoutMs: 60_000 });
     expect(image.unpacked).toBe(true);
     expect(readFileSync(join(image.rootfs, 'data/marker'), 'utf8')).toBe('from the image\n');
@@ -225,7 +307,7 @@ describe.skipIf(skip !== undefined)('images on bwrap', () => {
       expect((error as RolloutError).message).toMatch(message);
     }
     expect(readdirSync(sandboxDir)).toEqual([]);
-    expect(readdirSync(cacheDir).filter((name) => name.startsWith('.tmp-') || name.endsWith('.lock'))).toEqual([]);
+    expect(readdirSync(cacheDir).filter((name) => name.startsWith('.tmp-') || name.startsWith('.stage-') || name.endsWith('.lock'))).toEqual([]);
   });
 
   // removing a directory of the image that holds files (testbed/) takes the overlay's userxattr in a

@@ -101,10 +101,11 @@ export async function lock(lockFile: string, deadline: number, what: string): Pr
  * Takes one of the host's `slots` unpack slots of this cache, waiting for one to be free; returns
  * the lock to give back (unlock).
  */
-export async function takeUnpackSlot(cacheDir: string, slots: number, deadline: number, what: string): Promise<string> {
+export async function takeUnpackSlot(cacheDir: string, slots: number, deadline: number, what: string, signal?: AbortSignal): Promise<string> {
   const dir = join(cacheDir, '.unpacks');
   mkdirSync(dir, { recursive: true, mode: 0o700 });
   for (;;) {
+    signal?.throwIfAborted();
     for (let i = 0; i < slots; i++) {
       const slot = join(dir, `${i}.lock`);
       if (tryLock(slot)) return slot;

@@ -1,5 +1,5 @@
 import { createHash, randomBytes } from 'node:crypto';
-import { chmodSync, chownSync, closeSync, createReadStream, lstatSync, mkdirSync, openSync, readdirSync, readFileSync, renameSync, statSync, unlinkSync, writeFileSync } from 'node:fs';
+import { chmodSync, chownSync, createReadStream, lstatSync, mkdirSync, readdirSync, readFileSync, renameSync, statSync, writeFileSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { basename, join } from 'node:path';
@@ -7,7 +7,8 @@ import { RolloutError } from '../../errors.ts';
 import { IMAGE_KINDS } from './kinds/index.ts';
 import { parseImageReference } from './reference.ts';
 import { evictToCap, holdEntry, measureBytes, parseSize, takeUnpackSlot, touchEntry, tryLock, unlock } from './cache.ts';
-import { imageError, run, tool } from './tools.ts';
+import { processIdentity } from '../staging.ts';
+import { imageError, run } from './tools.ts';
 import type { ImageConfig, ParsedImageReference, ResolvedImage, ResolveImageOptions } from './types.ts';
 
 /*
@@ -16,8 +17,13 @@ import type { ImageConfig, ParsedImageReference, ResolvedImage, ResolveImageOpti
  * half-unpacked image is never used; `<entry>.lock` (a lock file naming its holder: cache.ts)
  * makes processes unpack an image once, and in one process concurrent first uses share one
  * promise. `<cacheDir>/.sources/` remembers the sha256 of image files by path, size, mtime and
- * inode, so a second resolve reads no image file. The cap, the uses that keep an entry from
- * eviction (`.uses/`) and the host's unpack slots (`.unpacks/`) are cache.ts's.
+ * inode, so a second resolve reads no image file. A file not hashed yet is hashed while it is
+ * unpacked: the unpack starts at once into `<cacheDir>/.stage-<pid>-<start>-*` (an early unpack,
+ * within an unpack slot) and is renamed into its entry once the digest is known and the entry's
+ * lock held, or dropped when the cache holds the entry already; `.sources/<path hash>.json.lock`
+ * lets one process of the host do that while the others wait for its digest. The cap, the uses
+ * that keep an entry from eviction (`.uses/`) and the host's unpack slots (`.unpacks/`) are
+ * cache.ts's.
  *
  * The cache is the service's alone: the directory is mode 0700 and everything in it belongs to
  * the service's user (nothing is handed to a sandbox uid); sandboxes see an image root only
@@ -95,6 +101,8 @@ export function createImageResolver(): ImageResolver {
   /** The entry last found for a reference, by cache directory and reference, with its source's stamp then. */
   const remembered = new Map<string, { stamp: string; entry: string; record: CacheRecord }>();
   const checkedDirs = new Set<string>();
+  /** Files being hashed, by cache directory, path and stamp: concurrent first uses hash (and unpack) once. */
+  const hashes = new Map<string, Promise<string>>();
   /** The resolves under way, for close to wait for. */
   const running = new Set<Promise<unknown>>();
   let closed = false;
@@ -133,6 +141,11 @@ export function createImageResolver(): ImageResolver {
     const memo = remembered.get(memoKey);
     let digest: string;
     let entry: string;
+    /** An unpack started before the digest was known (hashed meanwhile): the entry's, unless the cache holds it. */
+    let early: EarlyUnpack | undefined;
+    const lockTimeoutMs = options.lockTimeoutMs ?? 600_000;
+    const unpackAs = process.getuid?.() === 0 ? (options.unpackAs ?? DEFAULT_UNPACK_USER) : undefined;
+    const slots = options.maxConcurrentUnpacks ?? defaultMaxConcurrentUnpacks();
     if (memo !== undefined && memo.stamp === stamp) {
       ({ entry } = memo);
       digest = memo.record.digest;
@@ -140,10 +153,37 @@ export function createImageResolver(): ImageResolver {
       if (!checkedDirs.has(cacheDir)) {
         ensureCacheDir(cacheDir);
         checkedDirs.add(cacheDir);
+        await removeOrphanedStaging(cacheDir);
         // a cap lowered since the cache last grew
         if (maxBytes !== undefined) await evict(cacheDir, maxBytes);
       }
-      digest = await imageDigest(reference, parsed, cacheDir, stamp);
+      const known = knownDigest(reference, parsed, cacheDir, stamp);
+      if (known !== undefined) digest = known;
+      else {
+        // a file not hashed yet: hashing 200 MB takes most of a second, so the unpack starts at
+        // once, beside the hash, in a staging directory of its own (one per source in this process)
+        const hashKey = `${cacheDir}\0${parsed.path}\0${stamp}`;
+        let hashing = hashes.get(hashKey);
+        if (hashing === undefined) {
+          // across the processes sharing the cache, one hashes and unpacks early (under the source's
+          // lock, held until it holds the entry's); the others wait for it, then find its entry
+          const sourceLock = `${sourceNote(cacheDir, parsed.path)}.lock`;
+          mkdirSync(join(cacheDir, '.sources'), { recursive: true, mode: 0o700 });
+          if (tryLock(sourceLock)) {
+            early = startEarlyUnpack(reference, parsed, cacheDir, unpackAs, slots, Date.now() + lockTimeoutMs, sourceLock);
+            hashing = hashSource(parsed.path, cacheDir, stamp);
+          } else hashing = awaitSource(reference, parsed, cacheDir, stamp, sourceLock, Date.now() + lockTimeoutMs);
+          hashes.set(hashKey, hashing);
+          const forget = () => void hashes.delete(hashKey);
+          hashing.then(forget, forget);
+        }
+        try {
+          digest = await hashing;
+        } catch (error) {
+          if (early !== undefined) await early.discard();
+          throw error;
+        }
+      }
       entry = join(cacheDir, digest.replace(':', '-'));
     }
     // the use is taken before the entry is read, and kept while it is read (and unpacked, and the
@@ -156,9 +196,8 @@ export function createImageResolver(): ImageResolver {
       if (record === undefined) {
         let pending = inFlight.get(entry);
         if (pending === undefined) {
-          const unpackAs = process.getuid?.() === 0 ? (options.unpackAs ?? DEFAULT_UNPACK_USER) : undefined;
-          const slots = options.maxConcurrentUnpacks ?? defaultMaxConcurrentUnpacks();
-          const started = unpackOnce(reference, parsed, digest, cacheDir, entry, options.lockTimeoutMs ?? 600_000, unpackAs, slots);
+          const started = unpackOnce(reference, parsed, digest, cacheDir, entry, lockTimeoutMs, unpackAs, slots, early);
+          early = undefined;
           pending = started.then((outcome) => outcome.record);
           inFlight.set(entry, pending);
           pending.then(
@@ -182,6 +221,9 @@ export function createImageResolver(): ImageResolver {
     } catch (error) {
       release();
       throw error;
+    } finally {
+      // the cache held the image after all (or another resolve here unpacks it)
+      if (early !== undefined) void track(early.discard());
     }
   };
 
@@ -269,25 +311,121 @@ function sourceStamp(reference: string, parsed: ParsedImageReference): string {
   }
 }
 
-async function imageDigest(reference: string, parsed: ParsedImageReference, cacheDir: string, stamp: string): Promise<string> {
+/** The cache key when it is known without reading the image: named by the kind (an OCI manifest's digest), or noted for this stamp of the file. */
+function knownDigest(reference: string, parsed: ParsedImageReference, cacheDir: string, stamp: string): string | undefined {
   const named = IMAGE_KINDS[parsed.kind].digest?.(reference, parsed);
   if (named !== undefined) return named;
-  const sources = join(cacheDir, '.sources');
-  const note = join(sources, `${createHash('sha256').update(parsed.path).digest('hex')}.json`);
   try {
-    const known = JSON.parse(readFileSync(note, 'utf8')) as { stamp: string; digest: string };
+    const known = JSON.parse(readFileSync(sourceNote(cacheDir, parsed.path), 'utf8')) as { stamp: string; digest: string };
     if (known.stamp === stamp) return known.digest;
   } catch {
     // not hashed yet
   }
+  return undefined;
+}
+
+const sourceNote = (cacheDir: string, path: string): string => join(cacheDir, '.sources', `${createHash('sha256').update(path).digest('hex')}.json`);
+
+/** The sha256 of an image file, noted for its stamp (a second resolve reads no image file). */
+async function hashSource(path: string, cacheDir: string, stamp: string): Promise<string> {
   const hash = createHash('sha256');
-  for await (const chunk of createReadStream(parsed.path)) hash.update(chunk as Buffer);
+  for await (const chunk of createReadStream(path, { highWaterMark: 1024 * 1024 })) hash.update(chunk as Buffer);
   const digest = `sha256:${hash.digest('hex')}`;
-  mkdirSync(sources, { recursive: true, mode: 0o700 });
+  const note = sourceNote(cacheDir, path);
+  mkdirSync(join(cacheDir, '.sources'), { recursive: true, mode: 0o700 });
   const temp = `${note}.${randomBytes(4).toString('hex')}`;
   writeFileSync(temp, JSON.stringify({ stamp, digest }));
   renameSync(temp, note);
   return digest;
+}
+
+/**
+ * The digest of a file another process is hashing (and unpacking early): known once its lock is
+ * free (its holder holds the entry's lock by then, or is done, or died); hashed here when that
+ * process left no note.
+ */
+async function awaitSource(reference: string, parsed: ParsedImageReference, cacheDir: string, stamp: string, sourceLock: string, deadline: number): Promise<string> {
+  while (!tryLock(sourceLock)) {
+    if (Date.now() > deadline) throw new RolloutError({ code: 'UNAVAILABLE', message: `image ${reference}: still being read by another process (${sourceLock})`, retryable: true });
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+  try {
+    return knownDigest(reference, parsed, cacheDir, stamp) ?? (await hashSource(parsed.path, cacheDir, stamp));
+  } finally {
+    unlock(sourceLock);
+  }
+}
+
+/** An unpack into a staging directory of its own, started before its cache entry is known. */
+interface EarlyUnpack {
+  /** The staging directory, unpacked (its root in `rootfs/`), and how the config is read. */
+  result: Promise<{ temp: string; readConfig: (rootfs: string) => ImageConfig }>;
+  /** Gives back the source's lock (the entry's lock is held now, or the unpack dropped). Idempotent. */
+  release(): void;
+  /** Kills the tools and removes the staging directory (once the cache is found to hold the image). */
+  discard(): Promise<void>;
+}
+
+/** Staging directories of early unpacks: `.stage-<pid>-<start time>-<random>`, removed by the next process when theirs is gone. */
+const STAGE = /^\.stage-(\d+)-(\d+)-[0-9a-f]+$/;
+
+/**
+ * Starts unpacking an image before its digest is known: within one of the host's unpack slots
+ * (given back as soon as the tool is done, so that it is never held while waiting for an entry's
+ * lock), into `<cacheDir>/.stage-*`.
+ */
+function startEarlyUnpack(
+  reference: string,
+  parsed: ParsedImageReference,
+  cacheDir: string,
+  unpackAs: { uid: number; gid: number } | undefined,
+  slots: number,
+  deadline: number,
+  sourceLock: string,
+): EarlyUnpack {
+  const controller = new AbortController();
+  const self = (processIdentity('self') ?? `${process.pid} 0`).replace(' ', '-');
+  const temp = join(cacheDir, `.stage-${self}-${randomBytes(6).toString('hex')}`);
+  const result = (async () => {
+    const slot = await takeUnpackSlot(cacheDir, slots, deadline, `image ${reference}`, controller.signal);
+    try {
+      mkdirSync(temp, { mode: 0o700 });
+      if (unpackAs !== undefined) chownSync(temp, unpackAs.uid, unpackAs.gid);
+      const readConfig = await IMAGE_KINDS[parsed.kind].unpack({ reference, parsed, staging: temp, rootfs: join(temp, 'rootfs'), unpackAs, signal: controller.signal });
+      return { temp, readConfig };
+    } finally {
+      unlock(slot);
+    }
+  })();
+  // a failure is the adopter's to report (or nobody's, once discarded)
+  result.catch(() => undefined);
+  let discarded: Promise<void> | undefined;
+  let held = true;
+  // once: the lock may be another process's after
+  const release = (): void => {
+    if (held) unlock(sourceLock);
+    held = false;
+  };
+  return {
+    result,
+    release,
+    discard: () =>
+      (discarded ??= (async () => {
+        release();
+        controller.abort();
+        await result.catch(() => undefined);
+        await rm(temp, { recursive: true, force: true });
+      })()),
+  };
+}
+
+/** Removes the staging directories of early unpacks whose process is gone. */
+async function removeOrphanedStaging(cacheDir: string): Promise<void> {
+  for (const name of readdirSync(cacheDir)) {
+    const match = STAGE.exec(name);
+    if (match === null || processIdentity(Number(match[1])) === `${match[1]} ${match[2]}`) continue;
+    await rm(join(cacheDir, name), { recursive: true, force: true }).catch(() => undefined);
+  }
 }
 
 async function unpackOnce(
@@ -299,45 +437,67 @@ async function unpackOnce(
   lockTimeoutMs: number,
   unpackAs: { uid: number; gid: number } | undefined,
   slots: number,
+  early: EarlyUnpack | undefined,
 ): Promise<{ record: CacheRecord; fresh: boolean }> {
   const lockFile = `${entry}.lock`;
   const deadline = Date.now() + lockTimeoutMs;
   for (;;) {
     const done = readRecord(entry, digest);
-    if (done !== undefined) return { record: done, fresh: false };
+    if (done !== undefined) {
+      await early?.discard();
+      return { record: done, fresh: false };
+    }
     // (a holder that died left its temp directory: removed by the next one to take the lock)
-    if (tryLock(lockFile)) break;
-    if (Date.now() > deadline) throw new RolloutError({ code: 'UNAVAILABLE', message: `image ${reference}: still being unpacked by another process (${lockFile})`, retryable: true });
+    if (tryLock(lockFile)) {
+      early?.release();
+      break;
+    }
+    if (Date.now() > deadline) {
+      await early?.discard();
+      throw new RolloutError({ code: 'UNAVAILABLE', message: `image ${reference}: still being unpacked by another process (${lockFile})`, retryable: true });
+    }
     await new Promise((resolve) => setTimeout(resolve, 100));
   }
   let slot: string | undefined;
   const tempPrefix = `.tmp-${basename(entry)}-`;
-  const temp = join(cacheDir, `${tempPrefix}${randomBytes(6).toString('hex')}`);
+  let temp = join(cacheDir, `${tempPrefix}${randomBytes(6).toString('hex')}`);
   try {
     // we hold the lock: any temp directory of this entry is left from a process that died
     for (const name of readdirSync(cacheDir)) {
       if (name.startsWith(tempPrefix)) await rm(join(cacheDir, name), { recursive: true, force: true });
     }
     const done = readRecord(entry, digest);
-    if (done !== undefined) return { record: done, fresh: false };
+    if (done !== undefined) {
+      await early?.discard();
+      return { record: done, fresh: false };
+    }
     // an entry without a valid sealed record is not one of ours (entries appear complete, by rename)
     await rm(entry, { recursive: true, force: true });
-    // first uses of different images on this host (every process sharing the cache) are bounded
-    slot = await takeUnpackSlot(cacheDir, slots, deadline, `image ${reference}`);
-    mkdirSync(temp, { mode: 0o700 });
-    if (unpackAs !== undefined) chownSync(temp, unpackAs.uid, unpackAs.gid);
+    let readConfig: (rootfs: string) => ImageConfig;
+    if (early !== undefined) {
+      // unpacked already (its slot given back), or failing as this one would
+      ({ temp, readConfig } = await early.result);
+    } else {
+      // first uses of different images on this host (every process sharing the cache) are bounded
+      slot = await takeUnpackSlot(cacheDir, slots, deadline, `image ${reference}`);
+      mkdirSync(temp, { mode: 0o700 });
+      if (unpackAs !== undefined) chownSync(temp, unpackAs.uid, unpackAs.gid);
+      readConfig = await IMAGE_KINDS[parsed.kind].unpack({ reference, parsed, staging: temp, rootfs: join(temp, 'rootfs'), unpackAs });
+      unlock(slot);
+      slot = undefined;
+    }
     const rootfs = join(temp, 'rootfs');
-    const readConfig = await IMAGE_KINDS[parsed.kind].unpack({ reference, parsed, staging: temp, rootfs, unpackAs });
-    // the unpacking uid is done: the service takes the files (no symlink followed), then reads them
-    if (unpackAs !== undefined) await tool(reference, ['chown', '-R', '-P', `${process.getuid!()}:${process.getgid!()}`, temp], 'take ownership of the image');
+    // the unpacking uid is done: the service takes the files (no symlink followed) as it seals
+    // them, then reads them
+    const { report: sealReport, bytes } = await sealRootfs(reference, temp, unpackAs === undefined ? undefined : { uid: process.getuid!(), gid: process.getgid!() });
     chmodSync(temp, 0o700);
     const config = readConfig(rootfs);
-    const sealReport = await sealRootfs(reference, rootfs);
-    const record: CacheRecord = { reference, digest, config, sealed: SEAL_VERSION, sealReport, bytes: await measureBytes(temp) };
+    const record: CacheRecord = { reference, digest, config, sealed: SEAL_VERSION, sealReport, bytes };
     writeFileSync(join(temp, 'image.json'), JSON.stringify(record, null, 2));
     renameSync(temp, entry);
     return { record, fresh: true };
   } finally {
+    if (early !== undefined) await early.discard();
     await rm(temp, { recursive: true, force: true });
     if (slot !== undefined) unlock(slot);
     unlock(lockFile);
@@ -349,25 +509,55 @@ async function unpackOnce(
  * (an image has no business handing the host a device, and a sandbox's /dev is its own), setuid
  * and setgid bits are cleared (nothing in a sandbox gains privilege by exec), and group and other
  * write bits are cleared (no other user may change a shared root; inside a sandbox its uid owns
- * the files, so its own writes are unaffected). `find` does the walk: one process, off the event
- * loop, on roots of a million files. Symlinks are left as they are: they resolve inside the
- * sandbox's root, and the service reads the root only through safeRead.
+ * the files, so its own writes are unaffected); with `owner` (a root service) every file is
+ * chowned to it (no symlink followed). `find` does the walks over the staging directory `temp`
+ * (the root in `rootfs/`): one process, off the event loop, on roots of a million files; one walk
+ * changes, a second checks what is left and counts the bytes the entry takes (du's count: each
+ * inode's blocks once). Symlinks are left as they are: they resolve inside the sandbox's root, and
+ * the service reads the root only through safeRead.
  */
-async function sealRootfs(reference: string, rootfs: string): Promise<SealReport> {
+async function sealRootfs(reference: string, temp: string, owner: { uid: number; gid: number } | undefined): Promise<{ report: SealReport; bytes: number }> {
+  const rootfs = join(temp, 'rootfs');
   const find = async (args: string[], what: string): Promise<string[]> => {
     try {
-      const { stdout } = await run('find', [rootfs, '-xdev', ...args], { maxBuffer: 256 * 1024 * 1024, env: { PATH: process.env.PATH ?? '/usr/bin:/bin', LC_ALL: 'C' } });
+      const { stdout } = await run('find', [temp, '-xdev', ...args], { maxBuffer: 1024 * 1024 * 1024, env: { PATH: process.env.PATH ?? '/usr/bin:/bin', LC_ALL: 'C' } });
       return stdout.split('\0').filter((line) => line !== '');
     } catch (error) {
       const e = error as NodeJS.ErrnoException & { stderr?: string };
       throw imageError(reference, `cannot seal the image (${what}): ${(e.stderr ?? e.message).trim().split('\n').slice(-3).join('\n')}`, error);
     }
   };
-  const removed = await find(['(', '-type', 'b', '-o', '-type', 'c', '-o', '-type', 'p', '-o', '-type', 's', ')', '-print0', '-delete'], 'removing device nodes, fifos and sockets');
-  const setid = await find(['!', '-type', 'l', '-perm', '/6000', '-print0', '-exec', 'chmod', 'ug-s', '{}', '+'], 'clearing setuid and setgid bits');
-  const writable = await find(['!', '-type', 'l', '-perm', '/022', '-print0', '-exec', 'chmod', 'go-w', '{}', '+'], 'clearing group and other write bits');
+  const special = ['(', '-type', 'b', '-o', '-type', 'c', '-o', '-type', 'p', '-o', '-type', 's', ')'];
+  const plain = ['(', '-type', 'f', '-o', '-type', 'd', ')'];
+  const changed = await find(
+    [
+      ...(owner === undefined ? [] : ['(', '(', ...plain, '-o', '-type', 'l', ')', '-exec', 'chown', '-h', `${owner.uid}:${owner.gid}`, '{}', '+', ')', ',']),
+      '(', ...special, '-printf', 'D%p\\0', '-delete', ')', ',',
+      '(', ...plain, '-perm', '/6000', '-printf', 'S%p\\0', ')', ',',
+      '(', ...plain, '-perm', '/022', '-printf', 'W%p\\0', ')', ',',
+      '(', ...plain, '-perm', '/6022', '-exec', 'chmod', 'go-w,ug-s', '{}', '+', ')',
+    ],
+    'removing device nodes, fifos and sockets, clearing setuid, setgid and group/other write bits',
+  );
+  const removed = changed.filter((line) => line.startsWith('D')).map((line) => line.slice(1));
   // what is left is checked, not assumed: a seal that did not take fails the image
-  const left = await find(['(', '-type', 'b', '-o', '-type', 'c', '-o', '-type', 'p', '-o', '-type', 's', '-o', '(', '!', '-type', 'l', '-perm', '/6022', ')', ')', '-print0'], 'checking the seal');
+  const checked = await find(['(', ...special, '-o', '(', '!', '-type', 'l', '-perm', '/6022', ')', ')', '-printf', 'U%p\\0', ',', '-printf', 'B%i %b\\0'], 'checking the seal');
+  const left = checked.filter((line) => line.startsWith('U')).map((line) => line.slice(1));
   if (left.length > 0) throw imageError(reference, `cannot seal the image: ${left.slice(0, 5).map((p) => p.slice(rootfs.length)).join(', ')} still unsafe`);
-  return { removed: removed.slice(0, 100).map((path) => path.slice(rootfs.length) || '/'), setid: setid.length, writable: writable.length };
+  const blocks = new Map<string, number>();
+  for (const line of checked) {
+    if (!line.startsWith('B')) continue;
+    const [inode = '', count = '0'] = line.slice(1).split(' ');
+    blocks.set(inode, Number(count));
+  }
+  let bytes = 0;
+  for (const count of blocks.values()) bytes += count * 512;
+  return {
+    report: {
+      removed: removed.slice(0, 100).map((path) => path.slice(rootfs.length) || '/'),
+      setid: changed.filter((line) => line.startsWith('S')).length,
+      writable: changed.filter((line) => line.startsWith('W')).length,
+    },
+    bytes,
+  };
 }

@@ -14,22 +14,26 @@ export const imageError = (reference: string, message: string, cause?: unknown):
   new RolloutError({ code: 'UNPROCESSABLE', message: `image ${JSON.stringify(reference)}: ${message}`, cause, details: { image: reference } });
 
 /** Runs an unpack tool (as `as` under a root service); a missing one is UNAVAILABLE, a failing one an imageError. */
-export async function tool(reference: string, argv: string[], what: string, as?: { uid: number; gid: number }): Promise<void> {
+export async function tool(reference: string, argv: string[], what: string, as?: { uid: number; gid: number }, signal?: AbortSignal): Promise<void> {
   try {
-    await run(argv[0]!, argv.slice(1), { maxBuffer: 16 * 1024 * 1024, env: toolEnv(as), cwd: '/', ...(as === undefined ? {} : { uid: as.uid, gid: as.gid }) });
+    await run(argv[0]!, argv.slice(1), {
+      maxBuffer: 16 * 1024 * 1024,
+      env: toolEnv(as),
+      cwd: '/',
+      ...(signal === undefined ? {} : { signal }),
+      ...(as === undefined ? {} : { uid: as.uid, gid: as.gid }),
+    });
   } catch (error) {
     const e = error as NodeJS.ErrnoException & { stderr?: string; stdout?: string };
-    if (e.code === 'ENOENT') {
-      throw new RolloutError({
-        code: 'UNAVAILABLE',
-        message: `${argv[0]} is not installed; images need umoci, skopeo and squashfs-tools (apt-get install umoci skopeo squashfs-tools)`,
-        cause: error,
-      });
-    }
+    if (e.code === 'ENOENT') throw missingTool(argv[0]!, error);
     const detail = `${e.stderr ?? ''}${e.stdout ?? ''}`.trim().split('\n').slice(-5).join('\n');
     throw imageError(reference, `cannot ${what}: ${detail || e.message}`, error);
   }
 }
+
+/** An unpack tool that is not installed: UNAVAILABLE. */
+export const missingTool = (name: string, cause: unknown): RolloutError =>
+  new RolloutError({ code: 'UNAVAILABLE', message: `${name} is not installed; images need umoci, skopeo and squashfs-tools (apt-get install umoci skopeo squashfs-tools)`, cause });
 
 /** The unpack tools' environment: the service's, without a HOME another uid cannot use. */
 export function toolEnv(as: { uid: number; gid: number } | undefined): NodeJS.ProcessEnv {

@@ -11,6 +11,8 @@ export interface UnpackJob {
   rootfs: string;
   /** The unprivileged uid that runs the tools under a root service; undefined otherwise. */
   unpackAs: { uid: number; gid: number } | undefined;
+  /** Aborted when the unpack is no longer wanted (the cache turned out to hold the image): the tools are killed. */
+  signal?: AbortSignal;
 }
 
 /**
