@@ -4,7 +4,7 @@ import { chmodSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSyn
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { bwrapAvailable } from '@rollserve/core/sandbox';
-import { startFakePolicy } from '@rollserve/testing';
+import { missingCommands, startFakePolicy } from '@rollserve/testing';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { makeRootfs, makeSquashfs } from '../sandbox/image-fixtures.ts';
 import { imageNodeEnvironment } from './fixtures/image-env.ts';
@@ -17,14 +17,7 @@ import { getJson, Resources, sandboxDir, startNode, startService, until, type No
 // one host share one cache and unpack an image once.
 // Unpacks are counted by an `unsquashfs` first on the nodes' PATH that notes each run.
 
-const tools = ['unsquashfs', 'mksquashfs'].filter((tool) => {
-  try {
-    execFileSync('sh', ['-c', `command -v ${tool}`], { stdio: 'ignore' });
-    return false;
-  } catch {
-    return true;
-  }
-});
+const tools = missingCommands(['unsquashfs', 'mksquashfs']);
 const skip = !bwrapAvailable() ? 'bwrap is not installed' : tools.length > 0 ? `missing ${tools.join(', ')}` : undefined;
 
 const resources = new Resources();

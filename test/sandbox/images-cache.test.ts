@@ -1,4 +1,4 @@
-import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
+import { spawn, type ChildProcess } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { once } from 'node:events';
 import { chmodSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -7,19 +7,13 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { bwrapAvailable, createBwrapProvider, createImageResolver, type Sandbox } from '@rollserve/core/sandbox';
 import { makeRootfs, makeSquashfs } from './image-fixtures.ts';
+import { missingCommands } from '@rollserve/testing';
 
 // The image cache's cap: LRU eviction that never evicts an image a sandbox runs on, in this
 // process or in another sharing the cache (a rollout node of the same host), and the host-wide
 // bound on unpacks at once. Images are squashfs files built here, each with its own payload.
 
-const tools = ['unsquashfs', 'mksquashfs', 'du'].filter((tool) => {
-  try {
-    execFileSync('sh', ['-c', `command -v ${tool}`], { stdio: 'ignore' });
-    return false;
-  } catch {
-    return true;
-  }
-});
+const tools = missingCommands(['unsquashfs', 'mksquashfs', 'du']);
 const skip = !bwrapAvailable() ? 'bwrap is not installed' : tools.length > 0 ? `missing ${tools.join(', ')}` : undefined;
 const tsx = join(__dirname, '../../node_modules/.bin/tsx');
 

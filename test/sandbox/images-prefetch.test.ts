@@ -1,11 +1,10 @@
-import { execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { chmodSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { defineEnvironment } from '@rollserve/core';
 import { bwrapAvailable, createBwrapProvider, createImageResolver } from '@rollserve/core/sandbox';
-import { startFakePolicy, startTestRolloutService } from '@rollserve/testing';
+import { missingCommands, startFakePolicy, startTestRolloutService } from '@rollserve/testing';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { makeRootfs, makeSquashfs } from './image-fixtures.ts';
@@ -15,14 +14,7 @@ import { makeRootfs, makeSquashfs } from './image-fixtures.ts';
 // provider.prefetch), so that their INIT starts on a cached image; under a small cap, a prefetch
 // never evicts the image a running sandbox is on. Images are squashfs files built here.
 
-const tools = ['unsquashfs', 'mksquashfs', 'du'].filter((tool) => {
-  try {
-    execFileSync('sh', ['-c', `command -v ${tool}`], { stdio: 'ignore' });
-    return false;
-  } catch {
-    return true;
-  }
-});
+const tools = missingCommands(['unsquashfs', 'mksquashfs', 'du']);
 const skip = !bwrapAvailable() ? 'bwrap is not installed' : tools.length > 0 ? `missing ${tools.join(', ')}` : undefined;
 
 /** Held by the rollout on image `a` in seedSession until the test lets it go. */

@@ -18,19 +18,12 @@ import {
   type SandboxProvider,
   type SandboxSpec,
 } from '@rollserve/core/sandbox';
-import { describeSandboxBehaviour } from '@rollserve/testing';
+import { describeSandboxBehaviour, missingCommands } from '@rollserve/testing';
 import { HOSTILE_ENTRIES, makeOciLayout, makeRootfs, makeSif, makeSquashfs, makeTar } from './image-fixtures.ts';
 
 // Images built here from files the test writes (image-fixtures.ts), run under bwrap with the
 // image's root read-only under a writable overlay layer per sandbox.
-const tools = ['umoci', 'skopeo', 'unsquashfs', 'mksquashfs', 'unshare'].filter((tool) => {
-  try {
-    execFileSync('sh', ['-c', `command -v ${tool}`], { stdio: 'ignore' });
-    return false;
-  } catch {
-    return true;
-  }
-});
+const tools = missingCommands(['umoci', 'skopeo', 'unsquashfs', 'mksquashfs', 'unshare']);
 const skip = !bwrapAvailable() ? 'bwrap is not installed' : tools.length > 0 ? `missing ${tools.join(', ')}` : undefined;
 
 describe.skipIf(skip !== undefined)('images on bwrap', () => {

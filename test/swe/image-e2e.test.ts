@@ -6,7 +6,7 @@ import swe from '@rollserve/env-swe';
 import { bwrapAvailable, createBwrapProvider, registerSandboxProvider, resolveImage } from '@rollserve/core/sandbox';
 import { createResourcesServer, serveFetch, type ResourcesServer, type RunningServer } from '@rollserve/core/gym';
 import type { RolloutService } from '@rollserve/core/service';
-import { call, cookieHeader, makeResponse, startFakePolicy, startTestRolloutService, type ChatCompletionBody, type FakeReply } from '@rollserve/testing';
+import { call, type ChatCompletionBody, cookieHeader, type FakeReply, makeResponse, missingCommands, startFakePolicy, startTestRolloutService } from '@rollserve/testing';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { buildSweFixtures, type SweFixture, type SweFixtureRow } from './fixtures.ts';
 import { buildSweImages, IMAGE_MARKER, IMAGE_MARKER_MODULE, sweImageName, type SweImages } from './image-fixtures.ts';
@@ -16,14 +16,7 @@ import { buildSweImages, IMAGE_MARKER, IMAGE_MARKER_MODULE, sweImageName, type S
 // as in SWE-bench's images, packed as an OCI image layout and as a squashfs. Each image runs rows
 // on the NeMo Gym face and in the rollout service, on bwrap with the image as the sandbox's root.
 
-const missing = ['umoci', 'unsquashfs', 'mksquashfs', 'ldd', 'git', 'patch'].filter((tool) => {
-  try {
-    execFileSync('sh', ['-c', `command -v ${tool}`], { stdio: 'ignore' });
-    return false;
-  } catch {
-    return true;
-  }
-});
+const missing = missingCommands(['umoci', 'unsquashfs', 'mksquashfs', 'ldd', 'git', 'patch']);
 const hostPytest = ((): boolean => {
   try {
     execFileSync('/usr/bin/python3', ['-c', 'import pytest'], { stdio: 'ignore' });

@@ -6,7 +6,7 @@ import { basename, join } from 'node:path';
 import swe from '@rollserve/env-swe';
 import { bwrapAvailable, createBwrapProvider, registerSandboxProvider } from '@rollserve/core/sandbox';
 import { createResourcesServer, serveFetch } from '@rollserve/core/gym';
-import { call, cookieHeader, makeResponse, startFakePolicy, workspaceRoot } from '@rollserve/testing';
+import { call, cookieHeader, makeResponse, missingCommands, startFakePolicy, workspaceRoot } from '@rollserve/testing';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { buildSweFixtures, type SweFixture } from './fixtures.ts';
 import { buildSweImages, sweImageName, type SweImages } from './image-fixtures.ts';
@@ -22,14 +22,7 @@ import { buildSweImages, sweImageName, type SweImages } from './image-fixtures.t
 // root service (in process: the idmapped lower layer, dropped to 65534) and as an unprivileged one
 // (`rollserve start` under setpriv as uid 65534: the unprivileged overlay setup).
 
-const missing = ['umoci', 'unsquashfs', 'mksquashfs', 'ldd', 'git', 'patch', 'setpriv'].filter((tool) => {
-  try {
-    execFileSync('sh', ['-c', `command -v ${tool}`], { stdio: 'ignore' });
-    return false;
-  } catch {
-    return true;
-  }
-});
+const missing = missingCommands(['umoci', 'unsquashfs', 'mksquashfs', 'ldd', 'git', 'patch', 'setpriv']);
 const skip = !bwrapAvailable() ? 'bwrap is not installed' : missing.length > 0 ? `missing ${missing.join(', ')}` : undefined;
 const isRoot = process.getuid?.() === 0;
 

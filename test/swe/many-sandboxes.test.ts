@@ -1,10 +1,9 @@
-import { execFileSync } from 'node:child_process';
 import { chmodSync, mkdirSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
 import swe from '@rollserve/env-swe';
 import { bwrapAvailable, createBwrapProvider, registerSandboxProvider } from '@rollserve/core/sandbox';
 import { createResourcesServer, serveFetch } from '@rollserve/core/gym';
-import { call, cookieHeader, makeResponse } from '@rollserve/testing';
+import { call, cookieHeader, makeResponse, missingCommands } from '@rollserve/testing';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { buildSweFixtures, type SweFixture } from './fixtures.ts';
 import { buildSweImageSet, type SweImageSet } from './image-fixtures.ts';
@@ -14,14 +13,7 @@ import { buildSweImageSet, type SweImageSet } from './image-fixtures.ts';
 // once, at most ROLLSERVE_IMAGE_UNPACKS at a time, every seed on its own overlay), the gold fix in
 // each, then 64 verifies at once (each in a fresh eval sandbox): 64 rewards of 1, nothing left.
 
-const missing = ['mksquashfs', 'unsquashfs', 'ldd', 'git', 'patch'].filter((tool) => {
-  try {
-    execFileSync('sh', ['-c', `command -v ${tool}`], { stdio: 'ignore' });
-    return false;
-  } catch {
-    return true;
-  }
-});
+const missing = missingCommands(['mksquashfs', 'unsquashfs', 'ldd', 'git', 'patch']);
 const skip = !bwrapAvailable() ? 'bwrap is not installed' : missing.length > 0 ? `missing ${missing.join(', ')}` : undefined;
 
 const SANDBOXES = 64;

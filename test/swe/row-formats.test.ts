@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import swe from '@rollserve/env-swe';
 import { bwrapAvailable, createBwrapProvider, registerSandboxProvider } from '@rollserve/core/sandbox';
 import { createResourcesServer, serveFetch, type ResourcesServer, type RunningServer } from '@rollserve/core/gym';
-import { call, cookieHeader, makeResponse } from '@rollserve/testing';
+import { call, cookieHeader, makeResponse, missingCommands } from '@rollserve/testing';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { buildSweFixtures, type SweFixture } from './fixtures.ts';
 import { buildSweImages, type SweImages } from './image-fixtures.ts';
@@ -21,14 +21,7 @@ import { buildSweImages, type SweImages } from './image-fixtures.ts';
 // under images_root as the datasets name them; the Multilingual row runs on a host repository
 // (repo_path) because its `make check` needs make, which the test image does not carry.
 
-const missing = ['umoci', 'mksquashfs', 'ldd', 'git', 'patch', 'make'].filter((tool) => {
-  try {
-    execFileSync('sh', ['-c', `command -v ${tool}`], { stdio: 'ignore' });
-    return false;
-  } catch {
-    return true;
-  }
-});
+const missing = missingCommands(['umoci', 'mksquashfs', 'ldd', 'git', 'patch', 'make']);
 const skip = !bwrapAvailable() ? 'bwrap is not installed' : missing.length > 0 ? `missing ${missing.join(', ')}` : undefined;
 
 type Verify = Record<string, unknown> & { reward: number };

@@ -1,3 +1,4 @@
+import { execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { existsSync, readFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
@@ -104,5 +105,17 @@ export function referenceCases(server: string, files = { rows: 'example.jsonl', 
       throw new Error(`${server}: reference row ${i} does not pair with rollout ${reference.recorded_rollout_index}`);
     }
     return { row: { ...row, responses_create_params: recorded.responses_create_params }, recorded, reference };
+  });
+}
+
+/** Which of these commands the host lacks (`command -v`): suites that need them skip, naming them. */
+export function missingCommands(commands: readonly string[]): string[] {
+  return commands.filter((command) => {
+    try {
+      execFileSync('sh', ['-c', `command -v ${command}`], { stdio: 'ignore' });
+      return false;
+    } catch {
+      return true;
+    }
   });
 }
