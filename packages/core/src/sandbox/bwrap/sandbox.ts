@@ -413,19 +413,7 @@ export class BwrapSandbox extends CommandSandbox {
       // the kernel's start time: with it, a kernel whose server ended is told from a process that reused its pid
       const started = startTimeOf(pid);
       const kill = (): void => {
-        if (server.alive()) server.kill(pid);
-        else {
-          if (started !== undefined && startTimeOf(pid) === started) {
-            for (const target of [-pid, pid]) {
-              try {
-                process.kill(target, 'SIGKILL');
-              } catch {
-                // gone
-              }
-            }
-          }
-          resolveExit(137);
-        }
+        if (!killForked(server, pid, started)) resolveExit(137);
         // what it started and what left its process group, by the tag its environment carries
         this.sweep(killOptions);
       };
@@ -564,20 +552,8 @@ export class BwrapSandbox extends CommandSandbox {
     };
     let startTime: string | undefined;
     const kill = (): void => {
-      if (pid > 0 && server.alive()) server.kill(pid);
-      else if (pid > 0) {
-        // its server is gone (its end will not be told): by pid, checked to be the shell still
-        if (startTime !== undefined && startTimeOf(pid) === startTime) {
-          for (const target of [-pid, pid]) {
-            try {
-              process.kill(target, 'SIGKILL');
-            } catch {
-              // gone
-            }
-          }
-        }
-        exited(137);
-      }
+      // with its server gone its end will not be told: it has ended now
+      if (pid > 0 && !killForked(server, pid, startTime)) exited(137);
       this.sweep(killOptions);
     };
     // a shell whose server died: its end is its terminal's
@@ -762,6 +738,27 @@ async function removeCgroup(cgroup: SandboxCgroup): Promise<void> {
 }
 
 /** A process's start time (clock ticks after boot: /proc/<pid>/stat's 22nd field), or undefined when it is gone. */
+/**
+ * Kills a process a fork server forked: through the server while it lives (true: the server tells
+ * its end), else by pid and process group, only if the pid is still the process started then.
+ */
+function killForked(server: { alive(): boolean; kill(pid: number): void }, pid: number, started: string | undefined): boolean {
+  if (server.alive()) {
+    server.kill(pid);
+    return true;
+  }
+  if (started !== undefined && startTimeOf(pid) === started) {
+    for (const target of [-pid, pid]) {
+      try {
+        process.kill(target, 'SIGKILL');
+      } catch {
+        // gone
+      }
+    }
+  }
+  return false;
+}
+
 function startTimeOf(pid: number): string | undefined {
   try {
     const stat = readFileSync(`/proc/${pid}/stat`, 'latin1');
