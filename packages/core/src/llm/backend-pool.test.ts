@@ -398,16 +398,27 @@ describe('routes handed to others (a node calling a backend itself)', () => {
     expect(backends.tryAcquire('r1')!.id).toBe(first); // sticky
     expect(backends.requestHeaders('r1')).toEqual({ 'x-rollout-id': 'r1' });
     expect(backends.list().map((s) => s.rollouts_in_flight)).toEqual([1, 1]);
-    // someone else's request to `first` got no response: out of rotation, its rollout moves on its next acquire
-    backends.failed(first, 'no response');
+    // a node says `first` gave it no response, but the pool's own probe gets an answer: the node's
+    // network, not the backend's, so it stays in rotation and the rollout on it
+    await backends.failed(first, 'no response');
+    expect(backends.get(first)).toMatchObject({ healthy: true });
+    expect(backends.tryAcquire('r1')!.id).toBe(first);
+    // `first` is down: the probe confirms it, out of rotation, and its rollout moves on its next acquire
+    const fakes = { a, b };
+    await fakes[first as 'a' | 'b'].kill();
+    await backends.failed(first, 'no response');
     expect(backends.get(first)).toMatchObject({ healthy: false, last_error: 'no response' });
     expect(backends.tryAcquire('r1')!.id).toBe(second);
     expect(backends.list().find((s) => s.id === second)!.rollouts_in_flight).toBe(2);
-    backends.failed(second, 'no response');
+    await fakes[second as 'a' | 'b'].kill();
+    // reports that come together share one probe
+    await Promise.all([backends.failed(second, 'no response'), backends.failed(second, 'no response')]);
+    expect(backends.get(second)).toMatchObject({ healthy: false, failures: 1 });
     expect(backends.tryAcquire('r3')).toBeUndefined();
     for (const id of ['r1', 'r2', 'r3']) backends.release(id);
     expect(backends.list().map((s) => s.rollouts_in_flight)).toEqual([0, 0]);
-    // the probes put them back
+    // back up: the probes put them back
+    await Promise.all([a.restart(), b.restart()]);
     await until(() => backends.list().every((s) => s.healthy));
   });
 });

@@ -82,6 +82,8 @@ interface Entry {
   probeTimer: NodeJS.Timeout | null;
   probeAt: number | null;
   probe: AbortController | null;
+  /** A probe confirming another's report that the backend gave no response (see failed). */
+  confirming: Promise<boolean> | null;
 }
 
 interface Waiter {
@@ -180,6 +182,7 @@ export class LlmBackendPool {
       probeTimer: null,
       probeAt: null,
       probe: null,
+      confirming: null,
     };
     this.#entries.set(config.id, entry);
     this.#notify();
@@ -245,12 +248,20 @@ export class LlmBackendPool {
   }
 
   /**
-   * Someone else's request to a backend got no response (a node calling it directly): it is taken
-   * out of rotation and probed, as after a failure of the pool's own.
+   * Someone else's request to a backend got no response (a node calling it directly). The pool
+   * probes it at once and takes it out of rotation only if the probe gets no answer either: a node
+   * whose own network fails it must not move every rollout off a backend the others reach.
+   * Reports that come while a probe is on wait for that probe.
    */
-  failed(backendId: string, message: string): void {
+  async failed(backendId: string, message: string): Promise<void> {
     const entry = this.#entries.get(backendId);
-    if (!entry || entry.removed || this.#closed) return;
+    if (!entry || entry.removed || this.#closed || !entry.healthy) return;
+    entry.confirming ??= this.#check(entry).finally(() => {
+      entry.confirming = null;
+    });
+    if (await entry.confirming) return;
+    // (the first report to hear the probe's answer takes it out; the others find it out)
+    if (entry.removed || this.#closed || !entry.healthy) return;
     entry.failures += 1;
     entry.connectFailures += 1;
     entry.lastError = message;
@@ -444,6 +455,14 @@ export class LlmBackendPool {
   async #probe(entry: Entry): Promise<void> {
     entry.probeTimer = null;
     entry.probeAt = null;
+    const ok = await this.#check(entry);
+    if (entry.removed || this.#closed || entry.healthy) return;
+    if (ok) this.#markHealthy(entry);
+    else this.#scheduleProbe(entry);
+  }
+
+  /** Whether the backend answers its `/models` with a 2xx within the probe time limit. */
+  async #check(entry: Entry): Promise<boolean> {
     const controller = new AbortController();
     entry.probe = controller;
     const timer = setTimeout(() => controller.abort(), this.#options.probeTimeoutMs);
@@ -464,11 +483,9 @@ export class LlmBackendPool {
       if (!entry.answered) entry.unreachable = unreachableCause(error) ?? entry.unreachable;
     } finally {
       clearTimeout(timer);
-      entry.probe = null;
+      if (entry.probe === controller) entry.probe = null;
     }
-    if (entry.removed || this.#closed || entry.healthy) return;
-    if (ok) this.#markHealthy(entry);
-    else this.#scheduleProbe(entry);
+    return ok;
   }
 
   #markHealthy(entry: Entry): void {

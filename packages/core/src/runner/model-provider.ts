@@ -132,7 +132,7 @@ export class PoolModelProvider implements ModelProvider {
   /**
    * The backend a rollout's turns go to when a node sends them itself: the rollout stuck to it
    * (least in flight, counted until `release`) as its own turns would be. `failed`: a backend
-   * that gave the node no response (taken out of rotation). Without `wait`, undefined when no
+   * that gave the node no response (taken out of rotation if the service's own probe gets none either). Without `wait`, undefined when no
    * backend is healthy now; with it, waits for one as a turn would.
    */
   async route(
@@ -141,7 +141,7 @@ export class PoolModelProvider implements ModelProvider {
     { failed, wait = false, signal }: { failed?: string | undefined; wait?: boolean; signal?: AbortSignal | undefined } = {},
   ): Promise<{ backend: LlmBackendConfig; headers: Record<string, string> } | undefined> {
     const { pool } = this.#entryFor(rolloutId, policy);
-    if (failed !== undefined) pool.failed(failed, `a node's request to ${failed} got no response`);
+    if (failed !== undefined) await pool.failed(failed, `a node's request to ${failed} got no response`);
     const backend = wait ? await pool.acquire(rolloutId, { signal }) : pool.tryAcquire(rolloutId);
     return backend && { backend, headers: pool.requestHeaders(rolloutId) };
   }
