@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import { bwrapAvailable } from '@rollserve/core/sandbox';
 import { missingCommands, startFakePolicy } from '@rollserve/testing';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { makeRootfs, makeSquashfs } from '../sandbox/image-fixtures.ts';
+import { makeMarkedSquashfsImages } from '../sandbox/image-fixtures.ts';
 import { imageNodeEnvironment } from './fixtures/image-env.ts';
 import { getJson, Resources, sandboxDir, startNode, startService, until, type NodeProcess } from './helpers.ts';
 
@@ -33,14 +33,7 @@ describe.skipIf(skip !== undefined)('rollout nodes prefetch the images of the wo
     dir = mkdtempSync(join(tmpdir(), 'rs-node-prefetch-test-'));
     // the unpack tools (under root: as the sandbox uid) read the images and write the log
     chmodSync(dir, 0o755);
-    for (const name of ['a', 'b', 'c', 'd']) {
-      const rootfs = join(dir, `rootfs-${name}`);
-      makeRootfs(rootfs, { 'data/marker': `image ${name}\n` });
-      writeFileSync(join(rootfs, 'data/payload'), createHash('sha512').update(name).digest().toString('hex').repeat(4096));
-      images[name] = join(dir, `${name}.sqfs`);
-      makeSquashfs(rootfs, images[name]);
-      rmSync(rootfs, { recursive: true, force: true });
-    }
+    Object.assign(images, makeMarkedSquashfsImages(dir, ['a', 'b', 'c', 'd']));
     shim = join(dir, 'bin');
     mkdirSync(shim, { mode: 0o755 });
     const real = execFileSync('sh', ['-c', 'command -v unsquashfs'], { encoding: 'utf8' }).trim();

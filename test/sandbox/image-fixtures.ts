@@ -1,6 +1,6 @@
 import { execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { copyFileSync, existsSync, mkdirSync, readFileSync, writeFileSync, chmodSync } from 'node:fs';
+import { copyFileSync, existsSync, mkdirSync, readFileSync, rmSync, writeFileSync, chmodSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 
 /*
@@ -182,6 +182,23 @@ export function hostilePseudoArgs(): string[] {
 export function makeSquashfs(rootfs: string, file: string, options: { hostile?: boolean } = {}): void {
   const pseudo = options.hostile === true ? hostilePseudoArgs() : [];
   execFileSync('mksquashfs', [rootfs, file, '-noappend', '-quiet', '-no-progress', '-all-root', ...pseudo], { stdio: 'ignore' });
+}
+
+/**
+ * Squashfs images `<dir>/<name>.sqfs`, one per name: a root filesystem whose /data/marker names its
+ * image and whose /data/payload (~512 KB, different in each) gives every image its own digest.
+ */
+export function makeMarkedSquashfsImages(dir: string, names: readonly string[]): Record<string, string> {
+  const images: Record<string, string> = {};
+  for (const name of names) {
+    const rootfs = join(dir, `rootfs-${name}`);
+    makeRootfs(rootfs, { 'data/marker': `image ${name}\n` });
+    writeFileSync(join(rootfs, 'data/payload'), createHash('sha512').update(name).digest().toString('hex').repeat(4096));
+    images[name] = join(dir, `${name}.sqfs`);
+    makeSquashfs(rootfs, images[name]);
+    rmSync(rootfs, { recursive: true, force: true });
+  }
+  return images;
 }
 
 /**

@@ -6,7 +6,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { bwrapAvailable, createBwrapProvider, createImageResolver, type Sandbox } from '@rollserve/core/sandbox';
-import { makeRootfs, makeSquashfs } from './image-fixtures.ts';
+import { makeMarkedSquashfsImages } from './image-fixtures.ts';
 import { missingCommands } from '@rollserve/testing';
 
 // The image cache's cap: LRU eviction that never evicts an image a sandbox runs on, in this
@@ -31,14 +31,7 @@ describe.skipIf(skip !== undefined)('the image cache: a cap, LRU eviction, uses 
     chmodSync(dir, 0o755);
     sandboxDir = join(dir, 'sandboxes');
     mkdirSync(sandboxDir, { mode: 0o755 });
-    for (const name of ['a', 'b', 'c', 'd']) {
-      const rootfs = join(dir, `rootfs-${name}`);
-      makeRootfs(rootfs, { 'data/marker': `image ${name}\n` });
-      writeFileSync(join(rootfs, 'data/payload'), createHash('sha512').update(name).digest().toString('hex').repeat(4096));
-      images[name] = join(dir, `${name}.sqfs`);
-      makeSquashfs(rootfs, images[name]);
-      rmSync(rootfs, { recursive: true, force: true });
-    }
+    Object.assign(images, makeMarkedSquashfsImages(dir, ['a', 'b', 'c', 'd']));
     // one entry's size, from its record
     const scratch = join(dir, 'scratch-cache');
     const resolver = createImageResolver();

@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { chmodSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { defineEnvironment } from '@rollserve/core';
@@ -7,7 +7,7 @@ import { bwrapAvailable, createBwrapProvider, createImageResolver } from '@rolls
 import { missingCommands, startFakePolicy, startTestRolloutService } from '@rollserve/testing';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
-import { makeRootfs, makeSquashfs } from './image-fixtures.ts';
+import { makeMarkedSquashfsImages } from './image-fixtures.ts';
 
 // Images readied ahead of the rollouts that need them: while a rollout holds the one INIT slot,
 // the ones queued behind it have their images unpacked into the cache (the runner's prefetch,
@@ -51,14 +51,7 @@ describe.skipIf(skip !== undefined)('images prefetched for rollouts waiting for 
     chmodSync(dir, 0o755);
     sandboxDir = join(dir, 'sandboxes');
     mkdirSync(sandboxDir, { mode: 0o755 });
-    for (const name of ['a', 'b', 'd']) {
-      const rootfs = join(dir, `rootfs-${name}`);
-      makeRootfs(rootfs, { 'data/marker': `image ${name}\n` });
-      writeFileSync(join(rootfs, 'data/payload'), createHash('sha512').update(name).digest().toString('hex').repeat(4096));
-      images[name] = join(dir, `${name}.sqfs`);
-      makeSquashfs(rootfs, images[name]);
-      rmSync(rootfs, { recursive: true, force: true });
-    }
+    Object.assign(images, makeMarkedSquashfsImages(dir, ['a', 'b', 'd']));
     const scratch = join(dir, 'scratch-cache');
     const resolver = createImageResolver();
     await resolver.resolve(`squashfs:${images.a}`, { cacheDir: scratch });
