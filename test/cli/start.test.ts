@@ -88,16 +88,18 @@ describe('rollserve start', () => {
     }
   }, 90_000);
 
-  it('forgets a node that left once --node-retention-s has passed', async () => {
+  it('forgets a node that left once --node-retention-s has passed; with --proxy-node-turns a node that can call backends itself is not handed routes', async () => {
     const dir = await mkdtemp(join(tmpdir(), 'rollserve-start-'));
-    const service = startCli(['--store', `sqlite://${join(dir, 'store.db')}`, '--journal', join(dir, 'journal.jsonl'), '--run-locally', 'never', '--node-retention-s', '0']);
+    const service = startCli(['--store', `sqlite://${join(dir, 'store.db')}`, '--journal', join(dir, 'journal.jsonl'), '--run-locally', 'never', '--node-retention-s', '0', '--proxy-node-turns']);
     try {
       const urls = await started(service);
-      const node = new NodeClient({ serviceUrl: urls.rollouts! });
-      const listed = async () => ((await call(urls.rollouts!, 'GET', '/v1/nodes')).json as { nodes: Array<{ node_id: string; state: string }> }).nodes.map((n) => [n.node_id, n.state]);
+      const node = new NodeClient({ serviceUrl: urls.rollouts!, features: ['weights', 'prefetch', 'direct-backends'] });
+      const listed = async () => ((await call(urls.rollouts!, 'GET', '/v1/nodes')).json as { nodes: Array<{ node_id: string; state: string; direct_backends: boolean }> }).nodes.map((n) => [n.node_id, n.state, n.direct_backends]);
       try {
-        await node.register({ node_id: 'passing', host: 'localhost', pid: process.pid, capacity: { init: 1, run: 1, eval: 1 }, max_rollouts: 1, environments: ['code', 'math', 'stem', 'swe'] });
-        expect(await listed()).toEqual([['passing', 'up']]);
+        const registered = await node.register({ node_id: 'passing', host: 'localhost', pid: process.pid, capacity: { init: 1, run: 1, eval: 1 }, max_rollouts: 1, environments: ['code', 'math', 'stem', 'swe'] });
+        expect(registered.features).toBeUndefined();
+        expect(node.serviceFeatures).toEqual([]);
+        expect(await listed()).toEqual([['passing', 'up', false]]);
         await node.deregister('passing');
         // gone at the service's next sweep (every 2 s); a deadline, so a failure still stops the service
         const deadline = Date.now() + 30_000;

@@ -297,5 +297,8 @@ describe('old and new, mixed', () => {
     expect(plain.json.weights).toBeUndefined();
     const refused = await getJson(test.url, '/v1/nodes/r2/route', { body, headers: { authorization: 'Bearer node-token', 'x-rollserve-node-credential': plain.json.credential } });
     expect(refused.status).toBe(409);
+    // the list says which way each node's turns go
+    const listed = await getJson(test.url, '/v1/nodes', { headers: { authorization: 'Bearer client-token' } });
+    expect(Object.fromEntries((listed.json.nodes as Array<{ node_id: string; direct_backends: boolean }>).map((n) => [n.node_id, n.direct_backends]))).toEqual({ r1: true, r2: false });
   }, 60_000);
 });

@@ -33,6 +33,7 @@ export default defineCommand({
     'lease-s': { type: 'string', description: 'Lease of a rollout node on its work, renewed by heartbeats', default: '30' },
     'node-timeout-s': { type: 'string', description: 'A node silent this long is lost and its work re-issued', default: '10' },
     'node-retention-s': { type: 'string', description: 'A node that left or was lost is listed this long after it was last heard from', default: '3600' },
+    'proxy-node-turns': { type: 'boolean', description: 'Rollout nodes send their policy turns through this service, not to the backends themselves (for compute hosts that cannot reach the policy servers)', default: false },
     'node-token': { type: 'string', description: 'Bearer token of the rollout-node routes instead of --token, which they then refuse (as every other route refuses this one; also ROLLSERVE_NODE_TOKEN)' },
     ...tokenArgs,
     ...bodyArgs,
@@ -61,6 +62,7 @@ export default defineCommand({
       allowNoToken: access.allowNoToken,
       ...(access.token ? { token: access.token } : {}),
       ...(nodeToken ? { nodeToken } : {}),
+      ...(args['proxy-node-turns'] ? { directBackends: false } : {}),
       ...(args.model ? { defaultModel: args.model } : {}),
       ...(access.maxBodyBytes !== undefined ? { maxBodyBytes: access.maxBodyBytes } : {}),
     });

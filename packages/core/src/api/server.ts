@@ -34,6 +34,8 @@ export interface RolloutServerOptions {
   nodeTimeoutMs?: number;
   nodeRetentionMs?: number;
   pools?: Partial<Record<StageName, number>>;
+  /** Hand rollout nodes routes to the backends (nodes that can then send their policy turns there themselves). @default true */
+  directBackends?: boolean;
   logger?: Logger;
   /**
    * The largest request body the API reads, in bytes (4 times as much for a node's results): a
@@ -72,6 +74,7 @@ export async function startRolloutServer(options: RolloutServerOptions): Promise
     ...(options.nodeTimeoutMs !== undefined ? { nodeTimeoutMs: options.nodeTimeoutMs } : {}),
     ...(options.nodeRetentionMs !== undefined ? { nodeRetentionMs: options.nodeRetentionMs } : {}),
     ...(options.pools ? { pools: options.pools } : {}),
+    ...(options.directBackends !== undefined ? { directBackends: options.directBackends } : {}),
     ...(options.logger ? { logger: options.logger } : {}),
   });
   const app = createRolloutApi(service, {

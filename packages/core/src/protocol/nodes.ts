@@ -196,6 +196,8 @@ export const NodeView = NodeRegistration.extend({
   /** Results it committed since the service started. */
   committed: z.number().int(),
   state: z.enum(['up', 'lost', 'left']),
+  /** It sends its policy turns to the backends itself, on routes the service hands it (DIRECT_BACKENDS_FEATURE taken up); else they go through the service. */
+  direct_backends: z.boolean(),
   /** Why a lost node was lost: no heartbeat for its timeout, or its Slurm job gone. A lost node that leaves stays lost. */
   lost_reason: z.string().optional(),
 }).openapi('NodeView');

@@ -275,6 +275,7 @@ export class NodeRegistry {
         leases: leases.get(node.registration.node_id) ?? 0,
         committed: node.committed,
         state: node.state,
+        direct_backends: node.direct === true,
         ...(node.lostReason ? { lost_reason: node.lostReason } : {}),
       }));
   }
