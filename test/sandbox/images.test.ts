@@ -239,6 +239,9 @@ describe.skipIf(skip !== undefined)('images on bwrap', () => {
     chmodSync(join(root, 'many/d3/f7'), 0o750);
     execFileSync('ln', ['-s', '../d0/f0', join(root, 'many/d1/link')]);
     execFileSync('ln', [join(root, 'many/d2/f2'), join(root, 'many/d25/hard')]);
+    // and one whose names need escaping in unsquashfs's pseudo-file listing
+    writeFileSync(join(root, 'many/d0/a b\\c"d'), 'linked\n');
+    execFileSync('ln', [join(root, 'many/d0/a b\\c"d'), join(root, 'many/d24/e f')]);
     const file = join(dir, 'large.sqfs');
     makeSquashfs(root, file, { hostile: true });
     const resolved = await resolveImage(`squashfs:${file}`, { cacheDir: join(dir, 'cache-large') });
@@ -248,6 +251,10 @@ describe.skipIf(skip !== undefined)('images on bwrap', () => {
     expect(listing(resolved.rootfs)).toEqual(listing(root));
     const digest = (base: string): string => execFileSync('sh', ['-c', "find many data -type f -exec sha256sum {} + | sort"], { cwd: base, encoding: 'utf8' });
     expect(digest(resolved.rootfs)).toBe(digest(root));
+    // hard links stay one file, though their names are at the two ends of the listing
+    for (const [a, b] of [['many/d2/f2', 'many/d25/hard'], ['many/d0/a b\\c"d', 'many/d24/e f']]) {
+      expect(statSync(join(resolved.rootfs, b!)).ino, b).toBe(statSync(join(resolved.rootfs, a!)).ino);
+    }
     // the hostile entries were not made, or were sealed
     expect(readdirSync(join(resolved.rootfs, 'hostile')).sort()).toEqual(['sgid', 'shared', 'sticky', 'suid']);
     for (const name of ['sgid', 'suid', 'shared', 'shared/open-file', 'sticky']) expect(statSync(join(resolved.rootfs, 'hostile', name)).mode & 0o6022, name).toBe(0);

@@ -13,7 +13,9 @@ import type { ImageKindHandler } from './kind.ts';
 // kernel time (this CI's ext4: 276 µs an openat(O_CREAT), 4.4 s of a 218 MB image's 16,000 files)
 // the unpack is bound by file creation, one file at a time. So a large image's files are split
 // into contiguous runs of its listing and unpacked by several unsquashfs at once into the same
-// root (`-ef`, `-f` so that the directories they share are made by whichever comes first).
+// root (`-ef`, `-f` so that the directories they share are made by whichever comes first). The
+// names of one file (hard links: a conda environment's files and its package cache share theirs)
+// go to one unsquashfs, which makes them one file again; split, they would be copies.
 
 /** Images with fewer files are unpacked by one unsquashfs. */
 const PARALLEL_MIN_FILES = 2000;
@@ -29,10 +31,11 @@ export const squashfs: ImageKindHandler = {
       if ('error' in partition) throw imageError(reference, `not a usable SIF: ${partition.error}`);
       offset = partition.offset;
     }
-    const listing = await squashfsListing(reference, parsed.path, offset, unpackAs, signal);
+    const [listing, links] = await Promise.all([squashfsListing(reference, parsed.path, offset, unpackAs, signal), hardLinks(parsed.path, offset, unpackAs, signal)]);
     const workers = Math.min(PARALLEL_MAX, availableParallelism(), Math.floor(listing.leaves.length / (PARALLEL_MIN_FILES / 2)));
-    if (listing.exact && workers >= 2) {
-      const made = await unpackInParallel(reference, parsed.path, offset, rootfs, staging, listing.leaves, workers, unpackAs, signal);
+    const runs = listing.exact && workers >= 2 && links !== undefined ? splitRuns(listing.leaves, workers, links) : undefined;
+    if (runs !== undefined) {
+      const made = await unpackInParallel(reference, parsed.path, offset, rootfs, staging, runs, unpackAs, signal);
       // what the listing names and the workers made are counted, not assumed (a name unsquashfs
       // reads back differently from an extract file would be missing): else one unsquashfs again
       if (made === listing.leaves.filter((leaf) => leaf.type !== 'd').length) return (root) => ({ env: singularityEnv(root) });
@@ -101,26 +104,71 @@ async function squashfsListing(reference: string, file: string, offset: number, 
 }
 
 /**
- * Unpacks `leaves` with `workers` unsquashfs at once, each a contiguous run of them (files of one
- * directory mostly go to one), into `rootfs`; returns how many files and symlinks they made.
+ * The hard links of a squashfs, each name to the name it links to, from the pseudo-file
+ * definitions unsquashfs writes (`-pf`: `name L target`, names backslash-escaped) before the file
+ * data, which is not read: `sed` ends the pipe at the data's marker. (`-pf` wants a file it can
+ * open: a pipe of the shell's, not the socket Node gives a child.) Undefined when they cannot be
+ * read: then one unsquashfs unpacks the image.
  */
+async function hardLinks(file: string, offset: number, as: { uid: number; gid: number } | undefined, signal: AbortSignal | undefined): Promise<Map<string, string> | undefined> {
+  let stdout: string;
+  try {
+    ({ stdout } = await run('sh', ['-c', 'unsquashfs -no-progress -pf /dev/stdout -offset "$1" "$2" 2>/dev/null | sed "/^# START OF DATA/q"', 'sh', String(offset), file], {
+      maxBuffer: 512 * 1024 * 1024,
+      env: toolEnv(as),
+      cwd: '/',
+      ...(signal === undefined ? {} : { signal }),
+      ...(as === undefined ? {} : { uid: as.uid, gid: as.gid }),
+    }));
+  } catch {
+    return undefined;
+  }
+  const lines = stdout.split('\n');
+  if (!lines.some((line) => line.startsWith('# START OF DATA'))) return undefined;
+  const unescape = (name: string): string => name.replace(/\\(.)/g, '$1');
+  const links = new Map<string, string>();
+  for (const line of lines) {
+    const link = /^((?:\\.|[^\\ ])+) L ((?:\\.|[^\\])+)$/.exec(line);
+    if (link !== null) links.set(unescape(link[1]!), unescape(link[2]!));
+  }
+  return links;
+}
+
+/**
+ * `leaves` in `workers` contiguous runs (files of one directory mostly go to one), every name of a
+ * hard-linked file in the run of the name it links to; undefined when a link names a file the
+ * listing does not (read back differently: one unsquashfs does it all then).
+ */
+function splitRuns(leaves: Listing['leaves'], workers: number, links: Map<string, string>): string[][] | undefined {
+  const per = Math.ceil(leaves.length / workers);
+  const runOf = new Map<string, number>();
+  leaves.forEach((leaf, i) => runOf.set(leaf.name, Math.floor(i / per)));
+  const runs: string[][] = Array.from({ length: workers }, () => []);
+  for (const [link, target] of links) {
+    const at = runOf.get(target);
+    if (at === undefined || !runOf.has(link)) return undefined;
+    runOf.set(link, at);
+  }
+  for (const leaf of leaves) runs[runOf.get(leaf.name)!]!.push(leaf.name);
+  return runs.filter((run) => run.length > 0);
+}
+
+/** Unpacks each run of names with an unsquashfs of its own, all at once, into `rootfs`; returns how many files, symlinks and hard links they made. */
 async function unpackInParallel(
   reference: string,
   file: string,
   offset: number,
   rootfs: string,
   staging: string,
-  leaves: Listing['leaves'],
-  workers: number,
+  runs: string[][],
   as: { uid: number; gid: number } | undefined,
   signal: AbortSignal | undefined,
 ): Promise<number> {
-  const per = Math.ceil(leaves.length / workers);
   const counts = await Promise.all(
-    Array.from({ length: workers }, async (_, i) => {
+    runs.map(async (names, i) => {
       const list = join(staging, `extract-${i}`);
       // read by the unpacking uid; -no-wildcards: each line is a path, not a pattern
-      writeFileSync(list, `${leaves.slice(i * per, (i + 1) * per).map((leaf) => leaf.name).join('\n')}\n`, { mode: 0o644 });
+      writeFileSync(list, `${names.join('\n')}\n`, { mode: 0o644 });
       let stdout: string;
       try {
         ({ stdout } = await run('unsquashfs', ['-f', '-no-progress', '-no-xattrs', '-no-wildcards', '-offset', String(offset), '-dest', rootfs, '-ef', list, file], {
