@@ -10,6 +10,10 @@ export default defineConfig({
   ssr: { resolve: { conditions } },
   test: {
     reporters: ['default', new SummaryReporter()],
+    // `pnpm test` runs one file per core (--maxWorkers=100%): vitest's default, one fewer, ran CI's
+    // 2-core machine one file at a time, though most suites wait on their child processes, servers
+    // and Slurm more than they compute. A bare `vitest run <files>` keeps the default. (Set on the
+    // command line, not here: a value here is every project's, which --maxWorkers cannot override.)
     testTimeout: 30_000,
     // Servers log errors the tests provoke on purpose; ROLLSERVE_LOG_LEVEL=info shows them.
     env: { ROLLSERVE_LOG_LEVEL: process.env.ROLLSERVE_LOG_LEVEL ?? 'silent' },

@@ -124,10 +124,12 @@ export async function startNode(
   { agent = 'node-agent.ts', env = {} }: { agent?: string; env?: Record<string, string> } = {},
 ): Promise<NodeProcess> {
   const script = fileURLToPath(new URL(`./fixtures/${agent}`, import.meta.url));
-  const child = spawn(process.execPath, ['--import', 'tsx', '--conditions=@rollserve/source', script, JSON.stringify({ claimWaitMs: 1_000, ...options })], {
+  // TMPDIR (`sandboxes`) is set by the preload after tsx: see fixtures/sandbox-tmpdir.mjs
+  const preload = fileURLToPath(new URL('./fixtures/sandbox-tmpdir.mjs', import.meta.url));
+  const child = spawn(process.execPath, ['--import', 'tsx', '--import', preload, '--conditions=@rollserve/source', script, JSON.stringify({ claimWaitMs: 1_000, ...options })], {
     cwd: workspaceRoot(),
     stdio: ['ignore', 'pipe', 'pipe'],
-    env: { ...process.env, ROLLSERVE_LOG_LEVEL: process.env.ROLLSERVE_LOG_LEVEL ?? 'silent', TMPDIR: sandboxes, ...env },
+    env: { ...process.env, ROLLSERVE_LOG_LEVEL: process.env.ROLLSERVE_LOG_LEVEL ?? 'silent', ROLLSERVE_TEST_NODE_TMPDIR: sandboxes, ...env },
   });
   const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => child.once('exit', (code, signal) => resolve({ code, signal })));
   resources.add(async () => {

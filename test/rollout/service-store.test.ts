@@ -98,6 +98,10 @@ describe('rollout service on its store', () => {
     const registered = await svc.registerNode(node('n-lost'));
     expect(registered).toEqual({ node_id: 'n-lost', credential: expect.stringMatching(/^[\w-]{43}$/), lease_ms: 30_000, heartbeat_ms: 20, node_timeout_ms: 150 });
     const nLost = registered;
+    // it heartbeats until then, as a node does: a loaded machine can take longer than the 150 ms
+    // timeout to run and commit the first (it was then lost already, and that commit stale)
+    const beating = setInterval(() => void svc.heartbeat(nLost, []).catch(() => {}), 20);
+    cleanups.push(async () => clearInterval(beating));
     const claims = await svc.claimForNode(nLost, 2, 0);
     expect(claims.map((c) => [c.rollout_id, c.attempt])).toEqual([['a', 1], ['b', 1]]);
     expect((await svc.get('a'))!.state).toBe('queued'); // leased, not started on the node yet
@@ -106,6 +110,7 @@ describe('rollout service on its store', () => {
     const early = await runner.run({ id: 'a', taskId: 'a', sampleIndex: 0, attempt: 1, task: claims[0]!.task });
     expect(early).toMatchObject({ state: 'done', reward: 1 });
     expect(await svc.commitFromNode(nLost, [{ rollout_id: 'a', attempt: 1, result: early }])).toEqual(['committed']);
+    clearInterval(beating);
     const late = await runner.run({ id: 'b', taskId: 'b', sampleIndex: 0, attempt: 1, task: claims[1]!.task });
 
     // silent past its timeout: lost, its other rollout re-issued

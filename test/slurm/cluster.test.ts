@@ -33,6 +33,14 @@ function comm(pid: number): string | undefined {
   }
 }
 
+function environ(pid: number): string[] {
+  try {
+    return readFileSync(`/proc/${pid}/environ`, 'latin1').split('\0');
+  } catch {
+    return [];
+  }
+}
+
 describe.skipIf(missing !== undefined)('single-host Slurm test cluster', () => {
   let slurm: TestSlurm;
 
@@ -239,7 +247,9 @@ describe.skipIf(missing !== undefined)('single-host Slurm test cluster', () => {
 
   it('close() stops every daemon and job process, orphans of a dead slurmd included, and removes its dir', async () => {
     const id = await slurm.sbatch(['--array=1-4', '-N1', '-n1', '--exclusive', '-o', '/dev/null', '--wrap', 'exec sleep 600']);
-    await slurm.waitFor('4 sleepers running', async () => (await slurm.jobs(id)).filter((t) => t.state === 'RUNNING').length === 4, { timeoutMs: 120_000 });
+    // (a task is RUNNING to Slurm a while before its slurmstepd has started it, on a loaded machine)
+    const sleepers = () => processesIn(slurm.dir).filter((pid) => comm(pid) === 'sleep' && environ(pid).includes(`SLURM_ARRAY_JOB_ID=${id}`)).length;
+    await slurm.waitFor('4 sleepers running', async () => (await slurm.jobs(id)).filter((t) => t.state === 'RUNNING').length === 4 && sleepers() === 4, { timeoutMs: 120_000 });
     // A crashed slurmd leaves its slurmstepd and task running: close() must still get them.
     await slurm.killSlurmd('n4');
     const daemons = slurm.daemonPids();
