@@ -12,10 +12,10 @@ import { describe, expect, it } from 'vitest';
 const ROLLSERVE = join(workspaceRoot(), 'packages', 'cli', 'bin', 'rollserve.js');
 
 /** `rollserve start` on free ports with `args`, its output kept. */
-function startCli(args: string[]) {
+function startCli(args: string[], env: NodeJS.ProcessEnv = {}) {
   const child = spawn(process.execPath, [ROLLSERVE, 'start', '--port', '0', ...args], {
     stdio: ['ignore', 'pipe', 'pipe'],
-    env: { ...process.env, ROLLSERVE_LOG_LEVEL: 'silent' },
+    env: { ...process.env, ROLLSERVE_LOG_LEVEL: 'silent', ...env },
   });
   let output = '';
   child.stdout!.on('data', (c: Buffer) => (output += c));
@@ -83,6 +83,35 @@ describe('rollserve start', () => {
       expect(await stop(second.child)).toBe(0);
     } finally {
       if (second.child.exitCode === null) second.child.kill('SIGKILL');
+      await fake.close();
+      await rm(dir, { recursive: true, force: true });
+    }
+  }, 90_000);
+
+  it('warms up before it listens (--warm-up, ROLLSERVE_WARM_UP) on a store and a policy of its own', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'rollserve-start-'));
+    const fake = await startFakePolicy({ script: () => 'The sum is \\boxed{8}.' });
+    const store = `sqlite://${join(dir, 'store.db')}`;
+    const service = startCli(['--llm', fake.url, '--store', store, '--journal', join(dir, 'journal.jsonl'), '--warm-up', '40'], { ROLLSERVE_WARM_UP: '0' });
+    try {
+      const urls = await started(service);
+      expect(service.output()).toMatch(/^warm-up\s+40 rollouts in [\d.]+ s before listening/m);
+      expect(service.output().indexOf('warm-up')).toBeLessThan(service.output().indexOf('rollouts '));
+      expect(fake.requests).toHaveLength(0);
+      expect((await call(urls.rollouts!, 'GET', '/v1/status')).json).toMatchObject({ rollouts: { total: 0 } });
+      const submitted = await call(urls.rollouts!, 'POST', '/v1/rollouts', {
+        id: 'after',
+        env: 'math',
+        row: { responses_create_params: { input: 'What is 3+5?' }, question: 'What is 3+5?', expected_answer: '8' },
+        policy: { model: 'fake-policy' },
+      });
+      expect(submitted.status).toBe(202);
+      const stream = await request(`${urls.rollouts}/v1/rollouts/stream?ids=after`);
+      expect((await stream.body.text()).trim().split('\n').map((line) => (JSON.parse(line) as { reward: number }).reward)).toEqual([1]);
+      expect(fake.requests).toHaveLength(1);
+      expect(await stop(service.child)).toBe(0);
+    } finally {
+      if (service.child.exitCode === null) service.child.kill('SIGKILL');
       await fake.close();
       await rm(dir, { recursive: true, force: true });
     }
