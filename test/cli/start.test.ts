@@ -1,6 +1,6 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { NodeClient } from '@rollserve/core/node';
@@ -116,6 +116,29 @@ describe('rollserve start', () => {
       await rm(dir, { recursive: true, force: true });
     }
   }, 90_000);
+
+  it('leaves nothing of a warm-up stopped by SIGINT, and exits by the signal', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'rollserve-start-'));
+    const temp = join(dir, 'tmp');
+    await mkdir(temp);
+    const service = startCli(['--store', `sqlite://${join(dir, 'store.db')}`, '--journal', join(dir, 'journal.jsonl'), '--warm-up', '1000000'], { TMPDIR: temp });
+    try {
+      // the warm-up's store is there: it runs
+      const deadline = Date.now() + 30_000;
+      while (!(await readdir(temp)).some((name) => name.startsWith('rollserve-warm-up-'))) {
+        if (Date.now() > deadline || service.child.exitCode !== null) throw new Error(`no warm-up: ${service.output()}`);
+        await new Promise((r) => setTimeout(r, 50));
+      }
+      service.child.kill('SIGINT');
+      const [code, signal] = (await once(service.child, 'exit')) as [number | null, NodeJS.Signals | null];
+      expect({ code, signal }).toEqual({ code: null, signal: 'SIGINT' });
+      expect(service.output()).not.toMatch(/^rollouts\s/m);
+      expect(await readdir(temp)).toEqual([]);
+    } finally {
+      if (service.child.exitCode === null && service.child.signalCode === null) service.child.kill('SIGKILL');
+      await rm(dir, { recursive: true, force: true });
+    }
+  }, 60_000);
 
   it('forgets a node that left once --node-retention-s has passed', async () => {
     const dir = await mkdtemp(join(tmpdir(), 'rollserve-start-'));

@@ -123,16 +123,17 @@ async function startStandInPolicy(reply: string): Promise<{ url: string; close()
 }
 
 /** Submits `tasks` to the twin and reads their results from the result stream; returns their states. */
-async function runBatch(url: string, dispatcher: Agent, tasks: Array<{ id: string }>, states: Record<string, number>): Promise<void> {
+async function runBatch(url: string, dispatcher: Agent, tasks: Array<{ id: string }>, states: Record<string, number>, signal: AbortSignal): Promise<void> {
   const submitted = await request(`${url}/v1/rollouts`, {
     dispatcher,
+    signal,
     method: 'POST',
     headers: { 'content-type': 'application/json' },
     body: JSON.stringify({ tasks }),
   });
   const answer = await submitted.body.text();
   if (submitted.statusCode !== 202) throw new Error(`the warm-up's submit answered ${submitted.statusCode}: ${answer.slice(0, 500)}`);
-  const stream = await request(`${url}/v1/rollouts/stream?ids=${tasks.map((t) => t.id).join(',')}`, { dispatcher });
+  const stream = await request(`${url}/v1/rollouts/stream?ids=${tasks.map((t) => t.id).join(',')}`, { dispatcher, signal });
   if (stream.statusCode !== 200) throw new Error(`the warm-up's result stream answered ${stream.statusCode}: ${(await stream.body.text()).slice(0, 500)}`);
   let buffered = '';
   for await (const chunk of stream.body) {
@@ -152,7 +153,8 @@ async function runBatch(url: string, dispatcher: Agent, tasks: Array<{ id: strin
  * Runs `options.rollouts` rollouts through a twin of the service (`launch`, on a throwaway SQLite
  * store, its policy a stand-in on loopback), then stops the twin and the stand-in and removes the
  * store's directory, whatever happened. Throws when the twin fails to start or answer; a rollout
- * that fails is a result like any other (its state counted).
+ * that fails is a result like any other (its state counted). A SIGINT or SIGTERM meanwhile stops
+ * it and cleans up; then, unless the process handles the signal itself, the signal is raised again.
  */
 export async function warmUp(options: WarmUpOptions, launch: LaunchTwin): Promise<WarmUpReport> {
   const started = performance.now();
@@ -160,15 +162,28 @@ export async function warmUp(options: WarmUpOptions, launch: LaunchTwin): Promis
   const envs = Object.entries(options.rows).filter(([, rows]) => rows.length > 0);
   if (options.rollouts <= 0 || envs.length === 0) return { rollouts: 0, states, ms: 0 };
   const batch = Math.max(1, options.batch ?? 500);
-  const dir = await mkdtemp(join(tmpdir(), 'rollserve-warm-up-'));
-  const policy = await startStandInPolicy(options.reply ?? 'The answer is \\boxed{8}.');
-  const dispatcher = new Agent({ connections: 4, headersTimeout: 0, bodyTimeout: 0 });
-  let twin: WarmUpTwin | undefined;
+  // Nothing of the warm-up may outlive it, a Ctrl-C included (the service's own signal handling
+  // starts only once it listens).
+  const interrupted = new AbortController();
+  let signalled: NodeJS.Signals | undefined;
+  const onSignal = (signal: NodeJS.Signals) => {
+    signalled = signal;
+    interrupted.abort(new Error(`the warm-up was interrupted (${signal})`));
+  };
+  process.once('SIGINT', onSignal);
+  process.once('SIGTERM', onSignal);
   const budget = options.interruptBudget ?? 8192;
   if (budget !== false) setFlagsFromString(`--interrupt-budget=${budget}`);
+  const dispatcher = new Agent({ connections: 4, headersTimeout: 0, bodyTimeout: 0 });
+  let dir: string | undefined;
+  let policy: { url: string; close(): Promise<void> } | undefined;
+  let twin: WarmUpTwin | undefined;
   try {
+    dir = await mkdtemp(join(tmpdir(), 'rollserve-warm-up-'));
+    policy = await startStandInPolicy(options.reply ?? 'The answer is \\boxed{8}.');
     twin = await launch({ store: `sqlite://${join(dir, 'warm-up.db')}`, llm: policy.url });
     for (let done = 0; done < options.rollouts; ) {
+      interrupted.signal.throwIfAborted();
       const size = Math.min(batch, options.rollouts - done);
       const tasks = Array.from({ length: size }, (_, i) => {
         const n = done + i;
@@ -176,15 +191,19 @@ export async function warmUp(options: WarmUpOptions, launch: LaunchTwin): Promis
         const row = rows[Math.floor(n / envs.length) % rows.length]!;
         return { id: `warm-up-${n}`, env, row, policy: { model: 'warm-up' } };
       });
-      await runBatch(twin.url, dispatcher, tasks, states);
+      await runBatch(twin.url, dispatcher, tasks, states, interrupted.signal);
       done += size;
     }
   } finally {
+    process.off('SIGINT', onSignal);
+    process.off('SIGTERM', onSignal);
     if (budget !== false) setFlagsFromString(`--interrupt-budget=${givenInterruptBudget()}`);
     await twin?.close();
     await dispatcher.close();
-    await policy.close();
-    await rm(dir, { recursive: true, force: true });
+    await policy?.close();
+    if (dir !== undefined) await rm(dir, { recursive: true, force: true });
+    // raised again for the default action (the exit), unless the process has handlers of its own (they had it)
+    if (signalled !== undefined && process.listenerCount(signalled) === 0) process.kill(process.pid, signalled);
   }
   return { rollouts: options.rollouts, states, ms: performance.now() - started };
 }
