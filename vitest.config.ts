@@ -16,7 +16,8 @@ export default defineConfig({
     // command line, not here: a value here is every project's, which --maxWorkers cannot override.)
     testTimeout: 30_000,
     // Servers log errors the tests provoke on purpose; ROLLSERVE_LOG_LEVEL=info shows them.
-    env: { ROLLSERVE_LOG_LEVEL: process.env.ROLLSERVE_LOG_LEVEL ?? 'silent' },
+    // `rollserve start` warms up before it listens (seconds of CPU) only where a test asks for it.
+    env: { ROLLSERVE_LOG_LEVEL: process.env.ROLLSERVE_LOG_LEVEL ?? 'silent', ROLLSERVE_WARM_UP: process.env.ROLLSERVE_WARM_UP ?? '0' },
     hookTimeout: 30_000,
     projects: [
       { extends: true, test: { name: 'core', include: ['packages/core/src/**/*.test.ts'] } },

@@ -1,6 +1,6 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { NodeClient } from '@rollserve/core/node';
@@ -12,10 +12,10 @@ import { describe, expect, it } from 'vitest';
 const ROLLSERVE = join(workspaceRoot(), 'packages', 'cli', 'bin', 'rollserve.js');
 
 /** `rollserve start` on free ports with `args`, its output kept. */
-function startCli(args: string[]) {
+function startCli(args: string[], env: NodeJS.ProcessEnv = {}) {
   const child = spawn(process.execPath, [ROLLSERVE, 'start', '--port', '0', ...args], {
     stdio: ['ignore', 'pipe', 'pipe'],
-    env: { ...process.env, ROLLSERVE_LOG_LEVEL: 'silent' },
+    env: { ...process.env, ROLLSERVE_LOG_LEVEL: 'silent', ...env },
   });
   let output = '';
   child.stdout!.on('data', (c: Buffer) => (output += c));
@@ -87,6 +87,58 @@ describe('rollserve start', () => {
       await rm(dir, { recursive: true, force: true });
     }
   }, 90_000);
+
+  it('warms up before it listens (--warm-up, ROLLSERVE_WARM_UP) on a store and a policy of its own', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'rollserve-start-'));
+    const fake = await startFakePolicy({ script: () => 'The sum is \\boxed{8}.' });
+    const store = `sqlite://${join(dir, 'store.db')}`;
+    const service = startCli(['--llm', fake.url, '--store', store, '--journal', join(dir, 'journal.jsonl'), '--warm-up', '40'], { ROLLSERVE_WARM_UP: '0' });
+    try {
+      const urls = await started(service);
+      expect(service.output()).toMatch(/^warm-up\s+40 rollouts in [\d.]+ s before listening/m);
+      expect(service.output().indexOf('warm-up')).toBeLessThan(service.output().indexOf('rollouts '));
+      expect(fake.requests).toHaveLength(0);
+      expect((await call(urls.rollouts!, 'GET', '/v1/status')).json).toMatchObject({ rollouts: { total: 0 } });
+      const submitted = await call(urls.rollouts!, 'POST', '/v1/rollouts', {
+        id: 'after',
+        env: 'math',
+        row: { responses_create_params: { input: 'What is 3+5?' }, question: 'What is 3+5?', expected_answer: '8' },
+        policy: { model: 'fake-policy' },
+      });
+      expect(submitted.status).toBe(202);
+      const stream = await request(`${urls.rollouts}/v1/rollouts/stream?ids=after`);
+      expect((await stream.body.text()).trim().split('\n').map((line) => (JSON.parse(line) as { reward: number }).reward)).toEqual([1]);
+      expect(fake.requests).toHaveLength(1);
+      expect(await stop(service.child)).toBe(0);
+    } finally {
+      if (service.child.exitCode === null) service.child.kill('SIGKILL');
+      await fake.close();
+      await rm(dir, { recursive: true, force: true });
+    }
+  }, 90_000);
+
+  it('leaves nothing of a warm-up stopped by SIGINT, and exits by the signal', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'rollserve-start-'));
+    const temp = join(dir, 'tmp');
+    await mkdir(temp);
+    const service = startCli(['--store', `sqlite://${join(dir, 'store.db')}`, '--journal', join(dir, 'journal.jsonl'), '--warm-up', '1000000'], { TMPDIR: temp });
+    try {
+      // the warm-up's store is there: it runs
+      const deadline = Date.now() + 30_000;
+      while (!(await readdir(temp)).some((name) => name.startsWith('rollserve-warm-up-'))) {
+        if (Date.now() > deadline || service.child.exitCode !== null) throw new Error(`no warm-up: ${service.output()}`);
+        await new Promise((r) => setTimeout(r, 50));
+      }
+      service.child.kill('SIGINT');
+      const [code, signal] = (await once(service.child, 'exit')) as [number | null, NodeJS.Signals | null];
+      expect({ code, signal }).toEqual({ code: null, signal: 'SIGINT' });
+      expect(service.output()).not.toMatch(/^rollouts\s/m);
+      expect(await readdir(temp)).toEqual([]);
+    } finally {
+      if (service.child.exitCode === null && service.child.signalCode === null) service.child.kill('SIGKILL');
+      await rm(dir, { recursive: true, force: true });
+    }
+  }, 60_000);
 
   it('forgets a node that left once --node-retention-s has passed; with --proxy-node-turns a node that can call backends itself is not handed routes', async () => {
     const dir = await mkdtemp(join(tmpdir(), 'rollserve-start-'));

@@ -1,8 +1,10 @@
+import { existsSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { defineCommand } from 'citty';
 import { RolloutError } from '@rollserve/core';
 import { loadEnvironment } from '@rollserve/core/gym';
 import { startRolloutServer } from '@rollserve/core/service';
-import { listInstalledEnvironments } from '../discover.ts';
+import { listInstalledEnvironments, type InstalledEnvironment } from '../discover.ts';
 import { applyImageFlags, bodyArgs, hostArg, imageArgs, listFlag, numberFlag, serveAccess, tokenArgs } from '../flags.ts';
 import { serveAll } from './serve.ts';
 
@@ -16,6 +18,29 @@ function retentionOf(args: { 'keep-results'?: string | undefined; 'keep-hours'?:
   const hours = numberFlag('keep-hours', args['keep-hours'], { min: 0 });
   if (keepLast === undefined && hours === undefined) return {};
   return { retention: { ...(keepLast !== undefined ? { keepLast } : {}), ...(hours !== undefined ? { maxAgeMs: hours * 3_600_000 } : {}) } };
+}
+
+/** Rollouts of the start-up warm-up when neither `--warm-up` nor ROLLSERVE_WARM_UP says otherwise. */
+const DEFAULT_WARM_UP = 1_000;
+
+/**
+ * The warm-up's rows: the `data/warm-up.jsonl` of each environment that ships one (rows cheap to
+ * verify, as the environment's author chose them); when none does, each environment's
+ * `data/example.jsonl`. Environments that declare a sandbox are left out (a warm-up that starts
+ * sandboxes would cost more than it pre-pays).
+ */
+function warmUpRows(installed: InstalledEnvironment[], environments: ReadonlyArray<{ name: string; sandbox?: unknown }>): Record<string, Array<Record<string, unknown>>> {
+  const read = (name: string) => {
+    const rows: Record<string, Array<Record<string, unknown>>> = {};
+    for (const [i, env] of environments.entries()) {
+      const file = join(installed[i]!.dir, 'data', name);
+      if (env.sandbox !== undefined || !existsSync(file)) continue;
+      rows[env.name] = readFileSync(file, 'utf8').split('\n').filter((line) => line.trim()).map((line) => JSON.parse(line) as Record<string, unknown>);
+    }
+    return rows;
+  };
+  const chosen = read('warm-up.jsonl');
+  return Object.keys(chosen).length > 0 ? chosen : read('example.jsonl');
 }
 
 export default defineCommand({
@@ -35,6 +60,10 @@ export default defineCommand({
     'node-retention-s': { type: 'string', description: 'A node that left or was lost is listed this long after it was last heard from', default: '3600' },
     'proxy-node-turns': { type: 'boolean', description: 'Rollout nodes send their policy turns through this service, not to the backends themselves (for compute hosts that cannot reach the policy servers)', default: false },
     'node-token': { type: 'string', description: 'Bearer token of the rollout-node routes instead of --token, which they then refuse (as every other route refuses this one; also ROLLSERVE_NODE_TOKEN)' },
+    'warm-up': {
+      type: 'string',
+      description: `Rollouts run before the service listens, on a throwaway store with a stand-in policy, so that it serves warm from its first rollout; 0: off (also ROLLSERVE_WARM_UP; default ${DEFAULT_WARM_UP})`,
+    },
     ...tokenArgs,
     ...bodyArgs,
     ...imageArgs,
@@ -47,6 +76,7 @@ export default defineCommand({
     const environments = await Promise.all(installed.map((env) => loadEnvironment(env.dir)));
     const port = Number(args.port);
     const nodeToken = (args['node-token'] ?? process.env.ROLLSERVE_NODE_TOKEN) || undefined;
+    const warmUp = numberFlag('warm-up', args['warm-up'] ?? process.env.ROLLSERVE_WARM_UP, { integer: true, min: 0 }) ?? DEFAULT_WARM_UP;
     const server = await startRolloutServer({
       environments,
       host: access.host,
@@ -65,7 +95,9 @@ export default defineCommand({
       ...(args['proxy-node-turns'] ? { directBackends: false } : {}),
       ...(args.model ? { defaultModel: args.model } : {}),
       ...(access.maxBodyBytes !== undefined ? { maxBodyBytes: access.maxBodyBytes } : {}),
+      ...(warmUp > 0 ? { warmUp: { rollouts: warmUp, rows: warmUpRows(installed, environments) } } : {}),
     });
+    if (server.warmUp) console.log(`${'warm-up'.padEnd(12)} ${server.warmUp.rollouts} rollouts in ${(server.warmUp.ms / 1000).toFixed(1)} s before listening (--warm-up 0: off)`);
     console.log(`${'rollouts'.padEnd(12)} ${server.url}   (rollout service: POST /v1/rollouts, GET /v1/status, /metrics)`);
     await serveAll(installed, access, port === 0 ? 0 : port + 1, [server]);
   },

@@ -1,11 +1,16 @@
-import type { Logger } from 'pino';
+import { pino, type Logger } from 'pino';
 import { assertBindAllowed } from '../server/bind-policy.ts';
 import { serveFetch, type RunningServer } from '../server/serve.ts';
 import type { Environment } from '../spec/environment.ts';
 import { createRolloutApi } from './index.ts';
 import { LlmBackendPool } from '../llm/index.ts';
 import { PoolModelProvider } from '../runner/model-provider.ts';
+import { RunnerEnvironments } from '../runner/environments.ts';
+import type { EnvironmentSetups } from '../runner/runner.ts';
 import { RolloutService, type RolloutServiceOptions, type StageName } from '../service/service.ts';
+import { warmUp, type WarmUpOptions, type WarmUpReport } from './warm-up.ts';
+
+export type { WarmUpOptions, WarmUpReport } from './warm-up.ts';
 
 export interface RolloutServerOptions {
   environments: ReadonlyArray<Environment<any, any, any>>;
@@ -44,6 +49,18 @@ export interface RolloutServerOptions {
   maxBodyBytes?: number;
   /** Silence after which a result stream sends a keep-alive. @default 15 s */
   streamKeepAliveMs?: number;
+  /**
+   * Rollouts run before the service listens, through a twin of it (its HTTP API on loopback, a
+   * throwaway SQLite store, the environments' `setup`s then kept by the service, a stand-in
+   * policy on loopback): the JIT work and the worker pools' start that a fresh service otherwise
+   * pays during its first thousands of rollouts. Touches neither the store nor the LLM backends.
+   * @default none
+   */
+  warmUp?: WarmUpOptions;
+  /** What the environments' `setup`s returned, when another runner of this process shares them (see RolloutRunnerOptions). */
+  environmentSetups?: EnvironmentSetups;
+  /** Whether closing the service closes the environments. @default true */
+  closeEnvironments?: boolean;
 }
 
 export interface RolloutServer {
@@ -51,6 +68,8 @@ export interface RolloutServer {
   readonly service: RolloutService;
   readonly backends: LlmBackendPool;
   readonly running: RunningServer;
+  /** What the start-up warm-up did (when `warmUp` was given). */
+  readonly warmUp?: WarmUpReport;
   close(): Promise<void>;
 }
 
@@ -58,6 +77,31 @@ export interface RolloutServer {
 export async function startRolloutServer(options: RolloutServerOptions): Promise<RolloutServer> {
   const host = options.host ?? '127.0.0.1';
   assertBindAllowed({ host, token: options.token || undefined, allowNoToken: options.allowNoToken });
+  const environmentSetups = options.environmentSetups ?? new Map<string, Promise<unknown>>();
+  let warmed: WarmUpReport | undefined;
+  let warmUpFailed: unknown;
+  if (options.warmUp && options.warmUp.rollouts > 0) {
+    try {
+      warmed = await warmUp(options.warmUp, ({ store, llm }) =>
+        startRolloutServer({
+          environments: options.environments,
+          ...(options.environmentConfigs ? { environmentConfigs: options.environmentConfigs } : {}),
+          ...(options.pools ? { pools: options.pools } : {}),
+          ...(options.maxBodyBytes !== undefined ? { maxBodyBytes: options.maxBodyBytes } : {}),
+          store,
+          llmBackends: [llm],
+          runLocally: 'always',
+          logger: pino({ level: 'silent' }),
+          environmentSetups,
+          closeEnvironments: false,
+        }),
+      );
+    } catch (error) {
+      // A warm-up is worth its start time only: the service starts without it (and owns, and
+      // closes, whatever setups it started).
+      warmUpFailed = error;
+    }
+  }
   const backends = new LlmBackendPool();
   for (const url of options.llmBackends ?? []) backends.add({ baseUrl: url });
   const models = new PoolModelProvider(backends);
@@ -76,7 +120,14 @@ export async function startRolloutServer(options: RolloutServerOptions): Promise
     ...(options.pools ? { pools: options.pools } : {}),
     ...(options.directBackends !== undefined ? { directBackends: options.directBackends } : {}),
     ...(options.logger ? { logger: options.logger } : {}),
+    environmentSetups,
+    ...(options.closeEnvironments !== undefined ? { closeEnvironments: options.closeEnvironments } : {}),
+  }).catch(async (error: unknown) => {
+    // the setups the warm-up started (worker pools) are closed here, as the service would have
+    if (options.closeEnvironments !== false) await new RunnerEnvironments(options.environments, options.environmentConfigs, undefined, { setups: environmentSetups }).close();
+    throw error;
   });
+  if (warmUpFailed !== undefined) service.logger.warn({ err: warmUpFailed }, 'the start-up warm-up failed: serving without it');
   const app = createRolloutApi(service, {
     backends,
     ...(options.token ? { token: options.token } : {}),
@@ -91,6 +142,7 @@ export async function startRolloutServer(options: RolloutServerOptions): Promise
     service,
     backends,
     running,
+    ...(warmed ? { warmUp: warmed } : {}),
     close: async () => {
       await running.close();
       await service.close();

@@ -3,6 +3,13 @@ import type { SandboxProvider, SandboxSpec } from '../sandbox/types.ts';
 import type { Environment } from '../spec/environment.ts';
 
 /**
+ * What environments' `setup`s returned, by environment name, shared by runners of one process
+ * (the start-up warm-up's and the service's, so that the service serves with the worker pools the
+ * warm-up already started and warmed). Whoever owns them closes them.
+ */
+export type EnvironmentSetups = Map<string, Promise<unknown>>;
+
+/**
  * The environments a runner serves, with their configs (parsed once), their `setup` (run on the
  * first rollout) and the sandboxes they have open.
  */
@@ -11,15 +18,20 @@ export class RunnerEnvironments {
   readonly #envs = new Map<string, Environment<any, any, any>>();
   readonly #configs: Record<string, Record<string, unknown>> = {};
   /** What each environment's `setup` returned (started on its first rollout). */
-  readonly #setups = new Map<string, Promise<unknown>>();
+  readonly #setups: EnvironmentSetups;
+  /** Whether `close` closes the environments (false: their setups belong to another runner). */
+  readonly #ownsSetups: boolean;
   readonly #sandboxes: CountedSandboxes;
 
   constructor(
     environments: ReadonlyArray<Environment<any, any, any>>,
     configs: Record<string, Record<string, unknown>> | undefined,
     sandboxProvider: SandboxProvider | undefined,
+    shared: { setups?: EnvironmentSetups | undefined; closeEnvironments?: boolean | undefined } = {},
   ) {
     this.#list = environments;
+    this.#setups = shared.setups ?? new Map();
+    this.#ownsSetups = shared.closeEnvironments ?? true;
     for (const env of environments) {
       this.#envs.set(env.name, env);
       const given = configs?.[env.name] ?? {};
@@ -72,8 +84,9 @@ export class RunnerEnvironments {
     return this.#sandboxes.provider(env.sandbox?.provider?.(this.config(env), resources));
   }
 
-  /** Closes every environment (one with a `setup` only if it ran, with what it returned). */
+  /** Closes every environment (one with a `setup` only if it ran, with what it returned); not shared setups it does not own. */
   async close(): Promise<void> {
+    if (!this.#ownsSetups) return;
     await Promise.all(
       this.#list.map(async (env) => {
         if (!env.setup) return env.close?.(undefined);

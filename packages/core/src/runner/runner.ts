@@ -3,7 +3,7 @@ import { RolloutError } from '../errors.ts';
 import { SessionStore } from '../server/session-store.ts';
 import type { SandboxProvider, SandboxSpec } from '../sandbox/types.ts';
 import type { Environment } from '../spec/environment.ts';
-import { RunnerEnvironments } from './environments.ts';
+import { RunnerEnvironments, type EnvironmentSetups } from './environments.ts';
 import { cancelled, createJob, runningOf, type Job, type RunnerJob, type RunningRollout } from './job.ts';
 import type { ServiceMetrics } from './metrics.ts';
 import type { ModelProvider } from './model-provider.ts';
@@ -16,6 +16,7 @@ import type { RolloutResult, RolloutTask, StageName } from '../protocol/rollout.
 export { STAGES, type StageName } from '../protocol/rollout.ts';
 export type { RunnerJob, RunningRollout } from './job.ts';
 export type { ModelProvider } from './model-provider.ts';
+export type { EnvironmentSetups } from './environments.ts';
 
 export interface RolloutRunnerOptions {
   environments: ReadonlyArray<Environment<any, any, any>>;
@@ -35,6 +36,14 @@ export interface RolloutRunnerOptions {
    * @default createSandboxProvider() (bwrap on Linux)
    */
   sandboxProvider?: SandboxProvider;
+  /**
+   * What the environments' `setup`s returned, shared with another runner of this process (the
+   * start-up warm-up's): setups found there are not run again, those run here are added.
+   * @default a map of this runner's own
+   */
+  environmentSetups?: EnvironmentSetups;
+  /** Whether closing the runner closes the environments (false when another runner owns `environmentSetups`). @default true */
+  closeEnvironments?: boolean;
   logger?: Logger;
   /** Where stage, tool and policy latencies are observed. */
   metrics?: Pick<ServiceMetrics, 'stageLatency' | 'toolLatency' | 'llmLatency'>;
@@ -64,7 +73,10 @@ export class RolloutRunner {
 
   constructor(options: RolloutRunnerOptions) {
     this.logger = options.logger ?? pino({ name: 'rollserve', level: process.env.ROLLSERVE_LOG_LEVEL ?? 'info' });
-    this.#environments = new RunnerEnvironments(options.environments, options.environmentConfigs, options.sandboxProvider);
+    this.#environments = new RunnerEnvironments(options.environments, options.environmentConfigs, options.sandboxProvider, {
+      setups: options.environmentSetups,
+      closeEnvironments: options.closeEnvironments,
+    });
     this.#pools = new StagePools({ pools: options.pools, pipeline: options.pipeline, metrics: options.metrics });
     this.#sessions = new SessionStore({ idleTtlMs: 7 * 24 * 3_600_000, logger: this.logger });
     this.#prefetcher = new ImagePrefetcher({ logger: this.logger });

@@ -1,0 +1,209 @@
+import { mkdtemp, rm } from 'node:fs/promises';
+import { createServer, type Server } from 'node:http';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { setFlagsFromString } from 'node:v8';
+import { Agent, request } from 'undici';
+
+// The start-up warm-up: a fresh service ran its first thousand rollouts at a third of its warm rate
+// (`pnpm bench cold-start`), the cost being V8's JIT work on the hot path (interpreted code, then
+// thousands of TurboFan compiles) and the environments' worker pools loading. Nothing cheaper than
+// the real path pre-pays that work (a twin with a trivial environment and an in-memory store took
+// off a third of it), so the warm-up runs rollouts through the real path before the service
+// listens: a twin of the service (the same code: HTTP app on loopback, scheduler, runner, commits,
+// the SQLite engine, the feed and its NDJSON stream, the LLM client) on a throwaway SQLite store in
+// a temp directory, the configured environments (their `setup`s shared with the service, so the
+// service serves with the worker pools the warm-up started and warmed), and a stand-in policy on
+// loopback in place of the user's backends. Everything it starts is stopped and removed before the
+// service is created.
+
+export interface WarmUpOptions {
+  /** Rollouts to run; 0 turns the warm-up off. */
+  rollouts: number;
+  /**
+   * Dataset rows (NeMo Gym form) by environment name: the warm-up's tasks take turns over the
+   * environments given rows and cycle through their rows. Environments without rows are not warmed.
+   */
+  rows: Record<string, ReadonlyArray<Record<string, unknown>>>;
+  /**
+   * What the stand-in policy answers every turn (no tool calls). The default is a final answer in
+   * the `\boxed{}` form that graders extract, with no code block (a code environment runs nothing).
+   * @default 'The answer is \\boxed{8}.'
+   */
+  reply?: string;
+  /** Tasks per POST (each batch's results read from the result stream before the next). @default 500 */
+  batch?: number;
+  /**
+   * V8's interrupt budget while the warm-up runs, then set back (to the `--interrupt-budget` of
+   * the command line or NODE_OPTIONS, else V8's default, 66 KiB). TurboFan compiles a function once
+   * it has used about three budgets of bytecode, so a function run once per rollout is compiled
+   * after thousands of rollouts; a budget 8 times smaller compiles the hot path within the warm-up.
+   * Smaller still compiles on too little type feedback (the first real rollouts then deoptimize
+   * it), and kept small after the warm-up it compiles lukewarm code: both measured worse.
+   * false: V8's flags are left alone. @default 8192
+   */
+  interruptBudget?: number | false;
+}
+
+/** V8's interrupt budget outside the warm-up: the one given to node, else V8's default (66 KiB). */
+function givenInterruptBudget(): number {
+  const flags = [...process.execArgv, ...(process.env.NODE_OPTIONS ?? '').split(/\s+/)];
+  for (const flag of flags.reverse()) {
+    const match = /^--interrupt[-_]budget=(\d+)$/.exec(flag);
+    if (match) return Number(match[1]);
+  }
+  return 66 * 1024;
+}
+
+/** What the warm-up did: rollouts run (by state), and how long it took. */
+export interface WarmUpReport {
+  rollouts: number;
+  states: Record<string, number>;
+  ms: number;
+}
+
+/** A twin of the service, as startRolloutServer makes it, that the warm-up drives and closes. */
+export interface WarmUpTwin {
+  readonly url: string;
+  close(): Promise<void>;
+}
+
+/** Starts a twin of the service on `store`, its policy at `llm`. */
+export type LaunchTwin = (twin: { store: string; llm: string }) => Promise<WarmUpTwin>;
+
+/** A vLLM-shaped chat completion of `reply`: token ids and logprobs, as the service asks for them. */
+function completionBody(reply: string): string {
+  const ids = Array.from(Buffer.from(reply, 'utf8'));
+  return JSON.stringify({
+    id: 'chatcmpl-warm-up',
+    object: 'chat.completion',
+    created: Math.floor(Date.now() / 1000),
+    model: 'warm-up',
+    choices: [
+      {
+        index: 0,
+        message: { role: 'assistant', content: reply, tool_calls: [] },
+        finish_reason: 'stop',
+        token_ids: ids,
+        logprobs: { content: ids.map((id) => ({ token: `token_id:${id}`, logprob: -0.25, bytes: [id], top_logprobs: [] })) },
+      },
+    ],
+    usage: { prompt_tokens: 16, completion_tokens: ids.length, total_tokens: 16 + ids.length },
+    prompt_token_ids: Array.from({ length: 16 }, (_, i) => 100 + i),
+  });
+}
+
+/** The stand-in policy: answers every chat completion with `reply`, the model list, and 404 else. */
+async function startStandInPolicy(reply: string): Promise<{ url: string; close(): Promise<void> }> {
+  const completion = completionBody(reply);
+  const models = JSON.stringify({ object: 'list', data: [{ id: 'warm-up', object: 'model' }] });
+  const server: Server = createServer((incoming, outgoing) => {
+    incoming.resume();
+    incoming.once('end', () => {
+      const path = incoming.url ?? '';
+      const body = path.endsWith('/chat/completions') ? completion : path.endsWith('/models') ? models : undefined;
+      outgoing.writeHead(body === undefined ? 404 : 200, { 'content-type': 'application/json' });
+      outgoing.end(body ?? '{"error":{"message":"not found"}}');
+    });
+  });
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(0, '127.0.0.1', () => resolve());
+  });
+  const address = server.address();
+  const port = typeof address === 'object' && address ? address.port : 0;
+  return {
+    url: `http://127.0.0.1:${port}/v1`,
+    close: () =>
+      new Promise<void>((resolve) => {
+        server.close(() => resolve());
+        server.closeAllConnections();
+      }),
+  };
+}
+
+/** Submits `tasks` to the twin and reads their results from the result stream; returns their states. */
+async function runBatch(url: string, dispatcher: Agent, tasks: Array<{ id: string }>, states: Record<string, number>, signal: AbortSignal): Promise<void> {
+  const submitted = await request(`${url}/v1/rollouts`, {
+    dispatcher,
+    signal,
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ tasks }),
+  });
+  const answer = await submitted.body.text();
+  if (submitted.statusCode !== 202) throw new Error(`the warm-up's submit answered ${submitted.statusCode}: ${answer.slice(0, 500)}`);
+  const stream = await request(`${url}/v1/rollouts/stream?ids=${tasks.map((t) => t.id).join(',')}`, { dispatcher, signal });
+  if (stream.statusCode !== 200) throw new Error(`the warm-up's result stream answered ${stream.statusCode}: ${(await stream.body.text()).slice(0, 500)}`);
+  let buffered = '';
+  for await (const chunk of stream.body) {
+    buffered += (chunk as Buffer).toString();
+    let newline: number;
+    while ((newline = buffered.indexOf('\n')) >= 0) {
+      const line = buffered.slice(0, newline);
+      buffered = buffered.slice(newline + 1);
+      if (!line.trim()) continue;
+      const { state } = JSON.parse(line) as { state: string };
+      states[state] = (states[state] ?? 0) + 1;
+    }
+  }
+}
+
+/**
+ * Runs `options.rollouts` rollouts through a twin of the service (`launch`, on a throwaway SQLite
+ * store, its policy a stand-in on loopback), then stops the twin and the stand-in and removes the
+ * store's directory, whatever happened. Throws when the twin fails to start or answer; a rollout
+ * that fails is a result like any other (its state counted). A SIGINT or SIGTERM meanwhile stops
+ * it and cleans up; then, unless the process handles the signal itself, the signal is raised again.
+ */
+export async function warmUp(options: WarmUpOptions, launch: LaunchTwin): Promise<WarmUpReport> {
+  const started = performance.now();
+  const states: Record<string, number> = {};
+  const envs = Object.entries(options.rows).filter(([, rows]) => rows.length > 0);
+  if (options.rollouts <= 0 || envs.length === 0) return { rollouts: 0, states, ms: 0 };
+  const batch = Math.max(1, options.batch ?? 500);
+  // Nothing of the warm-up may outlive it, a Ctrl-C included (the service's own signal handling
+  // starts only once it listens).
+  const interrupted = new AbortController();
+  let signalled: NodeJS.Signals | undefined;
+  const onSignal = (signal: NodeJS.Signals) => {
+    signalled = signal;
+    interrupted.abort(new Error(`the warm-up was interrupted (${signal})`));
+  };
+  process.once('SIGINT', onSignal);
+  process.once('SIGTERM', onSignal);
+  const budget = options.interruptBudget ?? 8192;
+  if (budget !== false) setFlagsFromString(`--interrupt-budget=${budget}`);
+  const dispatcher = new Agent({ connections: 4, headersTimeout: 0, bodyTimeout: 0 });
+  let dir: string | undefined;
+  let policy: { url: string; close(): Promise<void> } | undefined;
+  let twin: WarmUpTwin | undefined;
+  try {
+    dir = await mkdtemp(join(tmpdir(), 'rollserve-warm-up-'));
+    policy = await startStandInPolicy(options.reply ?? 'The answer is \\boxed{8}.');
+    twin = await launch({ store: `sqlite://${join(dir, 'warm-up.db')}`, llm: policy.url });
+    for (let done = 0; done < options.rollouts; ) {
+      interrupted.signal.throwIfAborted();
+      const size = Math.min(batch, options.rollouts - done);
+      const tasks = Array.from({ length: size }, (_, i) => {
+        const n = done + i;
+        const [env, rows] = envs[n % envs.length]!;
+        const row = rows[Math.floor(n / envs.length) % rows.length]!;
+        return { id: `warm-up-${n}`, env, row, policy: { model: 'warm-up' } };
+      });
+      await runBatch(twin.url, dispatcher, tasks, states, interrupted.signal);
+      done += size;
+    }
+  } finally {
+    process.off('SIGINT', onSignal);
+    process.off('SIGTERM', onSignal);
+    if (budget !== false) setFlagsFromString(`--interrupt-budget=${givenInterruptBudget()}`);
+    await twin?.close();
+    await dispatcher.close();
+    await policy?.close();
+    if (dir !== undefined) await rm(dir, { recursive: true, force: true });
+    // raised again for the default action (the exit), unless the process has handlers of its own (they had it)
+    if (signalled !== undefined && process.listenerCount(signalled) === 0) process.kill(process.pid, signalled);
+  }
+  return { rollouts: options.rollouts, states, ms: performance.now() - started };
+}

@@ -1,0 +1,132 @@
+import { mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { defineEnvironment } from '@rollserve/core';
+import { startRolloutServer } from '@rollserve/core/service';
+import math from '@rollserve/env-math';
+import { call, startFakePolicy, workspaceRoot, type FakePolicy } from '@rollserve/testing';
+import { request } from 'undici';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { z } from 'zod';
+
+// The start-up warm-up (startRolloutServer's `warmUp`, `rollserve start --warm-up`): rollouts run
+// through a twin of the service before it listens. It must touch neither the service's store nor
+// its policy backends, must leave nothing behind (no listening socket, no temp directory), and must
+// hand the environments' setups to the service, which closes them once. Real parts: the math
+// environment and its grader's worker pool, SQLite stores, HTTP on loopback, a fake policy.
+
+/** An environment that counts its setups and closes; reward 1 for an answer of 8. */
+function countedEnvironment() {
+  const counts = { setups: 0, closes: 0 };
+  const env = defineEnvironment({
+    name: 'counted',
+    domain: 'other',
+    row: z.object({}),
+    setup: () => ({ id: ++counts.setups }),
+    close: () => void counts.closes++,
+    verify: (_row, response) => ({ reward: JSON.stringify(response.output).includes('\\\\boxed{8}') ? 1 : 0 }),
+  });
+  return { env, counts };
+}
+
+const mathRows = async () =>
+  (await readFile(join(workspaceRoot(), 'environments', 'math', 'data', 'warm-up.jsonl'), 'utf8'))
+    .split('\n')
+    .filter((line) => line.trim())
+    .map((line) => JSON.parse(line) as Record<string, unknown>);
+
+const warmUpDirs = async () => (await readdir(tmpdir())).filter((name) => name.startsWith('rollserve-warm-up-'));
+const listening = () => process.getActiveResourcesInfo().filter((kind) => kind === 'TCPServerWrap').length;
+
+/** One math rollout through the service's HTTP API; its reward. */
+async function mathRollout(url: string, id: string): Promise<number> {
+  const submitted = await call(url, 'POST', '/v1/rollouts', {
+    id,
+    env: 'math',
+    row: { responses_create_params: { input: 'What is 3+5?' }, question: 'What is 3+5?', expected_answer: '8' },
+    policy: { model: 'fake-policy' },
+  });
+  expect(submitted.status).toBe(202);
+  const stream = await request(`${url}/v1/rollouts/stream?ids=${id}`);
+  const [result] = (await stream.body.text()).split('\n').filter((line) => line.trim()).map((line) => JSON.parse(line) as { reward: number });
+  return result!.reward;
+}
+
+describe('the start-up warm-up', () => {
+  let dir: string;
+  let fake: FakePolicy;
+  beforeEach(async () => {
+    dir = await mkdtemp(join(tmpdir(), 'rollserve-warm-up-test-'));
+    fake = await startFakePolicy({ script: () => 'The sum is \\boxed{8}.' });
+  });
+  afterEach(async () => {
+    await fake.close();
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  it('runs its rollouts on a store and a policy of its own, leaves nothing behind, and hands the setups to the service', async () => {
+    const { env: counted, counts } = countedEnvironment();
+    const dirsBefore = await warmUpDirs();
+    const listeningBefore = listening();
+    const server = await startRolloutServer({
+      environments: [math, counted],
+      store: `sqlite://${join(dir, 'store.db')}`,
+      llmBackends: [fake.url],
+      warmUp: { rollouts: 60, rows: { math: await mathRows(), counted: [{ responses_create_params: { input: 'Say 8.' } }] }, batch: 25 },
+    });
+    try {
+      expect(server.warmUp).toMatchObject({ rollouts: 60, states: { done: 60 } });
+      // the policy's backends and the store never heard of it
+      expect(fake.requests).toHaveLength(0);
+      expect((await call(server.url, 'GET', '/v1/status')).json).toMatchObject({ rollouts: { total: 0 } });
+      // its twin, stand-in policy and store are gone: one more listening socket (the service's), no temp directory
+      expect(listening()).toBe(listeningBefore + 1);
+      expect(await warmUpDirs()).toEqual(dirsBefore);
+      // the environments were set up once, for the twin, and are the service's now
+      expect(counts).toEqual({ setups: 1, closes: 0 });
+      expect(await mathRollout(server.url, 'served')).toBe(1);
+      expect(fake.requests).toHaveLength(1);
+      expect(counts.setups).toBe(1);
+    } finally {
+      await server.close();
+    }
+    expect(counts).toEqual({ setups: 1, closes: 1 });
+  });
+
+  it('serves without it when it fails (rows the environment refuses), and still closes the setups it started', async () => {
+    const { env: counted, counts } = countedEnvironment();
+    const listeningBefore = listening();
+    const server = await startRolloutServer({
+      environments: [math, counted],
+      store: `sqlite://${join(dir, 'store.db')}`,
+      llmBackends: [fake.url],
+      warmUp: { rollouts: 10, rows: { counted: [{ responses_create_params: { input: 'Say 8.' } }], math: [{ question: 'no responses_create_params' }] } },
+    });
+    try {
+      expect(server.warmUp).toBeUndefined();
+      expect(listening()).toBe(listeningBefore + 1);
+      expect(await mathRollout(server.url, 'served')).toBe(1);
+      expect((await call(server.url, 'GET', '/v1/status')).json).toMatchObject({ rollouts: { total: 1 } });
+    } finally {
+      await server.close();
+    }
+    expect(counts.closes).toBe(counts.setups);
+  });
+
+  it('is off with 0 rollouts: nothing runs before the first rollout', async () => {
+    const { env: counted, counts } = countedEnvironment();
+    const server = await startRolloutServer({
+      environments: [math, counted],
+      store: `sqlite://${join(dir, 'store.db')}`,
+      llmBackends: [fake.url],
+      warmUp: { rollouts: 0, rows: { counted: [{ responses_create_params: { input: 'Say 8.' } }] } },
+    });
+    try {
+      expect(server.warmUp).toBeUndefined();
+      expect(counts.setups).toBe(0);
+    } finally {
+      await server.close();
+    }
+    expect(counts).toEqual({ setups: 0, closes: 0 });
+  });
+});
