@@ -1,4 +1,4 @@
-import { spawn, type ChildProcess } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { chownSync, existsSync, mkdirSync, readFileSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
@@ -16,6 +16,7 @@ import { agentScript } from './agent.ts';
 import { ARGS_FD, buildBwrapArgs, bwrapArgsOnFd, DEFAULT_HOST_ROOT_DIRS, DEVICES, scanRoot, type BwrapArgsInput, type RootEntry } from './args.ts';
 import { tmpfsMountsAvailable, tmpfsPrefix, type TmpfsMount } from './mounts.ts';
 import { KernelForkServers } from './fork-server.ts';
+import { Spawner, spawnerAvailable, type InitProcess } from './spawner.ts';
 import { BwrapSandbox } from './sandbox.ts';
 
 export interface BwrapProviderOptions {
@@ -126,6 +127,14 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
   let providerClosed = false;
   const rootNames = (options.hostRootDirs ?? DEFAULT_HOST_ROOT_DIRS).filter((name) => existsSync(join('/', name)));
   const forkServers = options.kernelForkServer === false ? undefined : new KernelForkServers(new Set(rootNames));
+  // bwrap and its prefix are started by the spawner (spawner.ts), not forked from this process
+  const useSpawner = spawnerAvailable();
+  let spawner: Spawner | undefined;
+  const currentSpawner = (): Spawner | undefined => {
+    if (!useSpawner || providerClosed) return undefined;
+    if (spawner === undefined || !spawner.alive()) spawner = new Spawner();
+    return spawner;
+  };
 
   const cgroups = options.cgroups !== false && cgroupSupport() !== null;
   const mountTmpfs = tmpfsMountsAvailable(user);
@@ -210,8 +219,10 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
     // work directories, the overlay's root: OVERLAY_INODES) gets the workspace's inode count
     const layer = image === undefined ? undefined : { dir: layerDir, sizeBytes: resources.workspaceMib * mib, inodes: shares.workspace + OVERLAY_INODES };
     // the last prefix stays as bwrap's parent and runs it as pid 1 of a pid namespace: nothing of
-    // the sandbox outlives it, and it dies with this process (see tmpfsPrefix)
-    const guard = { maker: process.pid, waitFd: ARGS_FD };
+    // the sandbox outlives it, and it dies with its maker, the spawner (which dies with this
+    // process) or this process (see tmpfsPrefix)
+    const maker = currentSpawner();
+    const guard = { maker: maker?.pid ?? process.pid, waitFd: ARGS_FD };
     // bwrap runs in the sandbox's directory: what tells removeStaleSandboxDirs it is in use (its
     // command line names no host path: bwrapArgsOnFd). The overlay's setup leaves it in /.
     const prefix = !mountTmpfs
@@ -292,16 +303,29 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
     // it cannot run Node itself does (libuv also clears the supplementary groups): one exec less
     // than `setpriv` on the hot path; on an image the overlay's setup drops, after idmapping the
     // image root
-    const init = spawn(argv[0]!, argv.slice(1), {
-      env: { ...BASE_ENV },
-      cwd: base,
-      // 3: bwrap's --info-fd; ARGS_FD: its options (4 stays closed: see ARGS_FD)
-      stdio: ['pipe', 'pipe', 'pipe', 'pipe', 'ignore', 'pipe'],
-      ...(user === undefined || image !== undefined || rootInput ? {} : { uid: user.uid, gid: user.gid }),
-    });
+    const dropTo = user === undefined || image !== undefined || rootInput ? undefined : user;
+    let init: InitProcess;
+    if (maker !== undefined) {
+      try {
+        init = await maker.spawn({ argv, env: { ...BASE_ENV }, cwd: base, user: dropTo });
+      } catch (error) {
+        cgroup?.remove();
+        await rm(base, { recursive: true, force: true });
+        throw error;
+      }
+    } else {
+      init = spawn(argv[0]!, argv.slice(1), {
+        env: { ...BASE_ENV },
+        cwd: base,
+        // 3: bwrap's --info-fd; ARGS_FD: its options (4 stays closed: see ARGS_FD)
+        stdio: ['pipe', 'pipe', 'pipe', 'pipe', 'ignore', 'pipe'],
+        ...(dropTo === undefined ? {} : { uid: dropTo.uid, gid: dropTo.gid }),
+      });
+    }
     const sandbox = new BwrapSandbox(id, workdir, { ...spec, resources: { ...resources, maxOpenFiles: openFiles } }, init, user, cgroup, { host: inputHost, mounted: mountTmpfs }, [base], image?.release);
     // the host's root as it is: a fork of the host's interpreter is the sandbox's
     if (spec.image === undefined && spec.binds === undefined) sandbox.forkServers = forkServers;
+    sandbox.spawner = maker;
     try {
       // bwrap waits for its options: it makes the sandbox's namespaces once it is in the cgroup,
       // so the cgroup namespace's root is the sandbox's cgroup and /proc/self/cgroup inside
@@ -415,6 +439,8 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
       const pooled = [...pools.values()].flatMap((pool) => pool.sandboxes.splice(0));
       pools.clear();
       await Promise.all([...pooled.map((sandbox) => sandbox.close()), forkServers?.close()]);
+      // (at once when no sandbox of its runs, else once the last one its callers hold has closed)
+      await spawner?.close();
     },
   };
 }
@@ -441,7 +467,7 @@ function hostPidOf(guardPid: number, nsPid: number): number {
 }
 
 /** Resolves with the sandbox init's pid (as bwrap's --info-fd names it) once it runs (bwrap's --info-fd, then the init's "R"). */
-function waitReady(init: ChildProcess, timeoutMs: number): Promise<number> {
+function waitReady(init: InitProcess, timeoutMs: number): Promise<number> {
   return new Promise((resolve, reject) => {
     let info = '';
     let ready = false;

@@ -1,4 +1,3 @@
-import type { ChildProcess } from 'node:child_process';
 import { PassThrough } from 'node:stream';
 import { randomBytes } from 'node:crypto';
 import { closeSync, constants, fstatSync, openSync, readFileSync, readSync, statfsSync, statSync, unlinkSync, writeFileSync } from 'node:fs';
@@ -25,6 +24,7 @@ import {
   type SandboxStatus,
 } from '../types.ts';
 import type { KernelForkRequest, KernelForkServers } from './fork-server.ts';
+import type { InitProcess } from './spawner.ts';
 import { buildEnterArgs, EXEC_DIR, INPUT_MOUNT, ownNamespaces, type EnterableNamespace } from './args.ts';
 
 /*
@@ -141,6 +141,8 @@ export class BwrapSandbox extends CommandSandbox {
   private pidNamespace: string | undefined;
   /** The provider's kernel fork servers, where this sandbox's root is the host's (no image, no binds). */
   forkServers: KernelForkServers | undefined;
+  /** The provider's spawner that started this sandbox's bwrap, if one did (tests and benches look at it). */
+  spawner: { readonly pid: number | undefined } | undefined;
   private readonly pending = new Map<string, (code: number) => void>();
   private agentLine = '';
   private seq = 0;
@@ -157,7 +159,7 @@ export class BwrapSandbox extends CommandSandbox {
     id: string,
     workdir: string,
     spec: ResolvedSandboxSpec,
-    private readonly init: ChildProcess,
+    private readonly init: InitProcess,
     private readonly user: { uid: number; gid: number } | undefined,
     private cgroup: SandboxCgroup | undefined,
     /** The input directory's host path; `mounted`: the prefix mounted a tmpfs on it (see `started`). */
