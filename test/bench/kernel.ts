@@ -11,10 +11,11 @@ import { heading, latencyLine, percentile } from './stats.ts';
 // Sandbox + Python kernel ready, and sandboxed ten-turn rollouts (issue 28), each beside its floor
 // measured in the same run: a bare `bwrap` start, a fork() of a Python that imported IPython, and
 // a bare bwrap + sh + python3 doing a rollout's work. CPU is the tree's: the service (this
-// process), what it reaped (bwrap, nsenter, spawned kernels) and the kernel fork servers with the
-// kernels and shells they reaped; not what runs under a bwrap's own pid namespace (the exec
-// agent, a floor's commands), which never reaches its maker's cutime (perf's sched_stat_runtime
-// sees it: README). Closing each sandbox is in the CPU, not in the wall time.
+// process), what it reaped (nsenter, spawned kernels), the spawner with what it reaped (the tmpfs
+// prefix, bwrap) and the kernel fork servers with the kernels and shells they reaped; not what
+// runs under a bwrap's own pid namespace (the exec agent, a floor's commands), which never
+// reaches its maker's cutime (perf's sched_stat_runtime sees it: README). Closing each sandbox
+// is in the CPU, not in the wall time.
 
 const TICKS_PER_S = 100;
 const PREVIOUS = {
@@ -38,10 +39,12 @@ function treeCpuMs(pids: number[]): number {
   return (ticks / TICKS_PER_S) * 1000;
 }
 
+/** The provider's helper processes (kernel fork servers, the spawner that starts bwrap), whose CPU and their children's is the service's. */
 const serverPids = (provider: SandboxProvider, sandbox: Sandbox | undefined): number[] => {
-  const servers = (sandbox as unknown as { forkServers?: KernelForkServers } | undefined)?.forkServers;
+  const held = sandbox as unknown as { forkServers?: KernelForkServers; spawner?: { pid: number | undefined } } | undefined;
   void provider;
-  return servers?.running().map((server) => server.pid!) ?? [];
+  const spawner = held?.spawner?.pid;
+  return [...(held?.forkServers?.running().map((server) => server.pid!) ?? []), ...(spawner === undefined ? [] : [spawner])];
 };
 
 /** A bare bwrap start: namespaces, the host's /usr read-only, `true`. */

@@ -10,7 +10,7 @@ import { cgroupCpuSupport, cgroupSupport, createSandboxCgroup } from '../cgroup.
 import { isImageReference, overlayPrefix, overlayRoot, resolveImage, rootOverlayPrefix, type ResolvedImage } from '../image/index.ts';
 import { inodeShares, openFilesWithin, resolveSandboxSpec, shmMib } from '../limits.ts';
 import { childrenOf } from '../process.ts';
-import { markSandboxDir } from '../staging.ts';
+import { markSandboxDir, mountPointDir } from '../staging.ts';
 import { BASE_ENV, DEFAULT_WORKDIR, type ResolvedSandboxSpec, type SandboxLimitSupport, type SandboxProvider, type SandboxSpec } from '../types.ts';
 import { agentScript } from './agent.ts';
 import { ARGS_FD, buildBwrapArgs, bwrapArgsOnFd, DEFAULT_HOST_ROOT_DIRS, DEVICES, scanRoot, type BwrapArgsInput, type RootEntry } from './args.ts';
@@ -30,7 +30,8 @@ export interface BwrapProviderOptions {
   user?: { uid: number; gid: number };
   /**
    * Where the per-sandbox temporary directories go; it must be searchable by the sandbox uid (the
-   * bind mounts are made as that uid). @default os.tmpdir()
+   * bind mounts are made as that uid). @default /dev/shm where it is a tmpfs and the sandboxes'
+   * tmpfs mounts can be made (the directories are empty mount points then), else os.tmpdir()
    */
   tmpDir?: string;
   /**
@@ -182,7 +183,8 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
   /** Starts the sandbox on the resolved spec (and image, held: the sandbox releases it when it closes). */
   async function startOn(spec: ResolvedSandboxSpec, image: ResolvedImage | undefined, openFiles: number): Promise<BwrapSandbox> {
     const id = `rs-${randomBytes(6).toString('hex')}`;
-    const base = join(options.tmpDir ?? tmpdir(), `rollserve-${id}`);
+    // mount points only (the sandbox's files are in its tmpfs mounts): on a tmpfs as well
+    const base = join(options.tmpDir ?? (mountTmpfs ? mountPointDir() : undefined) ?? tmpdir(), `rollserve-${id}`);
     const workdir = spec.workdir ?? image?.config.workdir ?? DEFAULT_WORKDIR;
     const layerDir = join(base, 'layer');
     // an image: bwrap starts inside the namespace that holds the sandbox's overlay (image/overlay.ts)
@@ -305,9 +307,13 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
     // image root
     const dropTo = user === undefined || image !== undefined || rootInput ? undefined : user;
     let init: InitProcess;
+    // the spawner puts its child in the cgroup (it waits for its options meanwhile)
+    let cgroupError: string | undefined;
     if (maker !== undefined) {
       try {
-        init = await maker.spawn({ argv, env: { ...BASE_ENV }, cwd: base, user: dropTo });
+        const spawned = await maker.spawn({ argv, env: { ...BASE_ENV }, cwd: base, user: dropTo, ...(cgroup === undefined ? {} : { cgroupProcs: cgroup.procsFiles }) });
+        init = spawned;
+        cgroupError = spawned.cgroupError;
       } catch (error) {
         cgroup?.remove();
         await rm(base, { recursive: true, force: true });
@@ -330,7 +336,8 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
       // bwrap waits for its options: it makes the sandbox's namespaces once it is in the cgroup,
       // so the cgroup namespace's root is the sandbox's cgroup and /proc/self/cgroup inside
       // shows "/", not the cgroup's name
-      sandbox.joinCgroup(init.pid);
+      if (maker === undefined) sandbox.joinCgroup(init.pid);
+      else if (cgroupError !== undefined) sandbox.cgroupUnjoinable(new Error(cgroupError));
       const optionsFd = (init.stdio as unknown as Array<Writable | null>)[ARGS_FD]!;
       optionsFd.on('error', () => {}); // bwrap gone before it read them: waitReady says why
       optionsFd.end(bwrap.options);

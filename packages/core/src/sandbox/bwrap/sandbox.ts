@@ -190,21 +190,27 @@ export class BwrapSandbox extends CommandSandbox {
       try {
         this.cgroup.join(pid);
       } catch (error) {
-        // a cgroup we may create but not move processes into (a v2 hierarchy without delegation
-        // of the common ancestor): the rlimit fallback holds, as where there is no cgroup at all,
-        // unless the spec gave the limit only a cgroup keeps
-        const empty = this.cgroup;
-        this.cgroup = undefined;
-        void removeCgroup(empty);
-        const needsCgroup = (['totalMemoryMib', 'cpus'] as const).find((limit) => (this.spec as ResolvedSandboxSpec).given.has(limit));
-        if (needsCgroup !== undefined) {
-          throw new RolloutError({
-            code: 'SANDBOX',
-            message: `the bwrap sandbox provider cannot keep the limit ${needsCgroup}: the sandbox could not join its cgroup (${(error as Error).message})`,
-            details: { limit: needsCgroup },
-          });
-        }
+        this.cgroupUnjoinable(error as Error);
       }
+    }
+  }
+
+  /** bwrap could not be put in the sandbox's cgroup (`error`: why; see joinCgroup). */
+  cgroupUnjoinable(error: Error): void {
+    if (this.cgroup === undefined) return;
+    // a cgroup we may create but not move processes into (a v2 hierarchy without delegation of
+    // the common ancestor): the rlimit fallback holds, as where there is no cgroup at all, unless
+    // the spec gave the limit only a cgroup keeps
+    const empty = this.cgroup;
+    this.cgroup = undefined;
+    void removeCgroup(empty);
+    const needsCgroup = (['totalMemoryMib', 'cpus'] as const).find((limit) => (this.spec as ResolvedSandboxSpec).given.has(limit));
+    if (needsCgroup !== undefined) {
+      throw new RolloutError({
+        code: 'SANDBOX',
+        message: `the bwrap sandbox provider cannot keep the limit ${needsCgroup}: the sandbox could not join its cgroup (${error.message})`,
+        details: { limit: needsCgroup },
+      });
     }
   }
 

@@ -30,11 +30,13 @@ import { SYSCALLS, tmpfsSetupSource, type Syscalls } from './mounts.ts';
  * read from a signalfd, so no end is missed. A closed spawner exits once its last child is reaped.
  *
  * Protocol on its stdin: frames "<length>\n<fields, NUL-separated>":
- *   S id cwd uid|- gid|- nenv env... nsetup setup... argv...   fork; with nsetup > 0 the fork runs
- *                                                             the prefix program on setup + argv
+ *   S id cwd uid|- gid|- ncgroup procs... nenv env... nsetup setup... argv...
+ *                 fork, write the child's pid to each cgroup.procs file; with nsetup > 0 the fork
+ *                 runs the prefix program on setup + argv
  *   C id          close the spawner's ends of id's pipes (the service has opened its own)
  *   K pid signal  signal a child not yet reaped
- * and on its stdout, lines: "S id pid in out err info args" (its fds), "F id reason" (no fork),
+ * and on its stdout, lines: "S id pid in out err info args joined" (its fds; "ok" or why the
+ * cgroup was not joined), "F id reason" (no fork),
  * "X pid c code" or "X pid s signal" (a child reaped).
  */
 
@@ -88,7 +90,9 @@ const spawnerSource = (nr: Syscalls, setup: string): string =>
     '  POSIX::_exit(127);',
     '}',
     'sub start {',
-    '  my ($id, $cwd, $uid, $gid, $nenv, @rest) = @_;',
+    '  my ($id, $cwd, $uid, $gid, $ncg, @rest) = @_;',
+    '  my @cgroup = splice(@rest, 0, $ncg);',
+    '  my $nenv = shift @rest;',
     '  my @env = splice(@rest, 0, $nenv);',
     '  my $npre = shift @rest;',
     '  my @pre = splice(@rest, 0, $npre);',
@@ -103,7 +107,14 @@ const spawnerSource = (nr: Syscalls, setup: string): string =>
     '  close($_) for @child;',
     '  $held{$id} = \\@ours;',
     '  $kids{$pid} = 1;',
-    '  reply(join(" ", "S", $id, $pid, map { fileno($_) } @ours));',
+    // the child into the sandbox's cgroup before bwrap makes the namespaces (the prefix waits for
+    // the options, written once this is told): here, not in the service, whose event loop a
+    // cgroup v1 migration would hold for milliseconds
+    '  my $joined = "ok";',
+    '  for my $procs (@cgroup) {',
+    '    my $f; if (!open($f, ">", $procs) || !defined syswrite($f, $pid) || !close($f)) { ($joined = "$procs: $!") =~ s/\\s/ /g; last }',
+    '  }',
+    '  reply(join(" ", "S", $id, $pid, (map { fileno($_) } @ours), $joined));',
     '}',
     'sub request {',
     '  my @f = split /\\0/, shift, -1;',
@@ -148,6 +159,8 @@ const SIGNAL_NAMES = new Map<number, NodeJS.Signals>(
 );
 
 class SpawnedProcess extends EventEmitter implements InitProcess {
+  /** Why it is not in the cgroup it was to join (`SpawnRequest.cgroupProcs`), if it is not. */
+  cgroupError: string | undefined;
   exitCode: number | null = null;
   signalCode: NodeJS.Signals | null = null;
   readonly stdin: Socket;
@@ -197,6 +210,8 @@ export interface SpawnRequest {
   cwd: string;
   /** Ids to drop to before exec (as Node's spawn `uid`/`gid`, supplementary groups cleared). */
   user?: { uid: number; gid: number } | undefined;
+  /** `cgroup.procs` files the child is written to before the spawner answers (see `cgroupError`). */
+  cgroupProcs?: string[];
 }
 
 /** Whether a spawner can run here (perl and the syscall numbers of this architecture). */
@@ -285,7 +300,8 @@ export class Spawner {
       return;
     }
     const pid = Number(rest[0]);
-    const theirs = rest.slice(1).map(Number);
+    const theirs = rest.slice(1, 6).map(Number);
+    const joined = rest.slice(6).join(' ');
     const ours: number[] = [];
     try {
       // stdin and --args are written here; the rest read
@@ -303,6 +319,7 @@ export class Spawner {
     }
     this.send(['C', String(id)]);
     const spawned = new SpawnedProcess(pid, ours, this);
+    if (joined !== 'ok') spawned.cgroupError = joined;
     this.children.set(pid, spawned);
     this.refresh();
     entry.resolve(spawned);
@@ -316,7 +333,7 @@ export class Spawner {
   }
 
   /** Starts `argv` as the spawner's child; a tmpfs prefix (mounts.ts) runs in the fork, without a new perl. */
-  spawn(request: SpawnRequest): Promise<InitProcess> {
+  spawn(request: SpawnRequest): Promise<InitProcess & { cgroupError: string | undefined }> {
     if (!this.alive()) return Promise.reject(new RolloutError({ code: 'SANDBOX', message: 'the sandbox spawner ended', retryable: true }));
     const id = ++this.seq;
     const setup = tmpfsSetupSource();
@@ -328,12 +345,14 @@ export class Spawner {
       request.cwd,
       request.user === undefined ? '-' : String(request.user.uid),
       request.user === undefined ? '-' : String(request.user.gid),
+      String(request.cgroupProcs?.length ?? 0),
+      ...(request.cgroupProcs ?? []),
       String(env.length),
       ...env,
       ...(prefixed ? [String(request.argv.length - 3), ...request.argv.slice(3)] : ['0', ...request.argv]),
     ];
     if (fields.some((field) => field.includes('\0'))) return Promise.reject(new RolloutError({ code: 'SANDBOX', message: 'a NUL in an argument' }));
-    return new Promise<InitProcess>((resolve, reject) => {
+    return new Promise<SpawnedProcess>((resolve, reject) => {
       this.pending.set(id, { resolve, reject });
       this.refresh();
       this.send(fields);
