@@ -13,7 +13,9 @@ import { markSandboxDir } from '../staging.ts';
  * Debian) that enters a new user and mount namespace (the caller's uid mapped to itself), mounts
  * each tmpfs on an empty directory of the sandbox's own, and execs bwrap, which binds them in.
  * The last such prefix before bwrap also guards it (`guard`: it forks bwrap as pid 1 of a pid
- * namespace and stays as its parent), so that nothing of a sandbox outlives its maker.
+ * namespace and stays as its parent), so that nothing of a sandbox outlives its maker. The bwrap
+ * provider's spawner (spawner.ts) runs this program in a fork of its own rather than in a new
+ * perl, and is the maker the guard checks.
  *
  * - The mounts exist only in that namespace (the host sees empty directories) and are owned by
  *   it: the sandbox, in bwrap's nested user namespace, can neither remount them larger nor

@@ -67,8 +67,9 @@ import { buildEnterArgs, EXEC_DIR, INPUT_MOUNT, ownNamespaces, type EnterableNam
  * `setpriv` (with no_new_privs) for the processes that enter.
  *
  * Lifetime: killing pid 1 of the pid namespace makes the kernel kill every process of the
- * sandbox. When the service dies, the guard (mounts.ts: the tmpfs prefix, bwrap's parent) dies
- * with it, and bwrap's monitor, pid 1 of the guard's pid namespace, with the guard: the kernel
+ * sandbox. When the service dies, its spawner (spawner.ts) dies with it, the guard (mounts.ts: the
+ * tmpfs prefix, bwrap's parent, the spawner's child) with the spawner, and bwrap's monitor, pid 1
+ * of the guard's pid namespace, with the guard: the kernel
  * then kills everything under it, a sandbox still starting included (`--die-with-parent` alone
  * does not: see tmpfsPrefix).
  * A timed-out command is found by the ROLLSERVE_SANDBOX=<exec id> variable it and its children
