@@ -1,4 +1,4 @@
-import { spawn, type ChildProcess } from 'node:child_process';
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { EventEmitter } from 'node:events';
 import { closeSync, constants, existsSync, openSync } from 'node:fs';
 import { Socket } from 'node:net';
@@ -69,8 +69,6 @@ const spawnerSource = (nr: Syscalls, setup: string): string =>
     'sub child {',
     '  my ($fds, $cwd, $uid, $gid, $env, $pre, $argv) = @_;',
     '  POSIX::sigprocmask(POSIX::SIG_SETMASK(), POSIX::SigSet->new());',
-    `  syscall(${nr.prctl}, 1, 9, 0, 0, 0) == 0 or POSIX::_exit(1);`,
-    '  getppid() == $me or POSIX::_exit(1);',
     '  my @to = (0, 1, 2, 3, 5);',
     '  for my $i (0 .. 4) { POSIX::dup2($fds->[$i], $to[$i]) // POSIX::_exit(1) }',
     '  opendir(my $dir, "/proc/self/fd") or POSIX::_exit(1);',
@@ -84,6 +82,9 @@ const spawnerSource = (nr: Syscalls, setup: string): string =>
     '    $) = $gid; $( = $gid; ($<, $>) = ($uid, $uid);',
     '    $< == $uid && $> == $uid && $( == $gid or do { print STDERR "rs-spawner: cannot drop to $uid:$gid\\n"; POSIX::_exit(1) };',
     '  }',
+    // dies with the spawner: armed after the last change of ids (which clears it), then checked
+    `  syscall(${nr.prctl}, 1, 9, 0, 0, 0) == 0 or POSIX::_exit(1);`,
+    '  getppid() == $me or POSIX::_exit(1);',
     '  if (@$pre) { @ARGV = (@$pre, @$argv); eval { $setup->() }; print STDERR $@; POSIX::_exit(255) }',
     '  exec { $argv->[0] } @$argv;',
     '  print STDERR "rs-spawner: cannot run $argv->[0]: $!\\n";',
@@ -214,9 +215,24 @@ export interface SpawnRequest {
   cgroupProcs?: string[];
 }
 
-/** Whether a spawner can run here (perl and the syscall numbers of this architecture). */
+let available: boolean | undefined;
+
+/**
+ * Whether a spawner can run here: the syscall numbers of this architecture, and a perl that
+ * compiles its program (POSIX included; perl-base has it). Checked once (`perl -c`).
+ */
 export function spawnerAvailable(): boolean {
-  return process.platform === 'linux' && SYSCALLS[process.arch] !== undefined && existsSync('/usr/bin/perl');
+  if (available === undefined) {
+    const nr = SYSCALLS[process.arch];
+    const setup = tmpfsSetupSource();
+    available =
+      process.platform === 'linux' &&
+      nr !== undefined &&
+      setup !== undefined &&
+      existsSync('/usr/bin/perl') &&
+      spawnSync('/usr/bin/perl', ['-c', '-e', spawnerSource(nr, setup)], { stdio: 'ignore', env: { ...BASE_ENV }, timeout: 10_000 }).status === 0;
+  }
+  return available;
 }
 
 export class Spawner {
