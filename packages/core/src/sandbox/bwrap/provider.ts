@@ -17,7 +17,7 @@ import { ARGS_FD, buildBwrapArgs, bwrapArgsOnFd, DEFAULT_HOST_ROOT_DIRS, DEVICES
 import { tmpfsMountsAvailable, tmpfsPrefix, type TmpfsMount } from './mounts.ts';
 import { KernelForkServers } from './fork-server.ts';
 import { Spawner, spawnerAvailable, type InitProcess } from './spawner.ts';
-import { BwrapSandbox } from './sandbox.ts';
+import { BwrapSandbox, removeCgroup } from './sandbox.ts';
 
 export interface BwrapProviderOptions {
   /** The bwrap binary. @default 'bwrap' */
@@ -315,7 +315,8 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
         init = spawned;
         cgroupError = spawned.cgroupError;
       } catch (error) {
-        cgroup?.remove();
+        // (a child the spawner's death took along may still be in it for a moment)
+        if (cgroup !== undefined) void removeCgroup(cgroup);
         await rm(base, { recursive: true, force: true });
         throw error;
       }

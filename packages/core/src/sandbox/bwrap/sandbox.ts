@@ -732,8 +732,7 @@ export class BwrapSandbox extends CommandSandbox {
 }
 
 /** Removes a sandbox's cgroup once its last process is reaped (that takes a moment after a SIGKILL). */
-
-async function removeCgroup(cgroup: SandboxCgroup): Promise<void> {
+export async function removeCgroup(cgroup: SandboxCgroup): Promise<void> {
   for (let attempt = 0; attempt < 50; attempt++) {
     if (cgroup.remove()) return;
     await new Promise((resolve) => setTimeout(resolve, 20));
