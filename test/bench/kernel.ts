@@ -11,16 +11,19 @@ import { heading, latencyLine, percentile } from './stats.ts';
 // Sandbox + Python kernel ready, and sandboxed ten-turn rollouts (issue 28), each beside its floor
 // measured in the same run: a bare `bwrap` start, a fork() of a Python that imported IPython, and
 // a bare bwrap + sh + python3 doing a rollout's work. CPU is the tree's: the service (this
-// process), what it reaped (bwrap, nsenter, spawned kernels) and the kernel fork servers with the
-// kernels and shells they reaped; not what runs under a bwrap's own pid namespace (the exec
-// agent, a floor's commands), which never reaches its maker's cutime (perf's sched_stat_runtime
-// sees it: README). Closing each sandbox is in the CPU, not in the wall time.
+// process), what it reaped (nsenter, spawned kernels), the spawner with what it reaped (the tmpfs
+// prefix, bwrap) and the kernel fork servers with the kernels and shells they reaped; not what
+// runs under a bwrap's own pid namespace (the exec agent, a floor's commands), which never
+// reaches its maker's cutime (perf's sched_stat_runtime sees it: README). Closing each sandbox
+// is in the CPU, not in the wall time.
 
 const TICKS_PER_S = 100;
 const PREVIOUS = {
-  ready: 'p50 34-42 ms under load, 28-48 ms CPU each (forked kernel; issue 28 first measured 316-451 ms with spawned ones)',
-  rollouts: '17-18 rollouts/s against the floor\'s 25-34/s (issue 28 first measured 3.4-4.2)',
-  verify: '20.9-21.8 verifications/s (NeMo Gym code_gen 11-12/s in the same run, issue 28)',
+  ready:
+    'before the spawner (three runs, load 4-16): p50 94-129 ms, 35-47 ms CPU each, a sandbox with its close 21-28.5 ms CPU ' +
+    '(earlier, less loaded: p50 34-42 ms; issue 28 first measured 316-451 ms with spawned kernels)',
+  rollouts: 'before the spawner (same runs): 6.2-7.7 rollouts/s against the floor\'s 12.0-17.6/s, 0.36-0.52× (issue 28 first measured 3.4-4.2)',
+  verify: 'before the spawner (same runs): 11.8-12.4 verifications/s (earlier, less loaded: 20.9-21.8; NeMo Gym code_gen 11-12/s, issue 28)',
 };
 /** NeMo Gym code_gen's verifications/s here (issue 28; it cannot be installed on this machine to run beside). */
 const CODE_GEN_PER_S = 11.5;
@@ -38,10 +41,12 @@ function treeCpuMs(pids: number[]): number {
   return (ticks / TICKS_PER_S) * 1000;
 }
 
+/** The provider's helper processes (kernel fork servers, the spawner that starts bwrap), whose CPU and their children's is the service's. */
 const serverPids = (provider: SandboxProvider, sandbox: Sandbox | undefined): number[] => {
-  const servers = (sandbox as unknown as { forkServers?: KernelForkServers } | undefined)?.forkServers;
+  const held = sandbox as unknown as { forkServers?: KernelForkServers; spawner?: { pid: number | undefined } } | undefined;
   void provider;
-  return servers?.running().map((server) => server.pid!) ?? [];
+  const spawner = held?.spawner?.pid;
+  return [...(held?.forkServers?.running().map((server) => server.pid!) ?? []), ...(spawner === undefined ? [] : [spawner])];
 };
 
 /** A bare bwrap start: namespaces, the host's /usr read-only, `true`. */

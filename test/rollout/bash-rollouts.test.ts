@@ -29,7 +29,16 @@ function isForkServer(pid: number): boolean {
   }
 }
 
-/** Processes below this one (by /proc ppid links), the provider's fork servers not counted (what they forked is). */
+/** Whether `pid`, a child of the test's process, is a bwrap provider's spawner: started at its first sandbox and kept while the provider lives. */
+function isSpawner(pid: number): boolean {
+  try {
+    return readFileSync(`/proc/${pid}/cmdline`, 'latin1').includes('rs-spawner');
+  } catch {
+    return false;
+  }
+}
+
+/** Processes below this one (by /proc ppid links), the provider's fork servers and spawner not counted (what they forked is). */
 function descendants(root: number): number[] {
   const parents = new Map<number, number>();
   for (const entry of readdirSync('/proc')) {
@@ -43,7 +52,8 @@ function descendants(root: number): number[] {
   }
   const found: number[] = [];
   const walk = (pid: number) => {
-    for (const [child, parent] of parents) if (parent === pid) (isForkServer(child) || found.push(child), walk(child));
+    // (the spawner's own forks, the sandboxes' guards, have its command line: only the child of the test's process is it)
+    for (const [child, parent] of parents) if (parent === pid) (isForkServer(child) || (pid === root && isSpawner(child)) || found.push(child), walk(child));
   };
   walk(root);
   return found;

@@ -6,6 +6,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { bwrapAvailable, createBwrapProvider, type Sandbox, type SandboxProvider } from '@rollserve/core/sandbox';
 import { makeOciLayout, makeRootfs } from './image-fixtures.ts';
 import { look, type Seen } from './host-paths-probe.ts';
+import { sandboxDirRoots } from '../../packages/core/src/sandbox/staging.ts';
 
 const skip = bwrapAvailable() ? undefined : 'bwrap is not installed';
 if (skip !== undefined) console.warn(`[sandbox host paths] skipping: ${skip}`);
@@ -45,7 +46,7 @@ describe.skipIf(skip !== undefined)('bwrap sandboxes show no host path of the se
 
   /** Lines of what the sandbox saw that name a host path of the service's or its sandbox's id. */
   function leaks(seen: Seen, id: string): string[] {
-    const needles = [dir, sandboxDir, tmpdir() === '/tmp' ? '/tmp/rollserve-' : join(tmpdir(), 'rollserve-'), `rollserve-${id}`, id, process.cwd()];
+    const needles = [dir, sandboxDir, ...sandboxDirRoots().map((root) => (root === '/tmp' ? '/tmp/rollserve-' : join(root, 'rollserve-'))), `rollserve-${id}`, id, process.cwd()];
     return `${seen.exec}\n${seen.spawned}`
       .split('\n')
       .filter((line) => needles.some((needle) => line.includes(needle)));

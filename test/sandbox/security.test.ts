@@ -15,6 +15,7 @@ import {
   type SandboxSpec,
 } from '@rollserve/core/sandbox';
 import { serviceHardLimit } from '../../packages/core/src/sandbox/limits.ts';
+import { sandboxDirRoots } from '../../packages/core/src/sandbox/staging.ts';
 import { BashSession, PythonKernel } from '@rollserve/core/sandbox';
 import { SandboxPool } from '@rollserve/testing';
 
@@ -260,7 +261,8 @@ describe.skipIf(skip !== undefined)('bwrap sandbox security', () => {
   });
 
   it('refuses, at create, a limit it cannot keep here, naming it, and leaves nothing behind', async () => {
-    const before = readdirSync(tmpdir()).filter((name) => name.startsWith('rollserve-rs-')).length;
+    const sandboxDirs = () => sandboxDirRoots().flatMap((root) => readdirSync(root).filter((name) => name.startsWith('rollserve-rs-')));
+    const before = sandboxDirs().length;
     const noCgroup = createBwrapProvider({ cgroups: false });
     expect(noCgroup.limits?.().totalMemoryMib).toBeUndefined();
     await expect(noCgroup.create({ resources: { totalMemoryMib: 256 } })).rejects.toThrow(
@@ -275,7 +277,7 @@ describe.skipIf(skip !== undefined)('bwrap sandbox security', () => {
     if (hard !== undefined) {
       await expect(create({ resources: { maxOpenFiles: hard + 1 } })).rejects.toThrow(`the service's own hard limit is ${hard}`);
     }
-    expect(readdirSync(tmpdir()).filter((name) => name.startsWith('rollserve-rs-')).length).toBeLessThanOrEqual(before);
+    expect(sandboxDirs().length).toBeLessThanOrEqual(before);
   });
 
   it.skipIf(!cgroupCpuSupport())('caps the CPUs of the sandbox as a whole: the kernel throttles it at its quota', async () => {
@@ -326,7 +328,7 @@ describe.skipIf(skip !== undefined)('bwrap sandbox security', () => {
     await bash.run('sleep 1000 &');
     await sandbox.exec('sleep 1001 >/dev/null 2>&1 &');
     const ns = namespaceOf(sandbox);
-    const dir = join(tmpdir(), `rollserve-${sandbox.id}`);
+    const dir = sandboxDirRoots().map((root) => join(root, `rollserve-${sandbox.id}`)).find((path) => existsSync(path)) ?? join(tmpdir(), `rollserve-${sandbox.id}`);
     expect(existsSync(dir)).toBe(true);
     expect(pidsMentioning(sandbox.id).length).toBeGreaterThan(0);
     expect(pidsInNamespace(ns).length).toBeGreaterThanOrEqual(4);
@@ -407,10 +409,11 @@ describe.skipIf(skip !== undefined)('bwrap sandbox security', () => {
       const emptied = () => cgroupDirs.every((dir) => !existsSync(dir) || readFileSync(join(dir, 'cgroup.procs'), 'utf8').trim() === '');
       expect(await until(emptied, 2_000)).toBe(true);
       // nobody was left to remove the temporary directory and the cgroup: the start-up sweep does
+      const dir = sandboxDirRoots().map((root) => join(root, `rollserve-${id}`)).find((path) => existsSync(path)) ?? join(tmpdir(), `rollserve-${id}`);
       const removed = await removeStaleSandboxDirs({ minAgeMs: 0, ids: [id] });
-      expect(removed).toContain(join(tmpdir(), `rollserve-${id}`));
+      expect(removed).toContain(dir);
       expect(removed.filter((path) => path.startsWith('/sys/fs/cgroup/')).length).toBe(cgroupSupport() === 1 ? 2 : cgroupSupport() === 2 ? 1 : 0);
-      expect(existsSync(join(tmpdir(), `rollserve-${id}`))).toBe(false);
+      expect(existsSync(dir)).toBe(false);
     } finally {
       child.kill('SIGKILL');
     }

@@ -1,4 +1,4 @@
-import { closeSync, constants, lstatSync, openSync, readdirSync, readFileSync, readlinkSync, writeFileSync } from 'node:fs';
+import { closeSync, constants, lstatSync, openSync, readdirSync, readFileSync, readlinkSync, statfsSync, writeFileSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -17,6 +17,32 @@ export function processIdentity(pid: number | 'self'): string | undefined {
   } catch {
     return undefined;
   }
+}
+
+const TMPFS_MAGIC = 0x01021994;
+let shmDir: string | null | undefined;
+
+/**
+ * Where a provider whose sandboxes keep all their files in tmpfs mounts of their own puts their
+ * directories (empty mount points, an owner file): /dev/shm where it is a tmpfs, so that making
+ * and removing them costs no ext4 journal (≈ 0.6 ms of CPU and 1-5 ms of the event loop's time a
+ * sandbox, measured here). Undefined elsewhere.
+ */
+export function mountPointDir(): string | undefined {
+  if (shmDir === undefined) {
+    try {
+      shmDir = statfsSync('/dev/shm').type === TMPFS_MAGIC ? '/dev/shm' : null;
+    } catch {
+      shmDir = null;
+    }
+  }
+  return shmDir ?? undefined;
+}
+
+/** Where providers put sandbox directories by default: os.tmpdir(), and mountPointDir() where there is one. */
+export function sandboxDirRoots(): string[] {
+  const shm = mountPointDir();
+  return shm === undefined || shm === tmpdir() ? [tmpdir()] : [tmpdir(), shm];
 }
 
 /**
@@ -55,18 +81,20 @@ function ownerGone(dir: string): boolean {
  * `orphansOnly`: only directories whose maker is gone (see sweepOrphanedSandboxDirs).
  */
 export async function removeStaleSandboxDirs(options: { tmpDir?: string; minAgeMs?: number; ids?: string[]; orphansOnly?: boolean } = {}): Promise<string[]> {
-  const dir = options.tmpDir ?? tmpdir();
   const minAgeMs = options.minAgeMs ?? 60_000;
   const only = options.ids === undefined ? undefined : new Set(options.ids.map((id) => `rollserve-${id}`));
   const cgroups = options.orphansOnly ? [] : removeStaleCgroups({ minAgeMs, ...(only === undefined ? {} : { only: (name: string) => only.has(name) }) });
-  let names: string[];
-  try {
-    names = readdirSync(dir).filter((name) => /^rollserve-rs-[0-9a-f]{12}$/.test(name) && (only === undefined || only.has(name)));
-  } catch {
-    return cgroups;
+  // by default, every place a provider puts them
+  const dirs = options.tmpDir !== undefined ? [options.tmpDir] : sandboxDirRoots();
+  const paths: string[] = [];
+  for (const root of dirs) {
+    try {
+      for (const name of readdirSync(root)) if (/^rollserve-rs-[0-9a-f]{12}$/.test(name) && (only === undefined || only.has(name))) paths.push(join(root, name));
+    } catch {
+      // no such directory
+    }
   }
-  const candidates = names
-    .map((name) => join(dir, name))
+  const candidates = paths
     .filter((path) => {
       try {
         const stat = lstatSync(path);

@@ -4,6 +4,7 @@ import { join } from 'node:path';
 import pino from 'pino';
 import { afterEach, describe, expect, it } from 'vitest';
 import { bwrapAvailable, createBwrapProvider } from '../sandbox/bwrap/index.ts';
+import { sandboxDirRoots } from '../sandbox/staging.ts';
 import type { SandboxProvider } from '../sandbox/types.ts';
 import { createSessionTools, type SessionTools } from '../tools/session-tools.ts';
 import { bashTool, createBashTool, createEditorTool, createPythonTool, editorTool, pythonTool } from './builtin-tools.ts';
@@ -99,7 +100,7 @@ describe.skipIf(skip !== undefined)('ready-made tools on a session', () => {
     await bash.handler({ command: 'echo secret > /workspace/mine' }, ctxOf(a));
     expect(await bash.handler({ command: 'ls /workspace' }, ctxOf(b))).toMatchObject({ output: '' });
     const sandbox = await a.tools.sandbox();
-    const dir = join(tmpdir(), `rollserve-${sandbox.id}`);
+    const dir = sandboxDirRoots().map((root) => join(root, `rollserve-${sandbox.id}`)).find((path) => existsSync(path)) ?? join(tmpdir(), `rollserve-${sandbox.id}`);
     expect(existsSync(dir)).toBe(true);
     await a.close();
     expect(await sandbox.status()).toBe('stopped');

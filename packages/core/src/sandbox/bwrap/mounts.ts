@@ -13,7 +13,9 @@ import { markSandboxDir } from '../staging.ts';
  * Debian) that enters a new user and mount namespace (the caller's uid mapped to itself), mounts
  * each tmpfs on an empty directory of the sandbox's own, and execs bwrap, which binds them in.
  * The last such prefix before bwrap also guards it (`guard`: it forks bwrap as pid 1 of a pid
- * namespace and stays as its parent), so that nothing of a sandbox outlives its maker.
+ * namespace and stays as its parent), so that nothing of a sandbox outlives its maker. The bwrap
+ * provider's spawner (spawner.ts) runs this program in a fork of its own rather than in a new
+ * perl, and is the maker the guard checks.
  *
  * - The mounts exist only in that namespace (the host sees empty directories) and are owned by
  *   it: the sandbox, in bwrap's nested user namespace, can neither remount them larger nor
@@ -53,11 +55,11 @@ function mountOptions(mount: TmpfsMount): string {
 }
 
 /** unshare(2) and mount(2) by architecture (asm-generic for arm64 and riscv64). */
-type Syscalls = { unshare: number; mount: number; prctl: number; setgroups: number };
-const SYSCALLS: Partial<Record<NodeJS.Architecture, Syscalls>> = {
-  x64: { unshare: 272, mount: 165, prctl: 157, setgroups: 116 },
-  arm64: { unshare: 97, mount: 40, prctl: 167, setgroups: 159 },
-  riscv64: { unshare: 97, mount: 40, prctl: 167, setgroups: 159 },
+export type Syscalls = { unshare: number; mount: number; prctl: number; setgroups: number; signalfd4: number };
+export const SYSCALLS: Partial<Record<NodeJS.Architecture, Syscalls>> = {
+  x64: { unshare: 272, mount: 165, prctl: 157, setgroups: 116, signalfd4: 289 },
+  arm64: { unshare: 97, mount: 40, prctl: 167, setgroups: 159, signalfd4: 74 },
+  riscv64: { unshare: 97, mount: 40, prctl: 167, setgroups: 159, signalfd4: 74 },
 };
 
 const works = new Map<string, boolean>();
@@ -113,7 +115,7 @@ const perlSetup = (nr: Syscalls): string =>
     // the fresh user namespace, else (root of the overlay's namespace) before the mounts
     'my $early = $maker && $ruid ne "-";',
     'my ($pidns, $alive) = (0, undef);',
-    'sub guard {',
+    'my $guard = sub {',
     // PR_SET_PDEATHSIG, SIGKILL: armed after this process's last change of ids, then checked
     `  syscall(${nr.prctl}, 1, 9, 0, 0, 0) == 0 or die "rs-tmpfs: prctl: $!\\n";`,
     '  getppid() == $maker or exit 1;',
@@ -128,7 +130,7 @@ const perlSetup = (nr: Syscalls): string =>
     '  close $keep;',
     // bwrap reads /proc/<its child>/ns with its child's pid in this namespace (MS_NOSUID | MS_NODEV | MS_NOEXEC)
     `  syscall(${nr.mount}, my $s = "proc", my $t = "/proc", my $f = "proc", 14, 0) == 0 or die "rs-tmpfs: cannot mount /proc: $!\\n";`,
-    '}',
+    '};',
     'if ($rn > 0 || $early) {',
     // CLONE_NEWNS (and CLONE_NEWPID for the guard): these mounts belong to the host's user namespace
     `  syscall(${nr.unshare}, 0x00020000 | ($early ? 0x20000000 : 0)) == 0 or die "rs-tmpfs: unshare: $!\\n";`,
@@ -139,7 +141,7 @@ const perlSetup = (nr: Syscalls): string =>
     `    syscall(${nr.mount}, my $s = "rs-tmpfs", my $t = $dir, my $f = "tmpfs", 0, my $o = $opts) == 0 or die "rs-tmpfs: cannot mount a tmpfs ($opts) on $dir: $!\\n";`,
     '  }',
     '}',
-    'guard() if $early;',
+    '$guard->() if $early;',
     'if ($ruid ne "-") {',
     // no supplementary groups (setgroups(0, NULL), as Node's spawn), then the gid, then the uid
     `  syscall(${nr.setgroups}, 0, 0) == 0 or die "rs-tmpfs: setgroups: $!\\n";`,
@@ -154,8 +156,8 @@ const perlSetup = (nr: Syscalls): string =>
     '  my $pid = $maker && !$pidns;',
     `  syscall(${nr.unshare}, 0x10000000 | 0x00020000 | ($pid ? 0x20000000 : 0)) == 0 or die "rs-tmpfs: unshare: $!\\n";`,
     '  $pidns ||= $pid;',
-    '  sub put { open(my $f, ">", $_[0]) or die "rs-tmpfs: $_[0]: $!\\n"; print $f $_[1]; close($f) or die "rs-tmpfs: $_[0]: $!\\n" }',
-    '  put("/proc/self/setgroups", "deny"); put("/proc/self/uid_map", "$uid $uid 1"); put("/proc/self/gid_map", "$gid $gid 1");',
+    '  my $put = sub { open(my $f, ">", $_[0]) or die "rs-tmpfs: $_[0]: $!\\n"; print $f $_[1]; close($f) or die "rs-tmpfs: $_[0]: $!\\n" };',
+    '  $put->("/proc/self/setgroups", "deny"); $put->("/proc/self/uid_map", "$uid $uid 1"); $put->("/proc/self/gid_map", "$gid $gid 1");',
     // MS_REC | MS_PRIVATE: nothing mounted here reaches the host
     `  syscall(${nr.mount}, my $s = "none", my $t = "/", 0, 16384 | 262144, 0) == 0 or die "rs-tmpfs: cannot make / private: $!\\n";`,
     '}',
@@ -165,7 +167,7 @@ const perlSetup = (nr: Syscalls): string =>
     // copies: syscall() wants writable scalars for its string arguments
     `  syscall(${nr.mount}, my $s = "rs-tmpfs", my $t = $dir, my $f = "tmpfs", $re ? ${MS_REMOUNT} : 0, my $o = $opts) == 0 or die "rs-tmpfs: cannot mount a tmpfs ($opts) on $dir: $!\\n";`,
     '}',
-    'guard() if $maker && !$early;',
+    '$guard->() if $maker && !$early;',
     'chdir($cwd) or die "rs-tmpfs: cannot enter $cwd: $!\\n";',
     'if ($maker) {',
     // the guard's death kills this process, bwrap by then: armed after the last change of ids, then
@@ -176,6 +178,18 @@ const perlSetup = (nr: Syscalls): string =>
     '}',
     'exec { $ARGV[0] } @ARGV or die "rs-tmpfs: cannot run $ARGV[0]: $!\\n";',
   ].join('\n');
+
+let setupSource: string | undefined;
+
+/**
+ * The perl program of `tmpfsPrefix` (its argv's third element): the spawner (spawner.ts) runs it
+ * in a fork of its own rather than in a new perl. Undefined where the architecture's syscall
+ * numbers are unknown.
+ */
+export function tmpfsSetupSource(): string | undefined {
+  const nr = SYSCALLS[process.arch];
+  return nr === undefined ? undefined : (setupSource ??= perlSetup(nr));
+}
 
 /**
  * The host command prefix that mounts `mounts` (and remounts `remount`, an existing tmpfs of the
@@ -200,8 +214,8 @@ export function tmpfsPrefix(
     guard?: { maker: number; waitFd?: number };
   },
 ): string[] {
-  const nr = SYSCALLS[process.arch];
-  if (nr === undefined) throw new Error(`no mount(2) number for ${process.arch}`);
+  const source = tmpfsSetupSource();
+  if (source === undefined) throw new Error(`no mount(2) number for ${process.arch}`);
   const rootMounts = options.asRoot?.mounts ?? [];
   const drop = options.asRoot?.dropTo;
   const rootArgs = [String(rootMounts.length), drop === undefined ? '-' : String(drop.uid), drop === undefined ? '-' : String(drop.gid)];
@@ -214,5 +228,5 @@ export function tmpfsPrefix(
     args.push(options.remount.dir, `size=${options.remount.sizeBytes},nr_inodes=${options.remount.inodes}`, '1');
   }
   const guardArgs = options.guard === undefined ? ['0', '-'] : [String(options.guard.maker), options.guard.waitFd === undefined ? '-' : String(options.guard.waitFd)];
-  return ['/usr/bin/perl', '-e', perlSetup(nr), ...guardArgs, ...rootArgs, options.unshare ? '1' : '0', options.cwd ?? '/', String(args.length / 3), ...args];
+  return ['/usr/bin/perl', '-e', source, ...guardArgs, ...rootArgs, options.unshare ? '1' : '0', options.cwd ?? '/', String(args.length / 3), ...args];
 }

@@ -1,4 +1,4 @@
-import { spawn, type ChildProcess } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { chownSync, existsSync, mkdirSync, readFileSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
@@ -10,13 +10,14 @@ import { cgroupCpuSupport, cgroupSupport, createSandboxCgroup } from '../cgroup.
 import { isImageReference, overlayPrefix, overlayRoot, resolveImage, rootOverlayPrefix, type ResolvedImage } from '../image/index.ts';
 import { inodeShares, openFilesWithin, resolveSandboxSpec, shmMib } from '../limits.ts';
 import { childrenOf } from '../process.ts';
-import { markSandboxDir } from '../staging.ts';
+import { markSandboxDir, mountPointDir } from '../staging.ts';
 import { BASE_ENV, DEFAULT_WORKDIR, type ResolvedSandboxSpec, type SandboxLimitSupport, type SandboxProvider, type SandboxSpec } from '../types.ts';
 import { agentScript } from './agent.ts';
 import { ARGS_FD, buildBwrapArgs, bwrapArgsOnFd, DEFAULT_HOST_ROOT_DIRS, DEVICES, scanRoot, type BwrapArgsInput, type RootEntry } from './args.ts';
 import { tmpfsMountsAvailable, tmpfsPrefix, type TmpfsMount } from './mounts.ts';
 import { KernelForkServers } from './fork-server.ts';
-import { BwrapSandbox } from './sandbox.ts';
+import { Spawner, spawnerAvailable, type InitProcess } from './spawner.ts';
+import { BwrapSandbox, removeCgroup } from './sandbox.ts';
 
 export interface BwrapProviderOptions {
   /** The bwrap binary. @default 'bwrap' */
@@ -29,7 +30,8 @@ export interface BwrapProviderOptions {
   user?: { uid: number; gid: number };
   /**
    * Where the per-sandbox temporary directories go; it must be searchable by the sandbox uid (the
-   * bind mounts are made as that uid). @default os.tmpdir()
+   * bind mounts are made as that uid). @default /dev/shm where it is a tmpfs and the sandboxes'
+   * tmpfs mounts can be made (the directories are empty mount points then), else os.tmpdir()
    */
   tmpDir?: string;
   /**
@@ -126,6 +128,14 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
   let providerClosed = false;
   const rootNames = (options.hostRootDirs ?? DEFAULT_HOST_ROOT_DIRS).filter((name) => existsSync(join('/', name)));
   const forkServers = options.kernelForkServer === false ? undefined : new KernelForkServers(new Set(rootNames));
+  // bwrap and its prefix are started by the spawner (spawner.ts), not forked from this process
+  const useSpawner = spawnerAvailable();
+  let spawner: Spawner | undefined;
+  const currentSpawner = (): Spawner | undefined => {
+    if (!useSpawner || providerClosed) return undefined;
+    if (spawner === undefined || !spawner.alive()) spawner = new Spawner();
+    return spawner;
+  };
 
   const cgroups = options.cgroups !== false && cgroupSupport() !== null;
   const mountTmpfs = tmpfsMountsAvailable(user);
@@ -173,7 +183,8 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
   /** Starts the sandbox on the resolved spec (and image, held: the sandbox releases it when it closes). */
   async function startOn(spec: ResolvedSandboxSpec, image: ResolvedImage | undefined, openFiles: number): Promise<BwrapSandbox> {
     const id = `rs-${randomBytes(6).toString('hex')}`;
-    const base = join(options.tmpDir ?? tmpdir(), `rollserve-${id}`);
+    // mount points only (the sandbox's files are in its tmpfs mounts): on a tmpfs as well
+    const base = join(options.tmpDir ?? (mountTmpfs ? mountPointDir() : undefined) ?? tmpdir(), `rollserve-${id}`);
     const workdir = spec.workdir ?? image?.config.workdir ?? DEFAULT_WORKDIR;
     const layerDir = join(base, 'layer');
     // an image: bwrap starts inside the namespace that holds the sandbox's overlay (image/overlay.ts)
@@ -210,8 +221,10 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
     // work directories, the overlay's root: OVERLAY_INODES) gets the workspace's inode count
     const layer = image === undefined ? undefined : { dir: layerDir, sizeBytes: resources.workspaceMib * mib, inodes: shares.workspace + OVERLAY_INODES };
     // the last prefix stays as bwrap's parent and runs it as pid 1 of a pid namespace: nothing of
-    // the sandbox outlives it, and it dies with this process (see tmpfsPrefix)
-    const guard = { maker: process.pid, waitFd: ARGS_FD };
+    // the sandbox outlives it, and it dies with its maker, the spawner (which dies with this
+    // process) or this process (see tmpfsPrefix)
+    const maker = currentSpawner();
+    const guard = { maker: maker?.pid ?? process.pid, waitFd: ARGS_FD };
     // bwrap runs in the sandbox's directory: what tells removeStaleSandboxDirs it is in use (its
     // command line names no host path: bwrapArgsOnFd). The overlay's setup leaves it in /.
     const prefix = !mountTmpfs
@@ -292,21 +305,40 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
     // it cannot run Node itself does (libuv also clears the supplementary groups): one exec less
     // than `setpriv` on the hot path; on an image the overlay's setup drops, after idmapping the
     // image root
-    const init = spawn(argv[0]!, argv.slice(1), {
-      env: { ...BASE_ENV },
-      cwd: base,
-      // 3: bwrap's --info-fd; ARGS_FD: its options (4 stays closed: see ARGS_FD)
-      stdio: ['pipe', 'pipe', 'pipe', 'pipe', 'ignore', 'pipe'],
-      ...(user === undefined || image !== undefined || rootInput ? {} : { uid: user.uid, gid: user.gid }),
-    });
+    const dropTo = user === undefined || image !== undefined || rootInput ? undefined : user;
+    let init: InitProcess;
+    // the spawner puts its child in the cgroup (it waits for its options meanwhile)
+    let cgroupError: string | undefined;
+    if (maker !== undefined) {
+      try {
+        const spawned = await maker.spawn({ argv, env: { ...BASE_ENV }, cwd: base, user: dropTo, ...(cgroup === undefined ? {} : { cgroupProcs: cgroup.procsFiles }) });
+        init = spawned;
+        cgroupError = spawned.cgroupError;
+      } catch (error) {
+        // (a child the spawner's death took along may still be in it for a moment)
+        if (cgroup !== undefined) void removeCgroup(cgroup);
+        await rm(base, { recursive: true, force: true });
+        throw error;
+      }
+    } else {
+      init = spawn(argv[0]!, argv.slice(1), {
+        env: { ...BASE_ENV },
+        cwd: base,
+        // 3: bwrap's --info-fd; ARGS_FD: its options (4 stays closed: see ARGS_FD)
+        stdio: ['pipe', 'pipe', 'pipe', 'pipe', 'ignore', 'pipe'],
+        ...(dropTo === undefined ? {} : { uid: dropTo.uid, gid: dropTo.gid }),
+      });
+    }
     const sandbox = new BwrapSandbox(id, workdir, { ...spec, resources: { ...resources, maxOpenFiles: openFiles } }, init, user, cgroup, { host: inputHost, mounted: mountTmpfs }, [base], image?.release);
     // the host's root as it is: a fork of the host's interpreter is the sandbox's
     if (spec.image === undefined && spec.binds === undefined) sandbox.forkServers = forkServers;
+    sandbox.spawner = maker;
     try {
       // bwrap waits for its options: it makes the sandbox's namespaces once it is in the cgroup,
       // so the cgroup namespace's root is the sandbox's cgroup and /proc/self/cgroup inside
       // shows "/", not the cgroup's name
-      sandbox.joinCgroup(init.pid);
+      if (maker === undefined) sandbox.joinCgroup(init.pid);
+      else if (cgroupError !== undefined) sandbox.cgroupUnjoinable(new Error(cgroupError));
       const optionsFd = (init.stdio as unknown as Array<Writable | null>)[ARGS_FD]!;
       optionsFd.on('error', () => {}); // bwrap gone before it read them: waitReady says why
       optionsFd.end(bwrap.options);
@@ -415,6 +447,8 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
       const pooled = [...pools.values()].flatMap((pool) => pool.sandboxes.splice(0));
       pools.clear();
       await Promise.all([...pooled.map((sandbox) => sandbox.close()), forkServers?.close()]);
+      // (at once when no sandbox of its runs, else once the last one its callers hold has closed)
+      await spawner?.close();
     },
   };
 }
@@ -441,7 +475,7 @@ function hostPidOf(guardPid: number, nsPid: number): number {
 }
 
 /** Resolves with the sandbox init's pid (as bwrap's --info-fd names it) once it runs (bwrap's --info-fd, then the init's "R"). */
-function waitReady(init: ChildProcess, timeoutMs: number): Promise<number> {
+function waitReady(init: InitProcess, timeoutMs: number): Promise<number> {
   return new Promise((resolve, reject) => {
     let info = '';
     let ready = false;

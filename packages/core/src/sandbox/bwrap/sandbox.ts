@@ -1,4 +1,3 @@
-import type { ChildProcess } from 'node:child_process';
 import { PassThrough } from 'node:stream';
 import { randomBytes } from 'node:crypto';
 import { closeSync, constants, fstatSync, openSync, readFileSync, readSync, statfsSync, statSync, unlinkSync, writeFileSync } from 'node:fs';
@@ -25,6 +24,7 @@ import {
   type SandboxStatus,
 } from '../types.ts';
 import type { KernelForkRequest, KernelForkServers } from './fork-server.ts';
+import type { InitProcess } from './spawner.ts';
 import { buildEnterArgs, EXEC_DIR, INPUT_MOUNT, ownNamespaces, type EnterableNamespace } from './args.ts';
 
 /*
@@ -67,8 +67,9 @@ import { buildEnterArgs, EXEC_DIR, INPUT_MOUNT, ownNamespaces, type EnterableNam
  * `setpriv` (with no_new_privs) for the processes that enter.
  *
  * Lifetime: killing pid 1 of the pid namespace makes the kernel kill every process of the
- * sandbox. When the service dies, the guard (mounts.ts: the tmpfs prefix, bwrap's parent) dies
- * with it, and bwrap's monitor, pid 1 of the guard's pid namespace, with the guard: the kernel
+ * sandbox. When the service dies, its spawner (spawner.ts) dies with it, the guard (mounts.ts: the
+ * tmpfs prefix, bwrap's parent, the spawner's child) with the spawner, and bwrap's monitor, pid 1
+ * of the guard's pid namespace, with the guard: the kernel
  * then kills everything under it, a sandbox still starting included (`--die-with-parent` alone
  * does not: see tmpfsPrefix).
  * A timed-out command is found by the ROLLSERVE_SANDBOX=<exec id> variable it and its children
@@ -141,6 +142,8 @@ export class BwrapSandbox extends CommandSandbox {
   private pidNamespace: string | undefined;
   /** The provider's kernel fork servers, where this sandbox's root is the host's (no image, no binds). */
   forkServers: KernelForkServers | undefined;
+  /** The provider's spawner that started this sandbox's bwrap, if one did (tests and benches look at it). */
+  spawner: { readonly pid: number | undefined } | undefined;
   private readonly pending = new Map<string, (code: number) => void>();
   private agentLine = '';
   private seq = 0;
@@ -157,7 +160,7 @@ export class BwrapSandbox extends CommandSandbox {
     id: string,
     workdir: string,
     spec: ResolvedSandboxSpec,
-    private readonly init: ChildProcess,
+    private readonly init: InitProcess,
     private readonly user: { uid: number; gid: number } | undefined,
     private cgroup: SandboxCgroup | undefined,
     /** The input directory's host path; `mounted`: the prefix mounted a tmpfs on it (see `started`). */
@@ -188,21 +191,27 @@ export class BwrapSandbox extends CommandSandbox {
       try {
         this.cgroup.join(pid);
       } catch (error) {
-        // a cgroup we may create but not move processes into (a v2 hierarchy without delegation
-        // of the common ancestor): the rlimit fallback holds, as where there is no cgroup at all,
-        // unless the spec gave the limit only a cgroup keeps
-        const empty = this.cgroup;
-        this.cgroup = undefined;
-        void removeCgroup(empty);
-        const needsCgroup = (['totalMemoryMib', 'cpus'] as const).find((limit) => (this.spec as ResolvedSandboxSpec).given.has(limit));
-        if (needsCgroup !== undefined) {
-          throw new RolloutError({
-            code: 'SANDBOX',
-            message: `the bwrap sandbox provider cannot keep the limit ${needsCgroup}: the sandbox could not join its cgroup (${(error as Error).message})`,
-            details: { limit: needsCgroup },
-          });
-        }
+        this.cgroupUnjoinable(error as Error);
       }
+    }
+  }
+
+  /** bwrap could not be put in the sandbox's cgroup (`error`: why; see joinCgroup). */
+  cgroupUnjoinable(error: Error): void {
+    if (this.cgroup === undefined) return;
+    // a cgroup we may create but not move processes into (a v2 hierarchy without delegation of
+    // the common ancestor): the rlimit fallback holds, as where there is no cgroup at all, unless
+    // the spec gave the limit only a cgroup keeps
+    const empty = this.cgroup;
+    this.cgroup = undefined;
+    void removeCgroup(empty);
+    const needsCgroup = (['totalMemoryMib', 'cpus'] as const).find((limit) => (this.spec as ResolvedSandboxSpec).given.has(limit));
+    if (needsCgroup !== undefined) {
+      throw new RolloutError({
+        code: 'SANDBOX',
+        message: `the bwrap sandbox provider cannot keep the limit ${needsCgroup}: the sandbox could not join its cgroup (${error.message})`,
+        details: { limit: needsCgroup },
+      });
     }
   }
 
@@ -723,8 +732,7 @@ export class BwrapSandbox extends CommandSandbox {
 }
 
 /** Removes a sandbox's cgroup once its last process is reaped (that takes a moment after a SIGKILL). */
-
-async function removeCgroup(cgroup: SandboxCgroup): Promise<void> {
+export async function removeCgroup(cgroup: SandboxCgroup): Promise<void> {
   for (let attempt = 0; attempt < 50; attempt++) {
     if (cgroup.remove()) return;
     await new Promise((resolve) => setTimeout(resolve, 20));

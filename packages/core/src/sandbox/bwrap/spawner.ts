@@ -1,0 +1,415 @@
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { EventEmitter } from 'node:events';
+import { closeSync, constants, existsSync, openSync } from 'node:fs';
+import { Socket } from 'node:net';
+import { constants as osConstants } from 'node:os';
+import type { Readable, Writable } from 'node:stream';
+import { RolloutError } from '../../errors.ts';
+import { BASE_ENV } from '../types.ts';
+import { SYSCALLS, tmpfsSetupSource, type Syscalls } from './mounts.ts';
+
+/*
+ * The spawner: one small perl per provider that starts each sandbox's bwrap (and the tmpfs
+ * prefix before it) in place of the service. A child of the service is a fork of the service, a
+ * large process: copying its page tables and tearing the copy down at exec cost ≈ 8-10 ms of the
+ * service's CPU per sandbox (perf, README "Sandboxes"), and the prefix's perl then started and
+ * compiled its program (≈ 4 ms) to mount a few tmpfs. The spawner forks itself (a few MB) and the
+ * fork runs the prefix's program, compiled once (mounts.ts's `tmpfsSetupSource`), which execs
+ * bwrap as before: namespaces, mounts, guard and drop are the prefix's, unchanged.
+ *
+ * Channels: the spawner makes the pipes a sandbox's first process has (stdin, stdout, stderr,
+ * bwrap's --info-fd 3 and --args 5; 4 closed) and the service opens its own ends through
+ * /proc/<spawner>/fd (a pipe opened there is that pipe), after which the spawner closes them. Its
+ * children start with nothing else of it open.
+ *
+ * Lifetime: it dies with the service (PR_SET_PDEATHSIG, checked against the parent it was given),
+ * and its children with it (each arms the same before exec; the prefix's guard checks the spawner
+ * is its parent). It is a child subreaper and reaps every process that ends under it, its own
+ * children and whatever they left (bwrap's monitor when a failed start killed the guard: such an
+ * orphan went to the host's init, and stayed a zombie where that init reaps nothing). SIGCHLD is
+ * read from a signalfd, so no end is missed. A closed spawner exits once its last child is reaped.
+ *
+ * Protocol on its stdin: frames "<length>\n<fields, NUL-separated>":
+ *   S id cwd uid|- gid|- ncgroup procs... nenv env... nsetup setup... argv...
+ *                 fork, write the child's pid to each cgroup.procs file; with nsetup > 0 the fork
+ *                 runs the prefix program on setup + argv
+ *   C id          close the spawner's ends of id's pipes (the service has opened its own)
+ *   K pid signal  signal a child not yet reaped
+ * and on its stdout, lines: "S id pid in out err info args joined" (its fds; "ok" or why the
+ * cgroup was not joined), "F id reason" (no fork),
+ * "X pid c code" or "X pid s signal" (a child reaped).
+ */
+
+const spawnerSource = (nr: Syscalls, setup: string): string =>
+  [
+    'use POSIX ();',
+    'my $maker = shift @ARGV;',
+    `syscall(${nr.prctl}, 1, 9, 0, 0, 0) == 0 or die "rs-spawner: prctl: $!\\n";`,
+    'getppid() == $maker or exit 1;',
+    'my $me = $$;',
+    // PR_SET_CHILD_SUBREAPER: orphans of its children are reaped here
+    `syscall(${nr.prctl}, 36, 1, 0, 0, 0) == 0 or die "rs-spawner: prctl: $!\\n";`,
+    // fds 3-9 held, so that every pipe is above what a child's dup2s write
+    'my @low; while (1) { open(my $h, "<", "/dev/null") or die "rs-spawner: /dev/null: $!\\n"; if (fileno($h) >= 10) { close($h); last } push @low, $h }',
+    'my $chld = POSIX::SIGCHLD();',
+    'POSIX::sigprocmask(POSIX::SIG_BLOCK(), POSIX::SigSet->new($chld)) or die "rs-spawner: sigprocmask: $!\\n";',
+    // signalfd4(-1, {SIGCHLD}, 8, SFD_NONBLOCK | SFD_CLOEXEC)
+    `my $sfd = syscall(${nr.signalfd4}, -1, my $mask = pack("Q", 1 << ($chld - 1)), 8, 0x80800);`,
+    '$sfd >= 0 or die "rs-spawner: signalfd: $!\\n";',
+    `my $setup = sub {\n${setup}\n};`,
+    'my (%held, %kids, $buf, $open);',
+    '$open = 1; $buf = "";',
+    'sub reply { my $m = shift() . "\\n"; while (length $m) { my $n = syswrite(STDOUT, $m); defined $n or exit 0; substr($m, 0, $n) = "" } }',
+    'sub reap {',
+    '  while ((my $pid = waitpid(-1, POSIX::WNOHANG())) > 0) {',
+    '    next unless delete $kids{$pid};',
+    '    reply($? & 127 ? "X $pid s " . ($? & 127) : "X $pid c " . ($? >> 8));',
+    '  }',
+    '}',
+    'sub child {',
+    '  my ($fds, $cwd, $uid, $gid, $env, $pre, $argv) = @_;',
+    '  POSIX::sigprocmask(POSIX::SIG_SETMASK(), POSIX::SigSet->new());',
+    '  my @to = (0, 1, 2, 3, 5);',
+    '  for my $i (0 .. 4) { POSIX::dup2($fds->[$i], $to[$i]) // POSIX::_exit(1) }',
+    '  opendir(my $dir, "/proc/self/fd") or POSIX::_exit(1);',
+    '  my @open = grep { /^\\d+$/ && ($_ == 4 || $_ > 5) } readdir($dir);',
+    '  closedir($dir);',
+    '  POSIX::close($_) for @open;',
+    '  chdir($cwd) or do { print STDERR "rs-spawner: cannot enter $cwd: $!\\n"; POSIX::_exit(1) };',
+    '  %ENV = map { split /=/, $_, 2 } @$env;',
+    '  if ($uid ne "-") {',
+    `    syscall(${nr.setgroups}, 0, 0) == 0 or POSIX::_exit(1);`,
+    '    $) = $gid; $( = $gid; ($<, $>) = ($uid, $uid);',
+    '    $< == $uid && $> == $uid && $( == $gid or do { print STDERR "rs-spawner: cannot drop to $uid:$gid\\n"; POSIX::_exit(1) };',
+    '  }',
+    // dies with the spawner: armed after the last change of ids (which clears it), then checked
+    `  syscall(${nr.prctl}, 1, 9, 0, 0, 0) == 0 or POSIX::_exit(1);`,
+    '  getppid() == $me or POSIX::_exit(1);',
+    '  if (@$pre) { @ARGV = (@$pre, @$argv); eval { $setup->() }; print STDERR $@; POSIX::_exit(255) }',
+    '  exec { $argv->[0] } @$argv;',
+    '  print STDERR "rs-spawner: cannot run $argv->[0]: $!\\n";',
+    '  POSIX::_exit(127);',
+    '}',
+    'sub start {',
+    '  my ($id, $cwd, $uid, $gid, $ncg, @rest) = @_;',
+    '  my @cgroup = splice(@rest, 0, $ncg);',
+    '  my $nenv = shift @rest;',
+    '  my @env = splice(@rest, 0, $nenv);',
+    '  my $npre = shift @rest;',
+    '  my @pre = splice(@rest, 0, $npre);',
+    '  my (@child, @ours);',
+    '  for my $in (1, 0, 0, 0, 1) {',
+    '    pipe(my $r, my $w) or do { reply("F $id pipe: $!"); return };',
+    '    if ($in) { push @child, $r; push @ours, $w } else { push @child, $w; push @ours, $r }',
+    '  }',
+    '  my $pid = fork();',
+    '  if (!defined $pid) { reply("F $id fork: $!"); return }',
+    '  child([map { fileno($_) } @child], $cwd, $uid, $gid, \\@env, \\@pre, \\@rest) if $pid == 0;',
+    '  close($_) for @child;',
+    '  $held{$id} = \\@ours;',
+    '  $kids{$pid} = 1;',
+    // the child into the sandbox's cgroup before bwrap makes the namespaces (the prefix waits for
+    // the options, written once this is told): here, not in the service, whose event loop a
+    // cgroup v1 migration would hold for milliseconds
+    '  my $joined = "ok";',
+    '  for my $procs (@cgroup) {',
+    '    my $f; if (!open($f, ">", $procs) || !defined syswrite($f, $pid) || !close($f)) { ($joined = "$procs: $!") =~ s/\\s/ /g; last }',
+    '  }',
+    '  reply(join(" ", "S", $id, $pid, (map { fileno($_) } @ours), $joined));',
+    '}',
+    'sub request {',
+    '  my @f = split /\\0/, shift, -1;',
+    '  my $op = shift @f;',
+    '  if ($op eq "S") { start(@f) }',
+    '  elsif ($op eq "C") { my $fhs = delete $held{$f[0]}; close($_) for @{$fhs // []} }',
+    '  elsif ($op eq "K") { kill($f[1], $f[0]) if $kids{$f[0]} }',
+    '}',
+    'while ($open || %kids) {',
+    '  my $rin = ""; vec($rin, $sfd, 1) = 1; vec($rin, 0, 1) = 1 if $open;',
+    '  my $n = select(my $rout = $rin, undef, undef, undef);',
+    '  if ($n < 0) { next if $!{EINTR}; die "rs-spawner: select: $!\\n" }',
+    '  if (vec($rout, $sfd, 1)) { 1 while POSIX::read($sfd, my $info, 1024); reap() }',
+    '  next unless $open && vec($rout, 0, 1);',
+    '  my $got = sysread(STDIN, $buf, 65536, length $buf);',
+    '  if (!$got) { next if !defined $got && $!{EINTR}; $open = 0; %held = (); next }',
+    '  while ($buf =~ /^(\\d+)\\n/) {',
+    '    my $at = length($1) + 1;',
+    '    last if length($buf) < $at + $1;',
+    '    my $frame = substr($buf, $at, $1);',
+    '    substr($buf, 0, $at + $1) = "";',
+    '    request($frame);',
+    '  }',
+    '}',
+  ].join('\n');
+
+/** What a sandbox's first process is to the sandbox that holds it: a child process, or a spawner's child. */
+export interface InitProcess extends EventEmitter {
+  readonly pid?: number | undefined;
+  readonly stdin: Writable | null;
+  readonly stdout: Readable | null;
+  readonly stderr: Readable | null;
+  /** 0-2, bwrap's --info-fd at 3, its --args at 5. */
+  readonly stdio: ReadonlyArray<Readable | Writable | null | undefined>;
+  readonly exitCode: number | null;
+  readonly signalCode: NodeJS.Signals | null;
+  kill(signal?: NodeJS.Signals): boolean;
+}
+
+const SIGNAL_NAMES = new Map<number, NodeJS.Signals>(
+  Object.entries(osConstants.signals).map(([name, number]) => [number as number, name as NodeJS.Signals]),
+);
+
+class SpawnedProcess extends EventEmitter implements InitProcess {
+  /** Why it is not in the cgroup it was to join (`SpawnRequest.cgroupProcs`), if it is not. */
+  cgroupError: string | undefined;
+  exitCode: number | null = null;
+  signalCode: NodeJS.Signals | null = null;
+  readonly stdin: Socket;
+  readonly stdout: Socket;
+  readonly stderr: Socket;
+  readonly stdio: ReadonlyArray<Socket | null>;
+
+  constructor(
+    readonly pid: number,
+    fds: number[],
+    private readonly spawner: Spawner,
+  ) {
+    super();
+    const [input, output, error, info, args] = fds.map((fd, i) => new Socket({ fd, readable: i !== 0 && i !== 4, writable: i === 0 || i === 4 }));
+    this.stdin = input!;
+    this.stdout = output!;
+    this.stderr = error!;
+    this.stdio = [input!, output!, error!, info!, null, args!];
+  }
+
+  kill(signal: NodeJS.Signals = 'SIGTERM'): boolean {
+    if (this.exitCode !== null || this.signalCode !== null) return false;
+    this.spawner.kill(this.pid, signal);
+    return true;
+  }
+
+  /** Reaped by the spawner (or the spawner is gone: its children die with it). */
+  ended(code: number | null, signal: NodeJS.Signals | null): void {
+    if (this.exitCode !== null || this.signalCode !== null) return;
+    this.exitCode = code;
+    this.signalCode = signal;
+    // as a child process's stdin is at its exit; what it wrote is still read to its end
+    this.stdin.destroy();
+    (this.stdio[5] as Socket).destroy();
+    this.emit('exit', code, signal);
+  }
+}
+
+interface Pending {
+  resolve(process: SpawnedProcess): void;
+  reject(error: Error): void;
+}
+
+export interface SpawnRequest {
+  argv: string[];
+  env: Record<string, string>;
+  cwd: string;
+  /** Ids to drop to before exec (as Node's spawn `uid`/`gid`, supplementary groups cleared). */
+  user?: { uid: number; gid: number } | undefined;
+  /** `cgroup.procs` files the child is written to before the spawner answers (see `cgroupError`). */
+  cgroupProcs?: string[];
+}
+
+let available: boolean | undefined;
+
+/**
+ * Whether a spawner can run here: the syscall numbers of this architecture, and a perl that
+ * compiles its program (POSIX included; perl-base has it). Checked once (`perl -c`).
+ */
+export function spawnerAvailable(): boolean {
+  if (available === undefined) {
+    const nr = SYSCALLS[process.arch];
+    const setup = tmpfsSetupSource();
+    available =
+      process.platform === 'linux' &&
+      nr !== undefined &&
+      setup !== undefined &&
+      existsSync('/usr/bin/perl') &&
+      spawnSync('/usr/bin/perl', ['-c', '-e', spawnerSource(nr, setup)], { stdio: 'ignore', env: { ...BASE_ENV }, timeout: 10_000 }).status === 0;
+  }
+  return available;
+}
+
+export class Spawner {
+  private readonly child: ChildProcess;
+  private readonly pending = new Map<number, Pending>();
+  private readonly children = new Map<number, SpawnedProcess>();
+  private seq = 0;
+  private line = '';
+  private dead = false;
+  private closing = false;
+  /** Resolves once the spawner process has ended. */
+  readonly ended: Promise<void>;
+
+  constructor() {
+    const nr = SYSCALLS[process.arch];
+    const setup = tmpfsSetupSource();
+    if (nr === undefined || setup === undefined) throw new Error(`no syscall numbers for ${process.arch}`);
+    this.child = spawn('/usr/bin/perl', ['-e', spawnerSource(nr, setup), String(process.pid)], {
+      env: { ...BASE_ENV },
+      cwd: '/',
+      stdio: ['pipe', 'pipe', 'pipe'],
+    });
+    // an idle spawner keeps no service alive; a start in flight or a child holds it (see `refresh`)
+    this.child.unref();
+    for (const stream of [this.child.stdin, this.child.stdout, this.child.stderr]) (stream as unknown as { unref?(): void } | null)?.unref?.();
+    this.child.stdin!.on('error', () => {});
+    let stderr = '';
+    this.child.stderr!.on('data', (chunk: Buffer) => {
+      if (stderr.length < 4096) stderr += chunk.toString('utf8');
+    });
+    this.child.stdout!.on('data', (chunk: Buffer) => {
+      this.line += chunk.toString('latin1');
+      for (let newline = this.line.indexOf('\n'); newline >= 0; newline = this.line.indexOf('\n')) {
+        const text = this.line.slice(0, newline);
+        this.line = this.line.slice(newline + 1);
+        this.onLine(text);
+      }
+    });
+    this.ended = new Promise<void>((resolve) => {
+      this.child.once('exit', () => resolve());
+      this.child.once('error', () => resolve());
+    }).then(() => {
+      this.dead = true;
+      const error = new RolloutError({ code: 'SANDBOX', message: `the sandbox spawner ended: ${stderr.trim()}`, retryable: true });
+      for (const entry of this.pending.values()) entry.reject(error);
+      this.pending.clear();
+      // its children die with it (PR_SET_PDEATHSIG)
+      for (const spawned of this.children.values()) spawned.ended(null, 'SIGKILL');
+      this.children.clear();
+    });
+  }
+
+  get pid(): number | undefined {
+    return this.child.pid;
+  }
+
+  alive(): boolean {
+    return !this.dead && !this.closing;
+  }
+
+  private onLine(text: string): void {
+    const [kind, first, ...rest] = text.split(' ');
+    if (kind === 'X') {
+      const pid = Number(first);
+      const spawned = this.children.get(pid);
+      if (spawned === undefined) return;
+      this.children.delete(pid);
+      this.refresh();
+      const value = Number(rest[1]);
+      if (rest[0] === 's') spawned.ended(null, SIGNAL_NAMES.get(value) ?? 'SIGKILL');
+      else spawned.ended(value, null);
+      return;
+    }
+    const id = Number(first);
+    const entry = this.pending.get(id);
+    if (entry === undefined) return;
+    this.pending.delete(id);
+    if (kind === 'F') {
+      this.refresh();
+      entry.reject(new RolloutError({ code: 'SANDBOX', message: `cannot start bwrap: ${rest.join(' ')}`, retryable: true }));
+      return;
+    }
+    const pid = Number(rest[0]);
+    const theirs = rest.slice(1, 6).map(Number);
+    const joined = rest.slice(6).join(' ');
+    const ours: number[] = [];
+    try {
+      // stdin and --args are written here; the rest read
+      theirs.forEach((fd, i) => {
+        const write = i === 0 || i === 4;
+        ours.push(openSync(`/proc/${this.child.pid}/fd/${fd}`, (write ? constants.O_WRONLY : constants.O_RDONLY) | constants.O_NONBLOCK));
+      });
+    } catch (error) {
+      for (const fd of ours) closeSync(fd);
+      this.send(['C', String(id)]);
+      this.kill(pid, 'SIGKILL');
+      this.refresh();
+      entry.reject(new RolloutError({ code: 'SANDBOX', message: `cannot open the spawner's pipes: ${(error as Error).message}`, retryable: true }));
+      return;
+    }
+    this.send(['C', String(id)]);
+    const spawned = new SpawnedProcess(pid, ours, this);
+    if (joined !== 'ok') spawned.cgroupError = joined;
+    this.children.set(pid, spawned);
+    this.refresh();
+    entry.resolve(spawned);
+  }
+
+  /** Holds the event loop while a start is in flight or a child runs, as a child process would (their news come on the spawner's stdout). */
+  private refresh(): void {
+    const stdout = this.child.stdout as unknown as { ref?(): void; unref?(): void };
+    if (this.pending.size > 0 || this.children.size > 0) stdout.ref?.();
+    else stdout.unref?.();
+  }
+
+  /** Starts `argv` as the spawner's child; a tmpfs prefix (mounts.ts) runs in the fork, without a new perl. */
+  spawn(request: SpawnRequest): Promise<InitProcess & { cgroupError: string | undefined }> {
+    if (!this.alive()) return Promise.reject(new RolloutError({ code: 'SANDBOX', message: 'the sandbox spawner ended', retryable: true }));
+    const id = ++this.seq;
+    const setup = tmpfsSetupSource();
+    const prefixed = request.argv[0] === '/usr/bin/perl' && request.argv[1] === '-e' && request.argv[2] === setup;
+    const env = Object.entries(request.env).map(([name, value]) => `${name}=${value}`);
+    const fields = [
+      'S',
+      String(id),
+      request.cwd,
+      request.user === undefined ? '-' : String(request.user.uid),
+      request.user === undefined ? '-' : String(request.user.gid),
+      String(request.cgroupProcs?.length ?? 0),
+      ...(request.cgroupProcs ?? []),
+      String(env.length),
+      ...env,
+      ...(prefixed ? [String(request.argv.length - 3), ...request.argv.slice(3)] : ['0', ...request.argv]),
+    ];
+    if (fields.some((field) => field.includes('\0'))) return Promise.reject(new RolloutError({ code: 'SANDBOX', message: 'a NUL in an argument' }));
+    return new Promise<SpawnedProcess>((resolve, reject) => {
+      this.pending.set(id, { resolve, reject });
+      this.refresh();
+      this.send(fields);
+    });
+  }
+
+  kill(pid: number, signal: NodeJS.Signals): void {
+    const number = osConstants.signals[signal];
+    if (this.closing && !this.dead) {
+      // its stdin is closed: by pid, while it is still the spawner's (not yet reported reaped)
+      if (this.children.has(pid)) {
+        try {
+          process.kill(pid, number);
+        } catch {
+          // gone
+        }
+      }
+      return;
+    }
+    this.send(['K', String(pid), String(number)]);
+  }
+
+  private send(fields: string[]): void {
+    if (this.dead || this.closing) return;
+    const payload = Buffer.from(fields.join('\0'), 'utf8');
+    this.child.stdin!.write(Buffer.concat([Buffer.from(`${payload.length}\n`), payload]));
+  }
+
+  /**
+   * Ends the spawner: at once when no process of its runs, else once its last child is reaped
+   * (a sandbox its caller has not closed yet ends it then).
+   */
+  async close(): Promise<void> {
+    if (this.dead || this.closing) return this.ended;
+    this.closing = true;
+    for (const entry of this.pending.values()) entry.reject(new RolloutError({ code: 'SANDBOX', message: 'the sandbox provider is closed', retryable: true }));
+    this.pending.clear();
+    this.child.stdin!.end();
+    if (this.children.size === 0) {
+      this.child.ref();
+      await this.ended;
+    }
+  }
+}
