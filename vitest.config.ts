@@ -1,5 +1,5 @@
 import { defaultServerConditions } from 'vite';
-import { defineConfig } from 'vitest/config';
+import { configDefaults, defineConfig } from 'vitest/config';
 import SummaryReporter from './vitest.summary-reporter.ts';
 
 // Tests and type checks run against TypeScript sources through the custom export condition.
@@ -23,7 +23,11 @@ export default defineConfig({
       { extends: true, test: { name: 'core', include: ['packages/core/src/**/*.test.ts'] } },
       { extends: true, test: { name: 'testing', include: ['packages/testing/src/**/*.test.ts'] } },
       { extends: true, test: { name: 'environments', include: ['environments/*/src/**/*.test.ts'] } },
-      { extends: true, test: { name: 'suites', include: ['test/**/*.test.ts'] } },
+      { extends: true, test: { name: 'suites', include: ['test/**/*.test.ts'], exclude: [...configDefaults.exclude, 'test/sandbox/**'] } },
+      // The sandbox suites one at a time, after the rest (one worker: vitest's sequential group).
+      // Beside maker-death's endless sandbox starts and kills, bash-fork's forked shells and
+      // images-cache's image use across processes failed; each passes alone.
+      { extends: true, test: { name: 'sandbox', include: ['test/sandbox/**/*.test.ts'], maxWorkers: 1 } },
     ],
   },
 });
