@@ -12,7 +12,16 @@ import type { KernelForkServers } from '../../packages/core/src/sandbox/bwrap/fo
 const skip = !bwrapAvailable() ? 'bwrap is not installed' : process.getuid?.() !== 0 ? 'shells are forked for a root service only' : undefined;
 if (skip !== undefined) console.warn(`[bash fork] skipping: ${skip}`);
 
-const pidOf = (bash: BashSession): number => (bash as unknown as { pty: { pid: number } }).pty.pid;
+/** The shell's pid: known once its fork server has answered, which may come after the shell's first output. */
+const pidOf = async (bash: BashSession): Promise<number> => {
+  const pty = (bash as unknown as { pty: { pid: number } }).pty;
+  while (pty.pid <= 0) await new Promise((resolve) => setTimeout(resolve, 5));
+  return pty.pid;
+};
+/** Until `pid` has ended (the test's own timeout bounds the wait). */
+const ended = async (pid: number): Promise<void> => {
+  while (alive(pid)) await new Promise((resolve) => setTimeout(resolve, 20));
+};
 const parentOf = (pid: number): number => Number(readFileSync(`/proc/${pid}/stat`, 'latin1').split(') ')[1]!.split(' ')[1]);
 const alive = (pid: number): boolean => {
   try {
@@ -55,7 +64,7 @@ describe.skipIf(skip !== undefined)('bash shells forked into their sandboxes', (
     const resources = { maxOpenFiles: 48, maxProcesses: 64, memoryMib: 1024 };
     const forked = await start({ resources });
     const servers = (forked.sandbox as unknown as { forkServers: KernelForkServers }).forkServers.running().filter((server) => server.bare);
-    expect(servers.map((server) => server.pid)).toContain(parentOf(pidOf(forked.bash)));
+    expect(servers.map((server) => server.pid)).toContain(parentOf(await pidOf(forked.bash)));
     const before = await start({ resources }, entering);
     const [ours, theirs] = [await forked.bash.run(PROBE), await before.bash.run(PROBE)];
     expect(ours.exitCode, ours.output).toBe(0);
@@ -108,31 +117,31 @@ describe.skipIf(skip !== undefined)('bash shells forked into their sandboxes', (
 
   it('ends with its sandbox, and a closed session leaves no process', async () => {
     const { sandbox, bash } = await start();
-    const pid = pidOf(bash);
+    const pid = await pidOf(bash);
     expect((await bash.run('(sleep 1000 &); echo started')).output).toBe('started\n');
     await bash.close();
-    for (let i = 0; i < 100 && alive(pid); i++) await new Promise((resolve) => setTimeout(resolve, 20));
+    await ended(pid);
     expect(alive(pid)).toBe(false);
     const again = await start();
-    const inner = pidOf(again.bash);
+    const inner = await pidOf(again.bash);
     await again.sandbox.close();
-    for (let i = 0; i < 100 && alive(inner); i++) await new Promise((resolve) => setTimeout(resolve, 20));
+    await ended(inner);
     expect(alive(inner)).toBe(false);
     expect((await sandbox.exec('ps -e -o comm= | grep -c bash || true')).stdout).toBe('0\n');
   });
 
   it('keeps a shell whose fork server was killed, ends it on close, and forks the next from a new server', async () => {
     const { bash } = await start();
-    const pid = pidOf(bash);
+    const pid = await pidOf(bash);
     const serverPid = parentOf(pid);
     process.kill(serverPid, 'SIGKILL');
-    for (let i = 0; i < 100 && alive(serverPid); i++) await new Promise((resolve) => setTimeout(resolve, 20));
+    await ended(serverPid);
     expect((await bash.run('echo still here')).output).toBe('still here\n');
     await bash.close();
-    for (let i = 0; i < 100 && alive(pid); i++) await new Promise((resolve) => setTimeout(resolve, 20));
+    await ended(pid);
     expect(alive(pid)).toBe(false);
     const next = await start();
-    expect(parentOf(pidOf(next.bash))).not.toBe(serverPid);
+    expect(parentOf(await pidOf(next.bash))).not.toBe(serverPid);
     expect((await next.bash.run('echo new')).output).toBe('new\n');
   });
 });
