@@ -169,7 +169,7 @@ export function makeOciLayout(rootfs: string, layout: string, config: OciConfigI
 
 /** mksquashfs pseudo definitions of HOSTILE_ENTRIES: no device node is made on the host. */
 export function hostilePseudoArgs(): string[] {
-  const kinds = { dir: 'd', file: 'f', char: 'c', block: 'b', fifo: 'i', symlink: 's' } as const;
+  const kinds = { dir: 'd', file: 'f', char: 'c', block: 'b', fifo: 'i', symlink: 's', hardlink: 'l' } as const;
   const pseudo: string[] = [];
   for (const entry of HOSTILE_ENTRIES) {
     const name = entry.name.replace(/\/$/, '');
