@@ -45,6 +45,8 @@ export interface OciConfigInput {
   tag?: string;
   /** Layers over the rootfs's (tar archives, e.g. from makeTar). */
   extraLayers?: Buffer[];
+  /** Paths of the rootfs left out of its layer (`./opt/env`: put in an extra layer instead). */
+  exclude?: string[];
   /** How every layer is compressed (its media type says so). @default none */
   compression?: 'gzip' | 'zstd';
 }
@@ -125,7 +127,8 @@ export function makeOciLayout(rootfs: string, layout: string, config: OciConfigI
     writeFileSync(join(layout, 'blobs/sha256', hex), data);
     return { digest: `sha256:${hex}`, size: Buffer.byteLength(data) };
   };
-  const layer = execFileSync('tar', ['-C', rootfs, '--numeric-owner', '--sort=name', '-cf', '-', '.'], { maxBuffer: 512 * 1024 * 1024 });
+  const exclude = (config.exclude ?? []).map((path) => `--exclude=${path}`);
+  const layer = execFileSync('tar', ['-C', rootfs, '--numeric-owner', '--sort=name', ...exclude, '-cf', '-', '.'], { maxBuffer: 512 * 1024 * 1024 });
   const compress = (tar: Buffer): Buffer => (config.compression === undefined ? tar : execFileSync(config.compression, ['-c', '-q'], { input: tar, maxBuffer: 512 * 1024 * 1024 }));
   const layers = [layer, ...(config.extraLayers ?? [])];
   const layerBlobs = layers.map((tar) => blob(compress(tar)));

@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { imageError, safeRead, tool } from '../tools.ts';
 import type { ImageConfig } from '../types.ts';
 import type { ImageKindHandler, UnpackJob } from './kind.ts';
-import { unpackLayers } from './oci-layers.ts';
+import { removeTree, unpackLayers } from './oci-layers.ts';
 
 // `oci:<dir>[:tag]`, an OCI image layout: keyed by its manifest's digest, unpacked with umoci
 // (an untagged one, which umoci cannot name, through a layout of our own).
@@ -101,7 +101,7 @@ export async function unpackLayout(job: UnpackJob, layout: string, tag: string):
   const outcome = await unpackLayers(job, layout, layers);
   job.report?.('unpackedWith' in outcome ? outcome.unpackedWith : `umoci (${outcome.fallback})`);
   if ('fallback' in outcome) {
-    await rm(job.rootfs, { recursive: true, force: true });
+    await removeTree(job.rootfs);
     await tool(job.reference, ['umoci', 'raw', 'unpack', '--rootless', '--image', `${layout}:${tag}`, job.rootfs], 'unpack the image', job.unpackAs, job.signal);
   }
   if (layout !== job.parsed.path) await rm(layout, { recursive: true, force: true });
