@@ -30,11 +30,15 @@ import type { ImageConfig, ParsedImageReference, ResolvedImage, ResolveImageOpti
  * through their overlay (read-only lower layer), under a root service through an idmapped clone
  * (overlay.ts). Unpacking seals the root before it is renamed into place (sealRootfs): device
  * nodes, fifos and sockets are removed, setuid/setgid bits and group/other write bits cleared.
- * Unpacking runs with umoci's --rootless even as root (no device nodes, no ownership from the
- * image), and under a root service as an unprivileged uid (`unpackAs`, the sandbox's: 65534) in
- * a staging directory of its own: the cache directory is then 0711 (that uid may enter its
- * staging directory, list nothing), every entry 0700; only when the tools are done does the
- * service take the files (chown), seal them and rename the entry into place.
+ * The tools take no ownership from the image (an OCI
+ * image's layers by GNU tar, `--no-same-owner`, each layer in a directory of its own, several
+ * at once, stacked by the service with the OCI whiteouts, never through a symlink:
+ * kinds/oci-layers.ts; `umoci raw unpack --rootless` for what tar does not do; unsquashfs for
+ * squashfs and SIF), and under a root service they run as an unprivileged uid (`unpackAs`, the
+ * sandbox's: 65534) in a staging directory of its own: the cache directory is then 0711 (that uid
+ * may enter its staging directory, list nothing), every entry 0700; only when the tools are done
+ * does the service stack the layers, take the files (chown), seal them and rename the entry into
+ * place. The record says how an OCI image was unpacked (`unpackedWith`).
  */
 
 /** The cache's cap: `$ROLLSERVE_IMAGE_CACHE_MAX` (`200G`, `500M`, bytes), else none. */

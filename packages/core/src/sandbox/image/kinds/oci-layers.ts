@@ -12,7 +12,8 @@ import type { UnpackJob } from './kind.ts';
 // (hundreds of microseconds of kernel time each on this CI's ext4), which one process does one at
 // a time, so the layers are extracted at once, each into a directory of its own, and a large
 // uncompressed layer is split into contiguous runs of its entries (cut at entry boundaries found
-// by reading its headers alone), several tar processes writing into the layer's one directory.
+// by reading its headers alone), several tar processes (each fed its run by dd) writing into the
+// layer's one directory.
 // A run is cut only where nothing crosses it: no name twice, no entry under a symlink, file or
 // hard link of the layer, no hard link to another run, no directory its owner cannot write (a tar
 // process restores a directory's mode when it is done, while another may still write into it).
@@ -25,7 +26,9 @@ import type { UnpackJob } from './kind.ts';
 // whiteouts removed what they name below (`.wh.<name>` one entry, `.wh..wh..opq` a directory's
 // entries; they apply to lower layers only). Nothing here follows a symlink: every entry is
 // lstat'ed, a whiteout or a directory merge reaches only through real directories of the root,
-// and an entry of an upper layer replaces a lower symlink instead of writing through it.
+// and an entry of an upper layer replaces a lower symlink instead of writing through it (umoci
+// would resolve a path through the lower symlink inside the root: `a -> /etc` below and `a/x`
+// above make `/etc/x` there, `/a/x` here; both stay inside the root).
 //
 // What tar does not do as umoci would makes the image fall back to umoci: a media type it does not
 // know (tar, gzip and zstd layers are its), or any tar error but a device node it may not make
