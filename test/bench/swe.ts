@@ -1,5 +1,6 @@
 import { execFileSync } from 'node:child_process';
 import { chmodSync, chownSync, mkdirSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { loadavg } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import swe from '@rollserve/env-swe';
@@ -16,7 +17,7 @@ import { heading, latencyLine, percentile } from './stats.ts';
 // fresh eval sandbox). Then a ~200 MB SWE-bench-like image (image-fixtures.ts, padded: /testbed a
 // clone with history plus 3,000 files, a conda env of 12,000 more): the first seed on an empty cache
 // (unpack, seal, sandbox, repository reset) beside `umoci unpack` / `unsquashfs` of the same image
-// in the same run, and the seed on the cached image (sandbox start and repository reset: removing
+// in the same run (the OCI image also in layers as SWE-bench's: base, env, instance), and the seed on the cached image (sandbox start and repository reset: removing
 // /testbed/.git, a fresh one-commit repository of the tree).
 
 const REPEATS = 5;
@@ -51,7 +52,7 @@ registerSandboxProvider('swe-bench-image', () => createBwrapProvider({ ...(image
 export async function imageBench(only?: string[]): Promise<void> {
   const built = buildSweFixtures();
   const calc = built.fixtures[0]!;
-  const images = buildSweImages(calc, { padding: { repoFiles: 3000, envFiles: 12_000, fileBytes: 12_000 } });
+  const images = buildSweImages(calc, { padding: { repoFiles: 3000, envFiles: 12_000, fileBytes: 12_000 }, layered: only === undefined || only.some((name) => 'oci'.startsWith(name.toLowerCase())) });
   const scratch = join(images.dir, 'scratch');
   imageTmpDir = join(images.dir, 'sandboxes');
   mkdirSync(imageTmpDir, { mode: 0o755 });
@@ -86,6 +87,15 @@ export async function imageBench(only?: string[]): Promise<void> {
         { name: 'umoci raw unpack --rootless', run: (out: string) => execFileSync('umoci', ['raw', 'unpack', '--rootless', '--image', `${images.ociLayout}:${tag}`, out], { stdio: 'ignore' }) },
         ...asService('umoci raw unpack --rootless', (out) => ['umoci', 'raw', 'unpack', '--rootless', '--image', `${images.ociLayout}:${tag}`, out]),
       ] },
+      ...(images.ociLayered === undefined
+        ? []
+        : [
+            // as SWE-bench builds its images: base (the system), env (the conda env), instance (/testbed), and the hostile layer
+            { name: 'OCI layout, 4 layers', image: `oci:${images.ociLayered}:${tag}`, tools: [
+              { name: 'umoci raw unpack --rootless', run: (out: string) => execFileSync('umoci', ['raw', 'unpack', '--rootless', '--image', `${images.ociLayered}:${tag}`, out], { stdio: 'ignore' }) },
+              ...asService('umoci raw unpack --rootless', (out) => ['umoci', 'raw', 'unpack', '--rootless', '--image', `${images.ociLayered}:${tag}`, out]),
+            ] },
+          ]),
       { name: 'squashfs', image: `squashfs:${images.squashfs}`, tools: [
         { name: 'unsquashfs', run: (out: string) => execFileSync('unsquashfs', ['-no-progress', '-d', out, images.squashfs], { stdio: 'ignore' }) },
         // (as uid 65534 it cannot make the image's device nodes: exit status 2, the rest unpacked)
@@ -98,6 +108,7 @@ export async function imageBench(only?: string[]): Promise<void> {
       const firstMs: number[] = [];
       const cachedMs: number[] = [];
       const cachedSeedS: number[] = [];
+      const unpackedWith = new Set<string>();
       for (let i = 0; i < IMAGE_FIRST_USES; i++) {
         for (const tool of kind.tools) {
           rmSync(scratch, { recursive: true, force: true });
@@ -119,6 +130,10 @@ export async function imageBench(only?: string[]): Promise<void> {
             return { ms, seedS: (verified.json as { seed_time: number }).seed_time };
           };
           firstMs.push((await seedOnce()).ms);
+          for (const entry of readdirSync(imageCacheDir).filter((name) => name.startsWith('sha256-'))) {
+            const how = (JSON.parse(readFileSync(join(imageCacheDir, entry, 'image.json'), 'utf8')) as { unpackedWith?: string }).unpackedWith;
+            if (how !== undefined) unpackedWith.add(how);
+          }
           if (i === 0) {
             for (let j = 0; j < IMAGE_CACHED_SEEDS; j++) {
               const { ms, seedS } = await seedOnce();
@@ -132,7 +147,8 @@ export async function imageBench(only?: string[]): Promise<void> {
           rmSync(imageCacheDir, { recursive: true, force: true });
         }
       }
-      console.log(`${kind.name.padEnd(11)} ${'first-use seed'.padEnd(40)} ${latencyLine(firstMs)}`);
+      console.log(`${kind.name}${unpackedWith.size === 0 ? '' : ` (unpacked by ${[...unpackedWith].join(', ')})`}; load average ${loadavg().map((l) => l.toFixed(1)).join(' ')}`);
+      console.log(`${''.padEnd(11)} ${'first-use seed'.padEnd(40)} ${latencyLine(firstMs)}`);
       // the ratio of the medians, and of the runs' sums: the tool and the first use take turns, so
       // both see the host's load of the moment
       const sum = (values: number[]): number => values.reduce((a, b) => a + b, 0);

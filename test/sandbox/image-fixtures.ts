@@ -45,12 +45,16 @@ export interface OciConfigInput {
   tag?: string;
   /** Layers over the rootfs's (tar archives, e.g. from makeTar). */
   extraLayers?: Buffer[];
+  /** Paths of the rootfs left out of its layer (`./opt/env`: put in an extra layer instead). */
+  exclude?: string[];
+  /** How every layer is compressed (its media type says so). @default none */
+  compression?: 'gzip' | 'zstd';
 }
 
 /** An entry of a hand-made tar layer. */
 export interface TarEntry {
   name: string;
-  type: 'file' | 'dir' | 'symlink' | 'char' | 'block' | 'fifo';
+  type: 'file' | 'dir' | 'symlink' | 'hardlink' | 'char' | 'block' | 'fifo';
   /** Permission bits, setuid/setgid/sticky included. @default 0o644 (0o755 for dirs) */
   mode?: number;
   content?: string;
@@ -64,7 +68,7 @@ export interface TarEntry {
  * could not create on disk (device nodes, files of other owners), as a hostile image would.
  */
 export function makeTar(entries: TarEntry[]): Buffer {
-  const TYPES = { file: '0', symlink: '2', char: '3', block: '4', dir: '5', fifo: '6' } as const;
+  const TYPES = { file: '0', hardlink: '1', symlink: '2', char: '3', block: '4', dir: '5', fifo: '6' } as const;
   const blocks: Buffer[] = [];
   for (const entry of entries) {
     const header = Buffer.alloc(512);
@@ -123,8 +127,11 @@ export function makeOciLayout(rootfs: string, layout: string, config: OciConfigI
     writeFileSync(join(layout, 'blobs/sha256', hex), data);
     return { digest: `sha256:${hex}`, size: Buffer.byteLength(data) };
   };
-  const layer = execFileSync('tar', ['-C', rootfs, '--numeric-owner', '--sort=name', '-cf', '-', '.'], { maxBuffer: 512 * 1024 * 1024 });
-  const layerBlobs = [layer, ...(config.extraLayers ?? [])].map(blob);
+  const exclude = (config.exclude ?? []).map((path) => `--exclude=${path}`);
+  const layer = execFileSync('tar', ['-C', rootfs, '--numeric-owner', '--sort=name', ...exclude, '-cf', '-', '.'], { maxBuffer: 512 * 1024 * 1024 });
+  const compress = (tar: Buffer): Buffer => (config.compression === undefined ? tar : execFileSync(config.compression, ['-c', '-q'], { input: tar, maxBuffer: 512 * 1024 * 1024 }));
+  const layers = [layer, ...(config.extraLayers ?? [])];
+  const layerBlobs = layers.map((tar) => blob(compress(tar)));
   const layerBlob = layerBlobs[0]!;
   const configBlob = blob(
     JSON.stringify({
@@ -135,7 +142,7 @@ export function makeOciLayout(rootfs: string, layout: string, config: OciConfigI
         ...(config.workdir === undefined ? {} : { WorkingDir: config.workdir }),
         ...(config.user === undefined ? {} : { User: config.user }),
       },
-      rootfs: { type: 'layers', diff_ids: layerBlobs.map((b) => b.digest) },
+      rootfs: { type: 'layers', diff_ids: layers.map((tar) => `sha256:${sha256(tar)}`) },
     }),
   );
   const manifest = blob(
@@ -143,7 +150,7 @@ export function makeOciLayout(rootfs: string, layout: string, config: OciConfigI
       schemaVersion: 2,
       mediaType: 'application/vnd.oci.image.manifest.v1+json',
       config: { mediaType: 'application/vnd.oci.image.config.v1+json', ...configBlob },
-      layers: layerBlobs.map((b) => ({ mediaType: 'application/vnd.oci.image.layer.v1.tar', ...b })),
+      layers: layerBlobs.map((b) => ({ mediaType: `application/vnd.oci.image.layer.v1.tar${config.compression === undefined ? '' : `+${config.compression}`}`, ...b })),
     }),
   );
   writeFileSync(join(layout, 'oci-layout'), JSON.stringify({ imageLayoutVersion: '1.0.0' }));
@@ -165,7 +172,7 @@ export function makeOciLayout(rootfs: string, layout: string, config: OciConfigI
 
 /** mksquashfs pseudo definitions of HOSTILE_ENTRIES: no device node is made on the host. */
 export function hostilePseudoArgs(): string[] {
-  const kinds = { dir: 'd', file: 'f', char: 'c', block: 'b', fifo: 'i', symlink: 's' } as const;
+  const kinds = { dir: 'd', file: 'f', char: 'c', block: 'b', fifo: 'i', symlink: 's', hardlink: 'l' } as const;
   const pseudo: string[] = [];
   for (const entry of HOSTILE_ENTRIES) {
     const name = entry.name.replace(/\/$/, '');

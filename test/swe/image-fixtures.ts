@@ -239,6 +239,11 @@ export interface SweImages {
   rootfs: SweImageRootfs;
   /** The OCI image layout (tagged with the testbed instance's SWE-bench image name). */
   ociLayout: string;
+  /**
+   * With `layered`: the same image in layers as SWE-bench builds its images (base: the system;
+   * env: the conda env; instance: /testbed; then the hostile layer), same tag.
+   */
+  ociLayered?: string;
   /** The squashfs, named `<SWE-bench image name>.sqfs`. */
   squashfs: string;
   /** `image_template`s that name the two images, as SWE-bench's config names its images. */
@@ -254,7 +259,7 @@ export interface SweImages {
  * carrying what a hostile image would under /hostile (HOSTILE_ENTRIES: device nodes, a fifo,
  * setuid/setgid files, world-writable ones), which sealing must keep from every sandbox.
  */
-export function buildSweImages(testbed: SweFixture, options: { padding?: SwePadding } = {}): SweImages {
+export function buildSweImages(testbed: SweFixture, options: { padding?: SwePadding; layered?: boolean } = {}): SweImages {
   const dir = mkdtempSync(join(tmpdir(), 'rollserve-swe-images-'));
   try {
     chmodSync(dir, 0o755);
@@ -272,6 +277,19 @@ export function buildSweImages(testbed: SweFixture, options: { padding?: SwePadd
     });
     const ociLayout = join(dir, 'oci');
     const [, ociTime] = time(() => makeOciLayout(rootDir, ociLayout, { tag: name, env: ['PATH=/opt/miniconda3/bin:/usr/local/bin:/usr/bin:/bin', 'LANG=C.UTF-8'], workdir: '/testbed', extraLayers: [makeTar(HOSTILE_ENTRIES)] }));
+    let ociLayered: string | undefined;
+    if (options.layered === true) {
+      ociLayered = join(dir, 'oci-layered');
+      const subtree = (path: string): Buffer => execFileSync('tar', ['-C', rootDir, '--numeric-owner', '--sort=name', '-cf', '-', path], { maxBuffer: 512 * 1024 * 1024 });
+      const env = `.${dirname(CONDA_ENV)}`;
+      makeOciLayout(rootDir, ociLayered, {
+        tag: name,
+        env: ['PATH=/opt/miniconda3/bin:/usr/local/bin:/usr/bin:/bin', 'LANG=C.UTF-8'],
+        workdir: '/testbed',
+        exclude: [env, './testbed'],
+        extraLayers: [subtree(env), subtree('./testbed'), makeTar(HOSTILE_ENTRIES)],
+      });
+    }
     const squashfs = join(dir, `${name}.sqfs`);
     const [, squashfsTime] = time(() => makeUncompressedSquashfs(rootDir, squashfs));
     rmSync(rootDir, { recursive: true, force: true });
@@ -279,6 +297,7 @@ export function buildSweImages(testbed: SweFixture, options: { padding?: SwePadd
       dir,
       rootfs,
       ociLayout,
+      ...(ociLayered === undefined ? {} : { ociLayered }),
       squashfs,
       templates: { oci: `oci:${ociLayout}:sweb.eval.x86_64.{instance_id_1776}`, squashfs: `squashfs:${dir}/sweb.eval.x86_64.{instance_id_1776}.sqfs` },
       timings: { rootfs: rootfsTime, oci: ociTime, squashfs: squashfsTime },

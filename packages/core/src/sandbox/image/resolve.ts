@@ -30,11 +30,15 @@ import type { ImageConfig, ParsedImageReference, ResolvedImage, ResolveImageOpti
  * through their overlay (read-only lower layer), under a root service through an idmapped clone
  * (overlay.ts). Unpacking seals the root before it is renamed into place (sealRootfs): device
  * nodes, fifos and sockets are removed, setuid/setgid bits and group/other write bits cleared.
- * Unpacking runs with umoci's --rootless even as root (no device nodes, no ownership from the
- * image), and under a root service as an unprivileged uid (`unpackAs`, the sandbox's: 65534) in
- * a staging directory of its own: the cache directory is then 0711 (that uid may enter its
- * staging directory, list nothing), every entry 0700; only when the tools are done does the
- * service take the files (chown), seal them and rename the entry into place.
+ * The tools take no ownership from the image (an OCI
+ * image's layers by GNU tar, `--no-same-owner`, each layer in a directory of its own, several
+ * at once, stacked by the service with the OCI whiteouts, never through a symlink:
+ * kinds/oci-layers.ts; `umoci raw unpack --rootless` for what tar does not do; unsquashfs for
+ * squashfs and SIF), and under a root service they run as an unprivileged uid (`unpackAs`, the
+ * sandbox's: 65534) in a staging directory of its own: the cache directory is then 0711 (that uid
+ * may enter its staging directory, list nothing), every entry 0700; only when the tools are done
+ * does the service stack the layers, take the files (chown), seal them and rename the entry into
+ * place. The record says how an OCI image was unpacked (`unpackedWith`).
  */
 
 /** The cache's cap: `$ROLLSERVE_IMAGE_CACHE_MAX` (`200G`, `500M`, bytes), else none. */
@@ -63,6 +67,8 @@ interface CacheRecord {
   sealReport?: SealReport;
   /** Bytes the entry takes on disk (du), for the cache's cap. */
   bytes?: number;
+  /** How it was unpacked, when its kind has more than one way (an OCI image: `tar`, or `umoci (<why not tar>)`). */
+  unpackedWith?: string;
 }
 
 /** What sealRootfs did to an unpacked root. */
@@ -359,7 +365,7 @@ async function awaitSource(reference: string, parsed: ParsedImageReference, cach
 /** An unpack into a staging directory of its own, started before its cache entry is known. */
 interface EarlyUnpack {
   /** The staging directory, unpacked (its root in `rootfs/`), and how the config is read. */
-  result: Promise<{ temp: string; readConfig: (rootfs: string) => ImageConfig }>;
+  result: Promise<{ temp: string; readConfig: (rootfs: string) => ImageConfig; unpackedWith: string | undefined }>;
   /** Gives back the source's lock (the entry's lock is held now, or the unpack dropped). Idempotent. */
   release(): void;
   /** Kills the tools and removes the staging directory (once the cache is found to hold the image). */
@@ -391,8 +397,9 @@ function startEarlyUnpack(
     try {
       mkdirSync(temp, { mode: 0o700 });
       if (unpackAs !== undefined) chownSync(temp, unpackAs.uid, unpackAs.gid);
-      const readConfig = await IMAGE_KINDS[parsed.kind].unpack({ reference, parsed, staging: temp, rootfs: join(temp, 'rootfs'), unpackAs, signal: controller.signal });
-      return { temp, readConfig };
+      let unpackedWith: string | undefined;
+      const readConfig = await IMAGE_KINDS[parsed.kind].unpack({ reference, parsed, staging: temp, rootfs: join(temp, 'rootfs'), unpackAs, signal: controller.signal, report: (how) => (unpackedWith = how) });
+      return { temp, readConfig, unpackedWith };
     } finally {
       unlock(slot);
     }
@@ -474,15 +481,16 @@ async function unpackOnce(
     // an entry without a valid sealed record is not one of ours (entries appear complete, by rename)
     await rm(entry, { recursive: true, force: true });
     let readConfig: (rootfs: string) => ImageConfig;
+    let unpackedWith: string | undefined;
     if (early !== undefined) {
       // unpacked already (its slot given back), or failing as this one would
-      ({ temp, readConfig } = await early.result);
+      ({ temp, readConfig, unpackedWith } = await early.result);
     } else {
       // first uses of different images on this host (every process sharing the cache) are bounded
       slot = await takeUnpackSlot(cacheDir, slots, deadline, `image ${reference}`);
       mkdirSync(temp, { mode: 0o700 });
       if (unpackAs !== undefined) chownSync(temp, unpackAs.uid, unpackAs.gid);
-      readConfig = await IMAGE_KINDS[parsed.kind].unpack({ reference, parsed, staging: temp, rootfs: join(temp, 'rootfs'), unpackAs });
+      readConfig = await IMAGE_KINDS[parsed.kind].unpack({ reference, parsed, staging: temp, rootfs: join(temp, 'rootfs'), unpackAs, report: (how) => (unpackedWith = how) });
       unlock(slot);
       slot = undefined;
     }
@@ -492,7 +500,7 @@ async function unpackOnce(
     const { report: sealReport, bytes } = await sealRootfs(reference, temp, unpackAs === undefined ? undefined : { uid: process.getuid!(), gid: process.getgid!() });
     chmodSync(temp, 0o700);
     const config = readConfig(rootfs);
-    const record: CacheRecord = { reference, digest, config, sealed: SEAL_VERSION, sealReport, bytes };
+    const record: CacheRecord = { reference, digest, config, sealed: SEAL_VERSION, sealReport, bytes, ...(unpackedWith === undefined ? {} : { unpackedWith }) };
     writeFileSync(join(temp, 'image.json'), JSON.stringify(record, null, 2));
     renameSync(temp, entry);
     return { record, fresh: true };

@@ -13,6 +13,8 @@ export interface UnpackJob {
   unpackAs: { uid: number; gid: number } | undefined;
   /** Aborted when the unpack is no longer wanted (the cache turned out to hold the image): the tools are killed. */
   signal?: AbortSignal;
+  /** Told how the image was unpacked when a kind has more than one way (`tar`, `umoci (<why not tar>)`): kept in the entry's record. */
+  report?: (how: string) => void;
 }
 
 /**

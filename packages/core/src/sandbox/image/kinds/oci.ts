@@ -4,6 +4,7 @@ import { join } from 'node:path';
 import { imageError, safeRead, tool } from '../tools.ts';
 import type { ImageConfig } from '../types.ts';
 import type { ImageKindHandler, UnpackJob } from './kind.ts';
+import { removeTree, unpackLayers } from './oci-layers.ts';
 
 // `oci:<dir>[:tag]`, an OCI image layout: keyed by its manifest's digest, unpacked with umoci
 // (an untagged one, which umoci cannot name, through a layout of our own).
@@ -67,9 +68,9 @@ export function ociManifest(reference: string, layout: string, tag: string | und
   return { digest: chosen.digest, tag: chosen.annotations?.[REF_NAME] };
 }
 
-/** The image config of the manifest a descriptor names (following an index to this platform). */
-function ociConfig(reference: string, layout: string, manifestDigest: string): RawConfig {
-  let manifest = readBlob(reference, layout, manifestDigest) as { mediaType?: string; manifests?: Descriptor[]; config?: Descriptor };
+/** The image config and layers of the manifest a descriptor names (following an index to this platform). */
+function ociImage(reference: string, layout: string, manifestDigest: string): { config: RawConfig; layers: Descriptor[] } {
+  let manifest = readBlob(reference, layout, manifestDigest) as { mediaType?: string; manifests?: Descriptor[]; config?: Descriptor; layers?: Descriptor[] };
   if (Array.isArray(manifest.manifests) || (manifest.mediaType !== undefined && INDEX_TYPES.has(manifest.mediaType))) {
     const arch = GO_ARCH[process.arch] ?? process.arch;
     const entry = manifest.manifests?.find((m) => m.platform?.os === 'linux' && m.platform.architecture === arch);
@@ -78,7 +79,9 @@ function ociConfig(reference: string, layout: string, manifestDigest: string): R
   }
   if (manifest.config?.digest === undefined) throw imageError(reference, 'the manifest has no config');
   const config = readBlob(reference, layout, manifest.config.digest) as { config?: RawConfig };
-  return config.config ?? {};
+  const layers = Array.isArray(manifest.layers) ? manifest.layers : [];
+  if (layers.some((layer) => typeof layer?.digest !== 'string')) throw imageError(reference, 'the manifest names a layer without a digest');
+  return { config: config.config ?? {}, layers };
 }
 
 /** Copies an image skopeo reads (`oci:<dir>`, `docker-archive:<file>`) into a layout of our own in the staging directory, as tag `image`. */
@@ -88,11 +91,19 @@ export async function copyToLayout(job: UnpackJob, source: string): Promise<{ la
   return { layout, tag: 'image' };
 }
 
-/** Unpacks a tagged image of a layout with umoci (a layout of our own is removed after). */
+/**
+ * Unpacks a tagged image of a layout (a layout of our own is removed after): its layers by tar,
+ * stacked here (oci-layers.ts), else by umoci.
+ */
 export async function unpackLayout(job: UnpackJob, layout: string, tag: string): Promise<(rootfs: string) => ImageConfig> {
   const manifest = ociManifest(job.reference, layout, tag);
-  const raw = ociConfig(job.reference, layout, manifest.digest);
-  await tool(job.reference, ['umoci', 'raw', 'unpack', '--rootless', '--image', `${layout}:${tag}`, job.rootfs], 'unpack the image', job.unpackAs);
+  const { config: raw, layers } = ociImage(job.reference, layout, manifest.digest);
+  const outcome = await unpackLayers(job, layout, layers);
+  job.report?.('unpackedWith' in outcome ? outcome.unpackedWith : `umoci (${outcome.fallback})`);
+  if ('fallback' in outcome) {
+    await removeTree(job.rootfs);
+    await tool(job.reference, ['umoci', 'raw', 'unpack', '--rootless', '--image', `${layout}:${tag}`, job.rootfs], 'unpack the image', job.unpackAs, job.signal);
+  }
   if (layout !== job.parsed.path) await rm(layout, { recursive: true, force: true });
   return (rootfs) => {
     const config: ImageConfig = { env: envMap(raw.Env ?? []), ...(raw.WorkingDir ? { workdir: raw.WorkingDir } : {}) };
