@@ -117,7 +117,8 @@ def _prepare_ipython(kernel):
         from traitlets.config import Config
     except Exception:
         return None
-    home = tempfile.mkdtemp(prefix="rollserve-forkserver-")
+    # named by this process: a server killed meanwhile leaves it to the service's sweep (staging.ts)
+    home = tempfile.mkdtemp(prefix="rollserve-forkserver-%d-" % os.getpid())
     saved = os.environ.get("IPYTHONDIR")
     os.environ["IPYTHONDIR"] = home
     try:

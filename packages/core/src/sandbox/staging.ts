@@ -1,4 +1,4 @@
-import { closeSync, constants, lstatSync, openSync, readdirSync, readFileSync, readlinkSync, statfsSync, writeFileSync } from 'node:fs';
+import { closeSync, constants, existsSync, lstatSync, openSync, readdirSync, readFileSync, readlinkSync, statfsSync, writeFileSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -26,9 +26,11 @@ let shmDir: string | null | undefined;
  * Where a provider whose sandboxes keep all their files in tmpfs mounts of their own puts their
  * directories (empty mount points, an owner file): /dev/shm where it is a tmpfs, so that making
  * and removing them costs no ext4 journal (≈ 0.6 ms of CPU and 1-5 ms of the event loop's time a
- * sandbox, measured here). Undefined elsewhere.
+ * sandbox, measured here). Undefined elsewhere, and where the process was given a TMPDIR: a place
+ * chosen for temporary files (a node's scratch disk, a job's own directory) is kept to.
  */
 export function mountPointDir(): string | undefined {
+  if (process.env.TMPDIR) return undefined;
   if (shmDir === undefined) {
     try {
       shmDir = statfsSync('/dev/shm').type === TMPFS_MAGIC ? '/dev/shm' : null;
@@ -94,6 +96,30 @@ export async function removeStaleSandboxDirs(options: { tmpDir?: string; minAgeM
       // no such directory
     }
   }
+  // a kernel fork server's scratch IPython directory in the temporary directory (removed within
+  // its first second): one whose server is gone, or that old, was left by a server killed at its
+  // start. Swept with the default places only.
+  const scratch: string[] = [];
+  if (options.ids === undefined && options.tmpDir === undefined) {
+    try {
+      for (const name of readdirSync(tmpdir())) {
+        const server = /^rollserve-forkserver-(\d+)-[\w]+$/.exec(name);
+        if (server === null) continue;
+        const path = join(tmpdir(), name);
+        try {
+          const stat = lstatSync(path);
+          if (!stat.isDirectory() || (process.getuid !== undefined && process.getuid() !== 0 && stat.uid !== process.getuid())) continue;
+          if (existsSync(`/proc/${server[1]}`) && Date.now() - stat.mtimeMs < minAgeMs) continue;
+          await rm(path, { recursive: true, force: true });
+          scratch.push(path);
+        } catch {
+          // removed meanwhile
+        }
+      }
+    } catch {
+      // no temporary directory
+    }
+  }
   const candidates = paths
     .filter((path) => {
       try {
@@ -106,7 +132,7 @@ export async function removeStaleSandboxDirs(options: { tmpDir?: string; minAgeM
         return false;
       }
     });
-  if (candidates.length === 0) return cgroups;
+  if (candidates.length === 0) return [...cgroups, ...scratch];
   const cmdlines: string[] = [];
   const cwds: string[] = [];
   for (const pid of readdirSync('/proc')) {
@@ -124,7 +150,7 @@ export async function removeStaleSandboxDirs(options: { tmpDir?: string; minAgeM
     await rm(path, { recursive: true, force: true });
     removed.push(path);
   }
-  return [...cgroups, ...removed];
+  return [...cgroups, ...scratch, ...removed];
 }
 
 /**

@@ -182,6 +182,28 @@ describe('removeStaleSandboxDirs', () => {
     }
   });
 
+  it("removes a kernel fork server's scratch directory once its server is gone or it is old, not a live server's", async () => {
+    const { mkdirSync, existsSync, rmSync, utimesSync } = await import('node:fs');
+    const { spawnSync } = await import('node:child_process');
+    const { tmpdir } = await import('node:os');
+    const { join } = await import('node:path');
+    const { removeStaleSandboxDirs } = await import('../staging.ts');
+    const dead = spawnSync('true').pid!;
+    const gone = join(tmpdir(), `rollserve-forkserver-${dead}-t3stgone`);
+    const live = join(tmpdir(), `rollserve-forkserver-${process.pid}-t3stlive`);
+    const old = join(tmpdir(), `rollserve-forkserver-${process.pid}-t3st0old`);
+    try {
+      for (const d of [gone, live, old]) mkdirSync(join(d, 'profile_default'), { recursive: true });
+      const then = new Date(Date.now() - 3_600_000);
+      utimesSync(old, then, then);
+      const removed = await removeStaleSandboxDirs({ orphansOnly: true });
+      expect(removed.filter((path) => path.includes('-t3st')).sort()).toEqual([gone, old].sort());
+      expect(existsSync(live)).toBe(true);
+    } finally {
+      for (const d of [gone, live, old]) rmSync(d, { recursive: true, force: true });
+    }
+  });
+
   it('removes only old sandbox dirs that no process names', async () => {
     const { chmodSync, mkdtempSync, mkdirSync, rmSync, existsSync, utimesSync } = await import('node:fs');
     const { tmpdir } = await import('node:os');
