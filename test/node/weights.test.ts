@@ -35,13 +35,13 @@ describe.each([
       env: 'shell',
       row: { responses_create_params: { input: `print tag ${id}` }, tag: id },
       policy: { model: 'fake-policy' },
-      // shorter than the pause
-      limits: { time_limit_s: 1 },
+      // shorter than the pause below, and long enough for the rollout's own work on a loaded host
+      limits: { time_limit_s: 4 },
     }));
     expect((await getJson(url, '/v1/rollouts', { body: { tasks } })).status).toBe(202);
     // the node holds both (past INIT, at their first turn) while no policy call reaches a backend
     await until(async () => (await getJson(url, '/v1/nodes')).json.nodes[0]?.leases === 2 || results.length > 0);
-    await sleep(2_000);
+    await sleep(5_000);
     expect(fake.calls).toHaveLength(0);
     expect(results).toHaveLength(0);
 

@@ -230,12 +230,12 @@ describe('weight versions and pauses for weight updates', () => {
     await post('/v1/weights', { version: 2 });
     weights.hold = 1;
     // a time limit shorter than the pause
-    expect((await post('/v1/rollouts', { tasks: [task('fail-a', { limits: { time_limit_s: 1 } })] })).status).toBe(202);
+    expect((await post('/v1/rollouts', { tasks: [task('fail-a', { limits: { time_limit_s: 2 } })] })).status).toBe(202);
     await until(() => weights.held === 2);
     expect((await post('/v1/weights/pause', {})).json).toMatchObject({ mode: 'abort', aborted: 2 });
     weights.hold = null;
     release();
-    await sleep(1_500);
+    await sleep(2_500);
     // the update failed: the backends still serve version 2
     const resumed = await post('/v1/weights/resume', {});
     expect(resumed.json).toMatchObject({ newest: 2, default: 2, pause: null });
