@@ -151,7 +151,8 @@ describe('rollout service on its store', () => {
 
   it('ends cancelled a rollout cancelled while a node held it, when that node is lost before it heard', async () => {
     const fake = await policy({ script: () => 'done' });
-    const svc = await service({ backends: [fake.url], runLocally: 'never', heartbeatMs: 20, nodeTimeoutMs: 150 });
+    // a node timeout that registering and claiming fit in on a loaded host (the node must not be lost before its claim)
+    const svc = await service({ backends: [fake.url], runLocally: 'never', heartbeatMs: 20, nodeTimeoutMs: 1_000 });
     await svc.submit([task('c')]);
     const gone = await svc.registerNode(node('n-gone'));
     expect(await svc.claimForNode(gone, 1, 0)).toHaveLength(1);
