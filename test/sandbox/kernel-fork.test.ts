@@ -2,7 +2,7 @@ import { spawn, spawnSync } from 'node:child_process';
 import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
-import { bwrapAvailable, createBwrapProvider, PythonKernel, type Sandbox, type SandboxSpec } from '@rollserve/core/sandbox';
+import { bwrapAvailable, createBwrapProvider, PythonKernel, removeStaleSandboxDirs, type Sandbox, type SandboxSpec } from '@rollserve/core/sandbox';
 import type { KernelForkServer, KernelForkServers } from '../../packages/core/src/sandbox/bwrap/fork-server.ts';
 
 // Python kernels forked from the provider's fork server (sandbox/bwrap/fork-server.ts): two
@@ -214,7 +214,7 @@ describe.skipIf(skip !== undefined)('kernels forked from one fork server', () =>
       'const provider = createBwrapProvider();',
       'const sandbox = await provider.create();',
       'const kernel = await PythonKernel.start(sandbox);',
-      'console.log(JSON.stringify({ server: sandbox.forkServers.running()[0].pid, kernel: kernel.process.pid }));',
+      'console.log(JSON.stringify({ server: sandbox.forkServers.running()[0].pid, kernel: kernel.process.pid, id: sandbox.id }));',
       'setInterval(() => {}, 1000);',
     ].join('\n');
     const maker = spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script], {
@@ -229,11 +229,14 @@ describe.skipIf(skip !== undefined)('kernels forked from one fork server', () =>
       });
       maker.once('exit', (code) => reject(new Error(`maker exited with ${code}`)));
     });
-    const { server, kernel } = JSON.parse(line) as { server: number; kernel: number };
+    const { server, kernel, id } = JSON.parse(line) as { server: number; kernel: number; id: string };
     expect(alive(server) && alive(kernel)).toBe(true);
     maker.kill('SIGKILL');
     for (let i = 0; i < 100 && (alive(server) || alive(kernel)); i++) await new Promise((resolve) => setTimeout(resolve, 50));
     expect({ server: alive(server), kernel: alive(kernel) }).toEqual({ server: false, kernel: false });
+    // its directory is left to the sweep a service or node runs (its maker is gone): swept, not left here
+    const swept = await removeStaleSandboxDirs({ orphansOnly: true });
+    expect(swept.filter((path) => path.endsWith(`rollserve-${id}`))).toHaveLength(1);
   });
 
   it('does the same with the service running as an unprivileged user (a server that forks twice)', () => {

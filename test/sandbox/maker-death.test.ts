@@ -108,6 +108,9 @@ describe.skipIf(skip !== undefined)('a sandbox maker SIGKILLed', () => {
       rmSync(dir, { recursive: true, force: true });
     }
     if (images) rmSync(images, { recursive: true, force: true });
+    // what a maker killed while its kernel fork server started left in the temporary directory (the
+    // server's scratch IPython directory), as a service's or node's sweep removes it
+    await removeStaleSandboxDirs({ orphansOnly: true });
   });
 
   it('at any moment of its sandboxes\' starts and commands leaves nothing of them running', async () => {
