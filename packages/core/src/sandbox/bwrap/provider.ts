@@ -30,8 +30,9 @@ export interface BwrapProviderOptions {
   user?: { uid: number; gid: number };
   /**
    * Where the per-sandbox temporary directories go; it must be searchable by the sandbox uid (the
-   * bind mounts are made as that uid). @default /dev/shm where it is a tmpfs and the sandboxes'
-   * tmpfs mounts can be made (the directories are empty mount points then), else os.tmpdir()
+   * bind mounts are made as that uid). @default /dev/shm where it is a tmpfs, no TMPDIR is set and
+   * the sandboxes' tmpfs mounts can be made (the directories are empty mount points then), else
+   * os.tmpdir() (staging.ts mountPointDir)
    */
   tmpDir?: string;
   /**
