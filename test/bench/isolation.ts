@@ -1,3 +1,4 @@
+import { existsSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { heading, latencyLine, percentile } from './stats.ts';
 
@@ -10,8 +11,14 @@ import { heading, latencyLine, percentile } from './stats.ts';
 
 const here = resolve(import.meta.dirname, '../..');
 
+/** A checkout's `@rollserve/core/<door>` source: its package's exports door, or a room's index in checkouts from before the doors. */
+async function importDoor(root: string, door: string): Promise<unknown> {
+  const exported = join(root, `packages/core/src/exports/${door}.ts`);
+  return import(existsSync(exported) ? exported : join(root, `packages/core/src/${door}/index.ts`));
+}
+
 async function lifecycle(root: string, n: number): Promise<number[]> {
-  const { createBwrapProvider } = (await import(join(root, 'packages/core/src/sandbox/index.ts'))) as any;
+  const { createBwrapProvider } = (await importDoor(root, 'sandbox')) as any;
   const provider = createBwrapProvider();
   const times: number[] = [];
   for (let i = 0; i < n + 20; i++) {
@@ -27,7 +34,7 @@ async function lifecycle(root: string, n: number): Promise<number[]> {
 
 async function bashOverHttp(root: string, n: number): Promise<number[]> {
   const core = (await import(join(root, 'packages/core/src/index.ts'))) as any;
-  const gym = (await import(join(root, 'packages/core/src/gym/index.ts'))) as any;
+  const gym = (await importDoor(root, 'gym')) as any;
   const { measureToolOverHttp } = (await import(join(root, 'test/bench/tools.ts'))) as any;
   const { z } = (await import(join(root, 'packages/core/node_modules/zod/index.js'))) as any;
   const env = core.defineEnvironment({ name: 'bench_isolation', domain: 'other', row: z.object({}), tools: { bash: core.bashTool }, verify: () => ({ reward: 0 }) });
