@@ -131,6 +131,9 @@ export function buildBwrapArgs(input: BwrapArgsInput): string[] {
       '--size', String(r.outputMib * mib), '--tmpfs', SOCKET_MOUNT,
     );
   }
+  // the exec agent's output directory, made by bwrap as the sandbox uid (a mkdir of the agent's
+  // own was a fork and an exec per sandbox)
+  args.push('--perms', '0700', '--dir', `${SOCKET_MOUNT}/${EXEC_DIR}`);
   args.push('--ro-bind', input.inputHost, INPUT_MOUNT);
   for (const bind of input.binds ?? []) args.push(bind.readOnly ? '--ro-bind' : '--bind', bind.host, bind.sandbox);
   args.push('--remount-ro', '/dev');

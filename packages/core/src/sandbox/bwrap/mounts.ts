@@ -55,11 +55,11 @@ function mountOptions(mount: TmpfsMount): string {
 }
 
 /** unshare(2) and mount(2) by architecture (asm-generic for arm64 and riscv64). */
-export type Syscalls = { unshare: number; mount: number; prctl: number; setgroups: number; signalfd4: number };
+export type Syscalls = { unshare: number; mount: number; prctl: number; setgroups: number; signalfd4: number; setns: number };
 export const SYSCALLS: Partial<Record<NodeJS.Architecture, Syscalls>> = {
-  x64: { unshare: 272, mount: 165, prctl: 157, setgroups: 116, signalfd4: 289 },
-  arm64: { unshare: 97, mount: 40, prctl: 167, setgroups: 159, signalfd4: 74 },
-  riscv64: { unshare: 97, mount: 40, prctl: 167, setgroups: 159, signalfd4: 74 },
+  x64: { unshare: 272, mount: 165, prctl: 157, setgroups: 116, signalfd4: 289, setns: 308 },
+  arm64: { unshare: 97, mount: 40, prctl: 167, setgroups: 159, signalfd4: 74, setns: 268 },
+  riscv64: { unshare: 97, mount: 40, prctl: 167, setgroups: 159, signalfd4: 74, setns: 268 },
 };
 
 const works = new Map<string, boolean>();
@@ -103,19 +103,24 @@ export function tmpfsMountsAvailable(user?: { uid: number; gid: number }): boole
 
 const MS_REMOUNT = 32;
 
-// argv: <maker pid, 0: no guard> <descriptor to wait on|-> (see `guard`); <root mounts> <uid|->
+// argv: <maker pid, 0: no guard> <descriptor to wait on|-> <maker's pipe|-> (see `guard`); <root mounts> <uid|->
 // <gid|-> then per root mount <dir> <options>; then <unshare 0|1> <working directory> <count>
 // then per mount <dir> <options> <remount 0|1>; then the command
 const perlSetup = (nr: Syscalls): string =>
   [
-    'my ($maker, $wait) = splice(@ARGV, 0, 2);',
+    'my ($maker, $wait, $made) = splice(@ARGV, 0, 3);',
     'my ($rn, $ruid, $rgid) = splice(@ARGV, 0, 3);',
     // the guard's pid namespace is made where this process still may (CAP_SYS_ADMIN): as root,
     // before the drop (the guard forks there, so that its child mounts /proc as root), else with
     // the fresh user namespace, else (root of the overlay's namespace) before the mounts
     'my $early = $maker && $ruid ne "-";',
     'my ($pidns, $alive) = (0, undef);',
+    // made: this process is pid 1 of a pid namespace its maker made as it forked it (the spawner,
+    // as root), so it is the guard's child already: no guard process, no fork; the pipe $made
+    // ends (reads EOF) with the maker, as the guard's would
+    'if ($made ne "-") { open($alive, "<&=", $made) or die "rs-tmpfs: pipe $made: $!\\n"; $pidns = 1 }',
     'my $guard = sub {',
+    `  if ($made ne "-") { syscall(${nr.mount}, my $s = "proc", my $t = "/proc", my $f = "proc", 14, 0) == 0 or die "rs-tmpfs: cannot mount /proc: $!\\n"; return }`,
     // PR_SET_PDEATHSIG, SIGKILL: armed after this process's last change of ids, then checked
     `  syscall(${nr.prctl}, 1, 9, 0, 0, 0) == 0 or die "rs-tmpfs: prctl: $!\\n";`,
     '  getppid() == $maker or exit 1;',
@@ -133,8 +138,8 @@ const perlSetup = (nr: Syscalls): string =>
     '};',
     'if ($rn > 0 || $early) {',
     // CLONE_NEWNS (and CLONE_NEWPID for the guard): these mounts belong to the host's user namespace
-    `  syscall(${nr.unshare}, 0x00020000 | ($early ? 0x20000000 : 0)) == 0 or die "rs-tmpfs: unshare: $!\\n";`,
-    '  $pidns = $early;',
+    `  syscall(${nr.unshare}, 0x00020000 | ($early && !$pidns ? 0x20000000 : 0)) == 0 or die "rs-tmpfs: unshare: $!\\n";`,
+    '  $pidns ||= $early;',
     `  syscall(${nr.mount}, my $s = "none", my $t = "/", 0, 16384 | 262144, 0) == 0 or die "rs-tmpfs: cannot make / private: $!\\n";`,
     '  for (1 .. $rn) {',
     '    my ($dir, $opts) = splice(@ARGV, 0, 2);',
@@ -175,6 +180,8 @@ const perlSetup = (nr: Syscalls): string =>
     // other end closes with it)
     `  syscall(${nr.prctl}, 1, 9, 0, 0, 0) == 0 or die "rs-tmpfs: prctl: $!\\n";`,
     '  my $r = ""; vec($r, fileno($alive), 1) = 1; select($r, undef, undef, 0) == 0 or exit 1;',
+    // (the maker's pipe, not close-on-exec: the sandbox gets none of the maker's descriptors)
+    '  close($alive) if $made ne "-";',
     '}',
     'exec { $ARGV[0] } @ARGV or die "rs-tmpfs: cannot run $ARGV[0]: $!\\n";',
   ].join('\n');
@@ -211,7 +218,12 @@ export function tmpfsPrefix(
     remount?: Omit<TmpfsMount, 'mode'>;
     cwd?: string;
     asRoot?: { mounts: TmpfsMount[]; dropTo?: { uid: number; gid: number } };
-    guard?: { maker: number; waitFd?: number };
+    /**
+     * `aliveFd` (the spawner, as root): the prefix runs as pid 1 of a pid namespace its maker
+     * made, and the descriptor is the read end of a pipe only its maker writes to; the guard is
+     * then that maker itself, with no process or fork of its own.
+     */
+    guard?: { maker: number; waitFd?: number; aliveFd?: number };
   },
 ): string[] {
   const source = tmpfsSetupSource();
@@ -227,6 +239,7 @@ export function tmpfsPrefix(
   if (options.remount !== undefined) {
     args.push(options.remount.dir, `size=${options.remount.sizeBytes},nr_inodes=${options.remount.inodes}`, '1');
   }
-  const guardArgs = options.guard === undefined ? ['0', '-'] : [String(options.guard.maker), options.guard.waitFd === undefined ? '-' : String(options.guard.waitFd)];
+  const guard = options.guard;
+  const guardArgs = guard === undefined ? ['0', '-', '-'] : [String(guard.maker), guard.waitFd === undefined ? '-' : String(guard.waitFd), guard.aliveFd === undefined ? '-' : String(guard.aliveFd)];
   return ['/usr/bin/perl', '-e', source, ...guardArgs, ...rootArgs, options.unshare ? '1' : '0', options.cwd ?? '/', String(args.length / 3), ...args];
 }

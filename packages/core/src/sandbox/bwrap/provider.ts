@@ -16,7 +16,7 @@ import { agentScript } from './agent.ts';
 import { ARGS_FD, buildBwrapArgs, bwrapArgsOnFd, DEFAULT_HOST_ROOT_DIRS, DEVICES, scanRoot, type BwrapArgsInput, type RootEntry } from './args.ts';
 import { tmpfsMountsAvailable, tmpfsPrefix, type TmpfsMount } from './mounts.ts';
 import { KernelForkServers } from './fork-server.ts';
-import { Spawner, spawnerAvailable, type InitProcess } from './spawner.ts';
+import { Spawner, SPAWNER_ALIVE_FD, spawnerAvailable, type InitProcess } from './spawner.ts';
 import { BwrapSandbox, removeCgroup } from './sandbox.ts';
 
 export interface BwrapProviderOptions {
@@ -225,7 +225,10 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
     // the sandbox outlives it, and it dies with its maker, the spawner (which dies with this
     // process) or this process (see tmpfsPrefix)
     const maker = currentSpawner();
-    const guard = { maker: maker?.pid ?? process.pid, waitFd: ARGS_FD };
+    // as root the spawner forks the prefix as pid 1 of a pid namespace of its own: the guard is
+    // then the spawner itself, with no process or fork of its own per sandbox
+    const newPidNamespace = maker !== undefined && rootInput && image === undefined;
+    const guard = newPidNamespace ? { maker: maker.pid!, aliveFd: SPAWNER_ALIVE_FD } : { maker: maker?.pid ?? process.pid, waitFd: ARGS_FD };
     // bwrap runs in the sandbox's directory: what tells removeStaleSandboxDirs it is in use (its
     // command line names no host path: bwrapArgsOnFd). The overlay's setup leaves it in /.
     const prefix = !mountTmpfs
@@ -312,7 +315,7 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
     let cgroupError: string | undefined;
     if (maker !== undefined) {
       try {
-        const spawned = await maker.spawn({ argv, env: { ...BASE_ENV }, cwd: base, user: dropTo, ...(cgroup === undefined ? {} : { cgroupProcs: cgroup.procsFiles }) });
+        const spawned = await maker.spawn({ argv, env: { ...BASE_ENV }, cwd: base, user: dropTo, newPidNamespace, ...(cgroup === undefined ? {} : { cgroupProcs: cgroup.procsFiles }) });
         init = spawned;
         cgroupError = spawned.cgroupError;
       } catch (error) {
@@ -345,7 +348,7 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
       optionsFd.end(bwrap.options);
       const reported = await waitReady(init, readyTimeoutMs);
       // under the guard, bwrap names its child by its pid in the guard's namespace
-      sandbox.started(mountTmpfs ? hostPidOf(init.pid!, reported) : reported);
+      sandbox.started(mountTmpfs ? hostPidOf(init.pid!, reported, newPidNamespace) : reported);
     } catch (error) {
       await sandbox.abort();
       throw error;
@@ -455,11 +458,12 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
 }
 
 /**
- * The host pid of the sandbox's init, which bwrap's monitor (the guard's child) reported as
- * `nsPid` in the guard's pid namespace: the monitor's child whose NSpid says so.
+ * The host pid of the sandbox's init, which bwrap's monitor reported as `nsPid` in the guard's
+ * pid namespace: the monitor's child whose NSpid says so. The monitor is `pid` itself where the
+ * spawner made that namespace, else the child of `pid`, the guard.
  */
-function hostPidOf(guardPid: number, nsPid: number): number {
-  for (const monitor of childrenOf(guardPid)) {
+function hostPidOf(pid: number, nsPid: number, monitorIsPid: boolean): number {
+  for (const monitor of monitorIsPid ? [pid] : childrenOf(pid)) {
     for (const child of childrenOf(monitor)) {
       let status: string;
       try {

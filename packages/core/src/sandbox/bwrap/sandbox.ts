@@ -574,7 +574,7 @@ export class BwrapSandbox extends CommandSandbox {
     const rows = options.rows ?? 50;
     server
       .fork(
-        { ...this.forkRequest(env, options.cwd ?? this.workdir), socket: '', plain: true, exec: { argv, tty: { fd: master.fd, cols, rows } } },
+        { ...this.forkRequest(env, options.cwd ?? this.workdir), socket: '', plain: true, exec: { argv, tty: { fd: master.fd, cols, rows, plain: options.plain === true } } },
         15_000,
         exited,
       )
@@ -595,6 +595,7 @@ export class BwrapSandbox extends CommandSandbox {
       get pid() {
         return pid;
       },
+      plain: options.plain === true,
       write: (data) => master.write(data),
       onData: (listener) => {
         dataListeners.add(listener);
