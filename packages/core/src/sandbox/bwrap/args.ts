@@ -219,15 +219,25 @@ export function ownNamespaces(pid: number): EnterableNamespace[] {
     } catch {
       continue;
     }
+    if (theirs !== serviceNamespace(ns)) own.push(ns);
+  }
+  return own;
+}
+
+/** This process's namespaces, read once (it never changes them). */
+const serviceNamespaces = new Map<string, string | undefined>();
+
+function serviceNamespace(ns: string): string | undefined {
+  if (!serviceNamespaces.has(ns)) {
     let ours: string | undefined;
     try {
       ours = readlinkSync(`/proc/self/ns/${ns}`);
     } catch {
       ours = undefined;
     }
-    if (theirs !== ours) own.push(ns);
+    serviceNamespaces.set(ns, ours);
   }
-  return own;
+  return serviceNamespaces.get(ns);
 }
 
 /** A host prefix that puts the process in the sandbox's cgroup before it enters the sandbox. */

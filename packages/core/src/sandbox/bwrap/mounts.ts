@@ -103,12 +103,20 @@ export function tmpfsMountsAvailable(user?: { uid: number; gid: number }): boole
 
 const MS_REMOUNT = 32;
 
-// argv: <maker pid, 0: no guard> <descriptor to wait on|-> <maker's pipe|-> (see `guard`); <root mounts> <uid|->
+// argv: <maker pid, 0: no guard> <descriptor to wait on|-> <maker's pipe|-> (see `guard`); <scratch
+// dir|-> <its options|-> (see `scratch`); <root mounts> <uid|->
 // <gid|-> then per root mount <dir> <options>; then <unshare 0|1> <working directory> <count>
 // then per mount <dir> <options> <remount 0|1>; then the command
 const perlSetup = (nr: Syscalls): string =>
   [
     'my ($maker, $wait, $made) = splice(@ARGV, 0, 3);',
+    // the mount points, made in a small tmpfs of the namespace rather than on the host
+    'my ($scratch, $sopts) = splice(@ARGV, 0, 2);',
+    'my $point = sub {',
+    '  return if $scratch eq "-";',
+    `  if (defined $sopts) { syscall(${nr.mount}, my $s = "rs-tmpfs", my $t = $scratch, my $f = "tmpfs", 0, my $o = $sopts) == 0 or die "rs-tmpfs: cannot mount a tmpfs ($sopts) on $scratch: $!\\n"; undef $sopts }`,
+    '  mkdir($_[0], 0700) or die "rs-tmpfs: cannot make $_[0]: $!\\n";',
+    '};',
     'my ($rn, $ruid, $rgid) = splice(@ARGV, 0, 3);',
     // the guard's pid namespace is made where this process still may (CAP_SYS_ADMIN): as root,
     // before the drop (the guard forks there, so that its child mounts /proc as root), else with
@@ -143,6 +151,7 @@ const perlSetup = (nr: Syscalls): string =>
     `  syscall(${nr.mount}, my $s = "none", my $t = "/", 0, 16384 | 262144, 0) == 0 or die "rs-tmpfs: cannot make / private: $!\\n";`,
     '  for (1 .. $rn) {',
     '    my ($dir, $opts) = splice(@ARGV, 0, 2);',
+    '    $point->($dir);',
     `    syscall(${nr.mount}, my $s = "rs-tmpfs", my $t = $dir, my $f = "tmpfs", 0, my $o = $opts) == 0 or die "rs-tmpfs: cannot mount a tmpfs ($opts) on $dir: $!\\n";`,
     '  }',
     '}',
@@ -169,6 +178,7 @@ const perlSetup = (nr: Syscalls): string =>
     `if ($maker && !$pidns) { syscall(${nr.unshare}, 0x20000000) == 0 or die "rs-tmpfs: unshare: $!\\n"; $pidns = 1 }`,
     'for (1 .. $n) {',
     '  my ($dir, $opts, $re) = splice(@ARGV, 0, 3);',
+    '  $point->($dir) unless $re;',
     // copies: syscall() wants writable scalars for its string arguments
     `  syscall(${nr.mount}, my $s = "rs-tmpfs", my $t = $dir, my $f = "tmpfs", $re ? ${MS_REMOUNT} : 0, my $o = $opts) == 0 or die "rs-tmpfs: cannot mount a tmpfs ($opts) on $dir: $!\\n";`,
     '}',
@@ -224,6 +234,12 @@ export function tmpfsPrefix(
      * then that maker itself, with no process or fork of its own.
      */
     guard?: { maker: number; waitFd?: number; aliveFd?: number };
+    /**
+     * A host directory on which the prefix first mounts a small tmpfs (in its namespace only),
+     * making every mount point in it: the mounts' directories, all under it, then need not exist
+     * on the host (no mkdir, chown or removal of each by the service).
+     */
+    scratch?: { dir: string; inodes: number; mode: string; owner?: { uid: number; gid: number } };
   },
 ): string[] {
   const source = tmpfsSetupSource();
@@ -241,5 +257,7 @@ export function tmpfsPrefix(
   }
   const guard = options.guard;
   const guardArgs = guard === undefined ? ['0', '-', '-'] : [String(guard.maker), guard.waitFd === undefined ? '-' : String(guard.waitFd), guard.aliveFd === undefined ? '-' : String(guard.aliveFd)];
-  return ['/usr/bin/perl', '-e', source, ...guardArgs, ...rootArgs, options.unshare ? '1' : '0', options.cwd ?? '/', String(args.length / 3), ...args];
+  const scratch = options.scratch;
+  const scratchArgs = scratch === undefined ? ['-', '-'] : [scratch.dir, mountOptions({ ...scratch, sizeBytes: 64 * 1024 })];
+  return ['/usr/bin/perl', '-e', source, ...guardArgs, ...scratchArgs, ...rootArgs, options.unshare ? '1' : '0', options.cwd ?? '/', String(args.length / 3), ...args];
 }

@@ -231,13 +231,16 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
     const guard = newPidNamespace ? { maker: maker.pid!, aliveFd: SPAWNER_ALIVE_FD } : { maker: maker?.pid ?? process.pid, waitFd: ARGS_FD };
     // bwrap runs in the sandbox's directory: what tells removeStaleSandboxDirs it is in use (its
     // command line names no host path: bwrapArgsOnFd). The overlay's setup leaves it in /.
+    // without an image the mount points are made in a small tmpfs on mountDir, in the prefix's
+    // namespace (mounts.ts `scratch`): only base and mountDir are made on the host
+    const scratch = mountTmpfs && image === undefined ? { dir: mountDir, inodes: 16, mode: '0700', ...(user === undefined ? {} : { owner: user }) } : undefined;
     const prefix = !mountTmpfs
       ? image === undefined
         ? []
         : ['/bin/sh', '-c', 'cd -- "$0" && exec "$@"', base]
       : rootInput && image === undefined
-        ? tmpfsPrefix([], { unshare: false, cwd: base, guard, asRoot: { mounts: [...mounted.map((mount) => ({ ...mount, owner: user! })), tmpfs.input], dropTo: user! } })
-        : tmpfsPrefix(mounted, { unshare: image === undefined, cwd: base, guard, ...(layer === undefined ? {} : { remount: layer }) });
+        ? tmpfsPrefix([], { unshare: false, cwd: base, guard, scratch: scratch!, asRoot: { mounts: [...mounted.map((mount) => ({ ...mount, owner: user! })), tmpfs.input], dropTo: user! } })
+        : tmpfsPrefix(mounted, { unshare: image === undefined, cwd: base, guard, ...(scratch === undefined ? {} : { scratch }), ...(layer === undefined ? {} : { remount: layer }) });
     const rootPrefix = rootInput && image !== undefined ? tmpfsPrefix([], { unshare: false, asRoot: { mounts: [tmpfs.input] } }) : [];
     const writable: BwrapArgsInput['writable'] = !mountTmpfs
       ? { sizes: resources }
@@ -275,14 +278,16 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
       if (image !== undefined) mkdirSync(layerDir, { mode: 0o700 });
       if (mountTmpfs) {
         mkdirSync(mountDir, { mode: 0o700 });
-        for (const mount of mounted) mkdirSync(mount.dir, { mode: 0o700 });
-        if (rootInput) mkdirSync(tmpfs.input.dir, { mode: 0o700 });
+        if (scratch === undefined) {
+          for (const mount of mounted) mkdirSync(mount.dir, { mode: 0o700 });
+          if (rootInput) mkdirSync(tmpfs.input.dir, { mode: 0o700 });
+        }
       }
       // bwrap (and the tmpfs prefix) make their mounts as the sandbox uid: it must be able to
-      // reach the input directory and the mount points
+      // reach the input directory and the mount points (in the scratch tmpfs: its owner)
       if (user !== undefined) {
         chownSync(base, user.uid, user.gid);
-        if (mountTmpfs) for (const dir of [mountDir, ...mounted.map((mount) => mount.dir)]) chownSync(dir, user.uid, user.gid);
+        if (mountTmpfs && scratch === undefined) for (const dir of [mountDir, ...mounted.map((mount) => mount.dir)]) chownSync(dir, user.uid, user.gid);
       }
     } catch (error) {
       await rm(base, { recursive: true, force: true });

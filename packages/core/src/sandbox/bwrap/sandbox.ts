@@ -1,9 +1,11 @@
 import { PassThrough } from 'node:stream';
 import { randomBytes } from 'node:crypto';
-import { closeSync, constants, fstatSync, openSync, readFileSync, readSync, statfsSync, statSync, unlinkSync, writeFileSync } from 'node:fs';
+import { closeSync, constants, fstatSync, openSync, readFileSync, readSync, rmdirSync, statfsSync, statSync, unlinkSync, writeFileSync } from 'node:fs';
+import { rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { SandboxCgroup } from '../cgroup.ts';
 import { CommandSandbox, type HostCommand } from '../command-sandbox.ts';
+import { OWNER_FILE } from '../staging.ts';
 import { inodeShares, shmMib, ulimitScript } from '../limits.ts';
 import { openMaster } from '../node-pty.ts';
 import { childrenOf, killDescendants, killTree, pidNamespaceOf, shQuote, type KillTreeOptions } from '../process.ts';
@@ -708,6 +710,25 @@ export class BwrapSandbox extends CommandSandbox {
       closeSync(this.inputFd);
       this.inputFd = -1;
     }
+  }
+
+  /**
+   * The sandbox's directory holds its owner file and the empty mount point of its scratch tmpfs
+   * (provider.ts): three removals on the spot, not a recursive walk through the thread pool; a
+   * directory holding more (no scratch tmpfs, an image's layer) is walked as before.
+   */
+  protected override async removeTempDirs(): Promise<void> {
+    const left: string[] = [];
+    for (const dir of this.tempDirs) {
+      try {
+        rmdirSync(join(dir, 'mnt'));
+        unlinkSync(join(dir, OWNER_FILE));
+        rmdirSync(dir);
+      } catch {
+        left.push(dir);
+      }
+    }
+    await Promise.all(left.map((dir) => rm(dir, { recursive: true, force: true, maxRetries: 3 })));
   }
 
   protected override async released(): Promise<void> {
