@@ -73,7 +73,8 @@ import { buildEnterArgs, EXEC_DIR, INPUT_MOUNT, ownNamespaces, type EnterableNam
  * tmpfs prefix, bwrap's parent, the spawner's child) with the spawner, and bwrap's monitor, pid 1
  * of the guard's pid namespace, with the guard: the kernel
  * then kills everything under it, a sandbox still starting included (`--die-with-parent` alone
- * does not: see tmpfsPrefix).
+ * does not: see tmpfsPrefix). As root the spawner makes that pid namespace as it forks, and the
+ * monitor, its child, dies with it directly (no guard process).
  * A timed-out command is found by the ROLLSERVE_SANDBOX=<exec id> variable it and its children
  * carry, within the sandbox's pid namespace.
  *

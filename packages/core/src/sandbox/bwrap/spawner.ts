@@ -24,7 +24,8 @@ import { SYSCALLS, tmpfsSetupSource, type Syscalls } from './mounts.ts';
  *
  * Lifetime: it dies with the service (PR_SET_PDEATHSIG, checked against the parent it was given),
  * and its children with it (each arms the same before exec; the prefix's guard checks the spawner
- * is its parent). It is a child subreaper and reaps every process that ends under it, its own
+ * is its parent, or, for a child forked as pid 1 of a pid namespace of its own, whose parent
+ * getppid() cannot name, that the spawner's pipe at SPAWNER_ALIVE_FD has not ended). It is a child subreaper and reaps every process that ends under it, its own
  * children and whatever they left (bwrap's monitor when a failed start killed the guard: such an
  * orphan went to the host's init, and stayed a zombie where that init reaps nothing). SIGCHLD is
  * read from a signalfd, so no end is missed. A closed spawner exits once its last child is reaped.
