@@ -112,7 +112,8 @@ const spawnerSource = (nr: Syscalls, setup: string): string =>
     // CLONE_NEWPID: the fork is pid 1 of a pid namespace of its own; then back to ours for the next
     `  if ($pidns && syscall(${nr.unshare}, 0x20000000) != 0) { reply("F $id unshare: $!"); return }`,
     '  my $pid = fork();',
-    `  if ($pidns && $pid) { syscall(${nr.setns}, fileno($ownpid), 0x20000000) == 0 or die "rs-spawner: setns: $!\\n" }`,
+    // (a failed fork too: the next child would go to that namespace, or unshare fail)
+    `  if ($pidns && ($pid // 1)) { syscall(${nr.setns}, fileno($ownpid), 0x20000000) == 0 or die "rs-spawner: setns: $!\\n" }`,
     '  if (!defined $pid) { reply("F $id fork: $!"); return }',
     '  child([map { fileno($_) } @child], $cwd, $uid, $gid, \\@env, \\@pre, \\@rest, $pidns) if $pid == 0;',
     '  close($_) for @child;',
