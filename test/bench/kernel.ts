@@ -20,10 +20,12 @@ import { heading, latencyLine, percentile } from './stats.ts';
 const TICKS_PER_S = 100;
 const PREVIOUS = {
   ready:
-    'before the spawner (three runs, load 4-16): p50 94-129 ms, 35-47 ms CPU each, a sandbox with its close 21-28.5 ms CPU ' +
-    '(earlier, less loaded: p50 34-42 ms; issue 28 first measured 316-451 ms with spawned kernels)',
-  rollouts: 'before the spawner (same runs): 6.2-7.7 rollouts/s against the floor\'s 12.0-17.6/s, 0.36-0.52× (issue 28 first measured 3.4-4.2)',
-  verify: 'before the spawner (same runs): 11.8-12.4 verifications/s (earlier, less loaded: 20.9-21.8; NeMo Gym code_gen 11-12/s, issue 28)',
+    'before fewer processes per sandbox (three runs alternating, load 9-16): p50 67.6-82.9 ms, 33.5-38.5 ms CPU each, a sandbox with its close ' +
+    '14.0-19.5 ms CPU (before the spawner: p50 94-129 ms, a sandbox 21-28.5 ms; issue 28 first measured 316-451 ms with spawned kernels)',
+  rollouts:
+    'before fewer processes per sandbox (same runs): 10.4-13.2 rollouts/s against the floor\'s 14.4-19.8/s, 0.66-0.72× (before the spawner 6.2-7.7; ' +
+    'issue 28 first measured 3.4-4.2); by CPU (perf, README "Sandboxes") 76-83 ms a rollout then, 63-76 now, the floor 41-43',
+  verify: 'before fewer processes per sandbox (same runs): 18.3-25.4 verifications/s (before the spawner 11.8-12.4; NeMo Gym code_gen 11-12/s, issue 28)',
 };
 /** NeMo Gym code_gen's verifications/s here (issue 28; it cannot be installed on this machine to run beside). */
 const CODE_GEN_PER_S = 11.5;

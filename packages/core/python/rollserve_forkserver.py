@@ -428,6 +428,12 @@ def _open_tty(spec):
         fcntl.ioctl(master, TIOCSPTLCK, struct.pack("i", 0))
         slave = fcntl.ioctl(master, TIOCGPTPEER, os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", int(spec["rows"]), int(spec["cols"]), 0, 0))
+        if spec.get("plain"):
+            # stty -echo -icanon -onlcr, without a stty to run in the sandbox
+            attrs = termios.tcgetattr(slave)
+            attrs[1] &= ~termios.ONLCR
+            attrs[3] &= ~(termios.ECHO | termios.ICANON)
+            termios.tcsetattr(slave, termios.TCSANOW, attrs)
         return slave
     finally:
         os.close(master)

@@ -339,11 +339,16 @@ export abstract class CommandSandbox implements Sandbox {
       } finally {
         for (const entry of this.live) entry.kill();
         this.live.clear();
-        await Promise.all(this.tempDirs.map((dir) => rm(dir, { recursive: true, force: true, maxRetries: 3 })));
+        await this.removeTempDirs();
         await this.released();
       }
     })();
     return this.closing;
+  }
+
+  /** Removes `tempDirs` (their processes are gone). */
+  protected async removeTempDirs(): Promise<void> {
+    await Promise.all(this.tempDirs.map((dir) => rm(dir, { recursive: true, force: true, maxRetries: 3 })));
   }
 
   /** Writes `spec.files`; a failure closes the sandbox. */

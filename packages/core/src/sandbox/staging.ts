@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { removeStaleCgroups } from './cgroup.ts';
 
 /** The file in a sandbox's directory that names the process that made it. */
-const OWNER_FILE = 'owner';
+export const OWNER_FILE = 'owner';
 
 /** A process as "<pid> <start time>": a pid reused by another process does not match. */
 export function processIdentity(pid: number | 'self'): string | undefined {
@@ -51,8 +51,12 @@ export function sandboxDirRoots(): string[] {
  * Records in a sandbox's new directory which process made it: once that process is gone (a node or
  * service killed), the directory is stale at once, whatever its age.
  */
+let selfIdentity: { pid: number; identity: string | undefined } | undefined;
+
 export function markSandboxDir(dir: string): void {
-  const self = processIdentity('self');
+  // (read once: this process's start time does not change)
+  if (selfIdentity?.pid !== process.pid) selfIdentity = { pid: process.pid, identity: processIdentity('self') };
+  const self = selfIdentity.identity;
   if (self !== undefined) writeFileSync(join(dir, OWNER_FILE), self, { flag: 'wx', mode: 0o644 });
 }
 

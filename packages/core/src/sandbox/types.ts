@@ -137,6 +137,12 @@ export interface SandboxPtyOptions {
   env?: Record<string, string>;
   cols?: number;
   rows?: number;
+  /**
+   * A terminal without echo, line editing (canonical input) or CR before each newline (`stty
+   * -echo -icanon -onlcr`), set before the program runs where the provider can
+   * (`SandboxPty.plain` says whether it did): one process less than running `stty`.
+   */
+  plain?: boolean;
 }
 
 export interface SandboxSpawnOptions {
@@ -158,6 +164,8 @@ export interface SandboxListener {
 export interface SandboxPty {
   /** Host pid of the outermost process the provider started. */
   readonly pid: number;
+  /** The terminal was started plain (`SandboxPtyOptions.plain`); otherwise it has its usual modes. */
+  readonly plain?: boolean;
   /** Types `data` into the terminal; writes wait their turn past a full terminal, and one after the exit is dropped. */
   write(data: string): void;
   /** Calls `listener` with what the terminal prints, as it comes (UTF-8 text). */

@@ -164,6 +164,7 @@ export class BashSession {
     const pty = this.sandbox.spawnPty(this.options.shell ?? ['/bin/bash', '--noprofile', '--norc', '--noediting', '-i'], {
       ...(this.options.cwd === undefined ? {} : { cwd: this.options.cwd }),
       env: { PS1: '', PS2: '', PS0: '', PS4: '+ ', HISTFILE: '/dev/null', ...this.options.env },
+      plain: true,
     });
     this.pty = pty;
     pty.onData((data) => {
@@ -185,8 +186,9 @@ export class BashSession {
       this.waiter?.('');
     });
     const seq = ++this.seq;
+    // (a provider that started the terminal plain saves the shell a stty to run)
     pty.write(
-      `stty -echo -icanon -onlcr 2>/dev/null; PS1=''; PS2=''; PS0=''; unset PROMPT_COMMAND; set +o history 2>/dev/null; ${this.markerCommand(seq)}\n`,
+      `${pty.plain === true ? '' : 'stty -echo -icanon -onlcr 2>/dev/null; '}PS1=''; PS2=''; PS0=''; unset PROMPT_COMMAND; set +o history 2>/dev/null; ${this.markerCommand(seq)}\n`,
     );
     const ready = await this.read(seq, startTimeoutMs, new Collector(4096));
     if (ready.kind !== 'marker') {

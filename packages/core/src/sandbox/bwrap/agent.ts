@@ -9,8 +9,8 @@ import { EXEC_DIR, INPUT_MOUNT } from './args.ts';
  */
 export function agentScript(resources: ResolvedSandboxResources): string {
   return [
+    // "$D" is made by bwrap (buildBwrapArgs)
     `D=${SOCKET_MOUNT}/${EXEC_DIR}; I=${INPUT_MOUNT}`,
-    'mkdir -m 700 "$D" || exit 1',
     ulimitScript(resources, 'exit 1'),
     `printf 'R\\n'`,
     'while IFS= read -r id; do',

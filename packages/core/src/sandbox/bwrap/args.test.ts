@@ -45,6 +45,8 @@ describe('buildBwrapArgs', () => {
       // (mounts.ts); the service's files come in read-only; /dev is read-only
       '--bind', '/m/shm', '/dev/shm', '--bind', '/m/tmp', '/tmp', '--bind', '/m/workspace', '/workspace',
       '--bind', '/m/output', '/run/rollserve',
+      // the exec agent's output directory, the sandbox uid's
+      '--perms', '0700', '--dir', '/run/rollserve/.exec',
       '--ro-bind', '/tmp/rollserve-rs-1/in', '/run/rollserve-in',
       '--remount-ro', '/dev', '--remount-ro', '/', '--chdir', '/workspace', '--clearenv', '--setenv', 'PATH', '/usr/bin',
       '--info-fd', '3', '--', '/bin/sh', '-c', 'agent',

@@ -131,6 +131,9 @@ export function buildBwrapArgs(input: BwrapArgsInput): string[] {
       '--size', String(r.outputMib * mib), '--tmpfs', SOCKET_MOUNT,
     );
   }
+  // the exec agent's output directory, made by bwrap as the sandbox uid (a mkdir of the agent's
+  // own was a fork and an exec per sandbox)
+  args.push('--perms', '0700', '--dir', `${SOCKET_MOUNT}/${EXEC_DIR}`);
   args.push('--ro-bind', input.inputHost, INPUT_MOUNT);
   for (const bind of input.binds ?? []) args.push(bind.readOnly ? '--ro-bind' : '--bind', bind.host, bind.sandbox);
   args.push('--remount-ro', '/dev');
@@ -216,15 +219,25 @@ export function ownNamespaces(pid: number): EnterableNamespace[] {
     } catch {
       continue;
     }
+    if (theirs !== serviceNamespace(ns)) own.push(ns);
+  }
+  return own;
+}
+
+/** This process's namespaces, read once (it never changes them). */
+const serviceNamespaces = new Map<string, string | undefined>();
+
+function serviceNamespace(ns: string): string | undefined {
+  if (!serviceNamespaces.has(ns)) {
     let ours: string | undefined;
     try {
       ours = readlinkSync(`/proc/self/ns/${ns}`);
     } catch {
       ours = undefined;
     }
-    if (theirs !== ours) own.push(ns);
+    serviceNamespaces.set(ns, ours);
   }
-  return own;
+  return serviceNamespaces.get(ns);
 }
 
 /** A host prefix that puts the process in the sandbox's cgroup before it enters the sandbox. */

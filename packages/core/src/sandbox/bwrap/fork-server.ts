@@ -60,7 +60,7 @@ export interface KernelForkRequest {
    * Instead of a kernel: `argv` exec'd on the terminal whose master is this process's descriptor
    * `tty.fd` (taken by the fork with pidfd_getfd: a root service only), as its controlling terminal.
    */
-  exec?: { argv: string[]; tty: { fd: number; cols: number; rows: number } };
+  exec?: { argv: string[]; tty: { fd: number; cols: number; rows: number; plain?: boolean } };
 }
 
 interface Pending {

@@ -16,7 +16,7 @@ import { agentScript } from './agent.ts';
 import { ARGS_FD, buildBwrapArgs, bwrapArgsOnFd, DEFAULT_HOST_ROOT_DIRS, DEVICES, scanRoot, type BwrapArgsInput, type RootEntry } from './args.ts';
 import { tmpfsMountsAvailable, tmpfsPrefix, type TmpfsMount } from './mounts.ts';
 import { KernelForkServers } from './fork-server.ts';
-import { Spawner, spawnerAvailable, type InitProcess } from './spawner.ts';
+import { Spawner, SPAWNER_ALIVE_FD, spawnerAvailable, type InitProcess } from './spawner.ts';
 import { BwrapSandbox, removeCgroup } from './sandbox.ts';
 
 export interface BwrapProviderOptions {
@@ -225,16 +225,22 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
     // the sandbox outlives it, and it dies with its maker, the spawner (which dies with this
     // process) or this process (see tmpfsPrefix)
     const maker = currentSpawner();
-    const guard = { maker: maker?.pid ?? process.pid, waitFd: ARGS_FD };
+    // as root the spawner forks the prefix as pid 1 of a pid namespace of its own: the guard is
+    // then the spawner itself, with no process or fork of its own per sandbox
+    const newPidNamespace = maker !== undefined && rootInput && image === undefined;
+    const guard = newPidNamespace ? { maker: maker.pid!, aliveFd: SPAWNER_ALIVE_FD } : { maker: maker?.pid ?? process.pid, waitFd: ARGS_FD };
     // bwrap runs in the sandbox's directory: what tells removeStaleSandboxDirs it is in use (its
     // command line names no host path: bwrapArgsOnFd). The overlay's setup leaves it in /.
+    // without an image the mount points are made in a small tmpfs on mountDir, in the prefix's
+    // namespace (mounts.ts `scratch`): only base and mountDir are made on the host
+    const scratch = mountTmpfs && image === undefined ? { dir: mountDir, inodes: 16, mode: '0700', ...(user === undefined ? {} : { owner: user }) } : undefined;
     const prefix = !mountTmpfs
       ? image === undefined
         ? []
         : ['/bin/sh', '-c', 'cd -- "$0" && exec "$@"', base]
       : rootInput && image === undefined
-        ? tmpfsPrefix([], { unshare: false, cwd: base, guard, asRoot: { mounts: [...mounted.map((mount) => ({ ...mount, owner: user! })), tmpfs.input], dropTo: user! } })
-        : tmpfsPrefix(mounted, { unshare: image === undefined, cwd: base, guard, ...(layer === undefined ? {} : { remount: layer }) });
+        ? tmpfsPrefix([], { unshare: false, cwd: base, guard, scratch: scratch!, asRoot: { mounts: [...mounted.map((mount) => ({ ...mount, owner: user! })), tmpfs.input], dropTo: user! } })
+        : tmpfsPrefix(mounted, { unshare: image === undefined, cwd: base, guard, ...(scratch === undefined ? {} : { scratch }), ...(layer === undefined ? {} : { remount: layer }) });
     const rootPrefix = rootInput && image !== undefined ? tmpfsPrefix([], { unshare: false, asRoot: { mounts: [tmpfs.input] } }) : [];
     const writable: BwrapArgsInput['writable'] = !mountTmpfs
       ? { sizes: resources }
@@ -272,14 +278,16 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
       if (image !== undefined) mkdirSync(layerDir, { mode: 0o700 });
       if (mountTmpfs) {
         mkdirSync(mountDir, { mode: 0o700 });
-        for (const mount of mounted) mkdirSync(mount.dir, { mode: 0o700 });
-        if (rootInput) mkdirSync(tmpfs.input.dir, { mode: 0o700 });
+        if (scratch === undefined) {
+          for (const mount of mounted) mkdirSync(mount.dir, { mode: 0o700 });
+          if (rootInput) mkdirSync(tmpfs.input.dir, { mode: 0o700 });
+        }
       }
       // bwrap (and the tmpfs prefix) make their mounts as the sandbox uid: it must be able to
-      // reach the input directory and the mount points
+      // reach the input directory and the mount points (in the scratch tmpfs: its owner)
       if (user !== undefined) {
         chownSync(base, user.uid, user.gid);
-        if (mountTmpfs) for (const dir of [mountDir, ...mounted.map((mount) => mount.dir)]) chownSync(dir, user.uid, user.gid);
+        if (mountTmpfs && scratch === undefined) for (const dir of [mountDir, ...mounted.map((mount) => mount.dir)]) chownSync(dir, user.uid, user.gid);
       }
     } catch (error) {
       await rm(base, { recursive: true, force: true });
@@ -312,7 +320,7 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
     let cgroupError: string | undefined;
     if (maker !== undefined) {
       try {
-        const spawned = await maker.spawn({ argv, env: { ...BASE_ENV }, cwd: base, user: dropTo, ...(cgroup === undefined ? {} : { cgroupProcs: cgroup.procsFiles }) });
+        const spawned = await maker.spawn({ argv, env: { ...BASE_ENV }, cwd: base, user: dropTo, newPidNamespace, ...(cgroup === undefined ? {} : { cgroupProcs: cgroup.procsFiles }) });
         init = spawned;
         cgroupError = spawned.cgroupError;
       } catch (error) {
@@ -345,7 +353,7 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
       optionsFd.end(bwrap.options);
       const reported = await waitReady(init, readyTimeoutMs);
       // under the guard, bwrap names its child by its pid in the guard's namespace
-      sandbox.started(mountTmpfs ? hostPidOf(init.pid!, reported) : reported);
+      sandbox.started(mountTmpfs ? hostPidOf(init.pid!, reported, newPidNamespace) : reported);
     } catch (error) {
       await sandbox.abort();
       throw error;
@@ -455,11 +463,12 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
 }
 
 /**
- * The host pid of the sandbox's init, which bwrap's monitor (the guard's child) reported as
- * `nsPid` in the guard's pid namespace: the monitor's child whose NSpid says so.
+ * The host pid of the sandbox's init, which bwrap's monitor reported as `nsPid` in the guard's
+ * pid namespace: the monitor's child whose NSpid says so. The monitor is `pid` itself where the
+ * spawner made that namespace, else the child of `pid`, the guard.
  */
-function hostPidOf(guardPid: number, nsPid: number): number {
-  for (const monitor of childrenOf(guardPid)) {
+function hostPidOf(pid: number, nsPid: number, monitorIsPid: boolean): number {
+  for (const monitor of monitorIsPid ? [pid] : childrenOf(pid)) {
     for (const child of childrenOf(monitor)) {
       let status: string;
       try {

@@ -1,9 +1,11 @@
 import { PassThrough } from 'node:stream';
 import { randomBytes } from 'node:crypto';
-import { closeSync, constants, fstatSync, openSync, readFileSync, readSync, statfsSync, statSync, unlinkSync, writeFileSync } from 'node:fs';
+import { closeSync, constants, fstatSync, openSync, readFileSync, readSync, rmdirSync, statfsSync, statSync, unlinkSync, writeFileSync } from 'node:fs';
+import { rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { SandboxCgroup } from '../cgroup.ts';
 import { CommandSandbox, type HostCommand } from '../command-sandbox.ts';
+import { OWNER_FILE } from '../staging.ts';
 import { inodeShares, shmMib, ulimitScript } from '../limits.ts';
 import { openMaster } from '../node-pty.ts';
 import { childrenOf, killDescendants, killTree, pidNamespaceOf, shQuote, type KillTreeOptions } from '../process.ts';
@@ -71,7 +73,8 @@ import { buildEnterArgs, EXEC_DIR, INPUT_MOUNT, ownNamespaces, type EnterableNam
  * tmpfs prefix, bwrap's parent, the spawner's child) with the spawner, and bwrap's monitor, pid 1
  * of the guard's pid namespace, with the guard: the kernel
  * then kills everything under it, a sandbox still starting included (`--die-with-parent` alone
- * does not: see tmpfsPrefix).
+ * does not: see tmpfsPrefix). As root the spawner makes that pid namespace as it forks, and the
+ * monitor, its child, dies with it directly (no guard process).
  * A timed-out command is found by the ROLLSERVE_SANDBOX=<exec id> variable it and its children
  * carry, within the sandbox's pid namespace.
  *
@@ -574,7 +577,7 @@ export class BwrapSandbox extends CommandSandbox {
     const rows = options.rows ?? 50;
     server
       .fork(
-        { ...this.forkRequest(env, options.cwd ?? this.workdir), socket: '', plain: true, exec: { argv, tty: { fd: master.fd, cols, rows } } },
+        { ...this.forkRequest(env, options.cwd ?? this.workdir), socket: '', plain: true, exec: { argv, tty: { fd: master.fd, cols, rows, plain: options.plain === true } } },
         15_000,
         exited,
       )
@@ -595,6 +598,7 @@ export class BwrapSandbox extends CommandSandbox {
       get pid() {
         return pid;
       },
+      plain: options.plain === true,
       write: (data) => master.write(data),
       onData: (listener) => {
         dataListeners.add(listener);
@@ -707,6 +711,25 @@ export class BwrapSandbox extends CommandSandbox {
       closeSync(this.inputFd);
       this.inputFd = -1;
     }
+  }
+
+  /**
+   * The sandbox's directory holds its owner file and the empty mount point of its scratch tmpfs
+   * (provider.ts): three removals on the spot, not a recursive walk through the thread pool; a
+   * directory holding more (no scratch tmpfs, an image's layer) is walked as before.
+   */
+  protected override async removeTempDirs(): Promise<void> {
+    const left: string[] = [];
+    for (const dir of this.tempDirs) {
+      try {
+        rmdirSync(join(dir, 'mnt'));
+        unlinkSync(join(dir, OWNER_FILE));
+        rmdirSync(dir);
+      } catch {
+        left.push(dir);
+      }
+    }
+    await Promise.all(left.map((dir) => rm(dir, { recursive: true, force: true, maxRetries: 3 })));
   }
 
   protected override async released(): Promise<void> {

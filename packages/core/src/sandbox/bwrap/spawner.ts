@@ -24,15 +24,16 @@ import { SYSCALLS, tmpfsSetupSource, type Syscalls } from './mounts.ts';
  *
  * Lifetime: it dies with the service (PR_SET_PDEATHSIG, checked against the parent it was given),
  * and its children with it (each arms the same before exec; the prefix's guard checks the spawner
- * is its parent). It is a child subreaper and reaps every process that ends under it, its own
+ * is its parent, or, for a child forked as pid 1 of a pid namespace of its own, whose parent
+ * getppid() cannot name, that the spawner's pipe at SPAWNER_ALIVE_FD has not ended). It is a child subreaper and reaps every process that ends under it, its own
  * children and whatever they left (bwrap's monitor when a failed start killed the guard: such an
  * orphan went to the host's init, and stayed a zombie where that init reaps nothing). SIGCHLD is
  * read from a signalfd, so no end is missed. A closed spawner exits once its last child is reaped.
  *
  * Protocol on its stdin: frames "<length>\n<fields, NUL-separated>":
- *   S id cwd uid|- gid|- ncgroup procs... nenv env... nsetup setup... argv...
- *                 fork, write the child's pid to each cgroup.procs file; with nsetup > 0 the fork
- *                 runs the prefix program on setup + argv
+ *   S id cwd uid|- gid|- pidns ncgroup procs... nenv env... nsetup setup... argv...
+ *                 fork (pidns 1: as pid 1 of a new pid namespace), write the child's pid to each
+ *                 cgroup.procs file; with nsetup > 0 the fork runs the prefix program on setup + argv
  *   C id          close the spawner's ends of id's pipes (the service has opened its own)
  *   K pid signal  signal a child not yet reaped
  * and on its stdout, lines: "S id pid in out err info args joined" (its fds; "ok" or why the
@@ -51,6 +52,9 @@ const spawnerSource = (nr: Syscalls, setup: string): string =>
     `syscall(${nr.prctl}, 36, 1, 0, 0, 0) == 0 or die "rs-spawner: prctl: $!\\n";`,
     // fds 3-9 held, so that every pipe is above what a child's dup2s write
     'my @low; while (1) { open(my $h, "<", "/dev/null") or die "rs-spawner: /dev/null: $!\\n"; if (fileno($h) >= 10) { close($h); last } push @low, $h }',
+    // the read end of a pipe only the spawner writes to: EOF once it is gone (see SPAWNER_ALIVE_FD)
+    'pipe(my $alive, my $alive_w) or die "rs-spawner: pipe: $!\\n";',
+    'open(my $ownpid, "<", "/proc/self/ns/pid") or die "rs-spawner: /proc/self/ns/pid: $!\\n";',
     'my $chld = POSIX::SIGCHLD();',
     'POSIX::sigprocmask(POSIX::SIG_BLOCK(), POSIX::SigSet->new($chld)) or die "rs-spawner: sigprocmask: $!\\n";',
     // signalfd4(-1, {SIGCHLD}, 8, SFD_NONBLOCK | SFD_CLOEXEC)
@@ -67,12 +71,13 @@ const spawnerSource = (nr: Syscalls, setup: string): string =>
     '  }',
     '}',
     'sub child {',
-    '  my ($fds, $cwd, $uid, $gid, $env, $pre, $argv) = @_;',
+    '  my ($fds, $cwd, $uid, $gid, $env, $pre, $argv, $pidns) = @_;',
     '  POSIX::sigprocmask(POSIX::SIG_SETMASK(), POSIX::SigSet->new());',
     '  my @to = (0, 1, 2, 3, 5);',
     '  for my $i (0 .. 4) { POSIX::dup2($fds->[$i], $to[$i]) // POSIX::_exit(1) }',
+    `  if ($pidns) { POSIX::dup2(fileno($alive), ${SPAWNER_ALIVE_FD}) // POSIX::_exit(1) }`,
     '  opendir(my $dir, "/proc/self/fd") or POSIX::_exit(1);',
-    '  my @open = grep { /^\\d+$/ && ($_ == 4 || $_ > 5) } readdir($dir);',
+    `  my @open = grep { /^\\d+$/ && ($_ == 4 || $_ > 5) && !($pidns && $_ == ${SPAWNER_ALIVE_FD}) } readdir($dir);`,
     '  closedir($dir);',
     '  POSIX::close($_) for @open;',
     '  chdir($cwd) or do { print STDERR "rs-spawner: cannot enter $cwd: $!\\n"; POSIX::_exit(1) };',
@@ -84,14 +89,16 @@ const spawnerSource = (nr: Syscalls, setup: string): string =>
     '  }',
     // dies with the spawner: armed after the last change of ids (which clears it), then checked
     `  syscall(${nr.prctl}, 1, 9, 0, 0, 0) == 0 or POSIX::_exit(1);`,
-    '  getppid() == $me or POSIX::_exit(1);',
+    // (pid 1 of its own pid namespace has no parent getppid() names: the pipe says the spawner lives)
+    `  if ($pidns) { my $r = ""; vec($r, ${SPAWNER_ALIVE_FD}, 1) = 1; select($r, undef, undef, 0) == 0 or POSIX::_exit(1) }`,
+    '  else { getppid() == $me or POSIX::_exit(1) }',
     '  if (@$pre) { @ARGV = (@$pre, @$argv); eval { $setup->() }; print STDERR $@; POSIX::_exit(255) }',
     '  exec { $argv->[0] } @$argv;',
     '  print STDERR "rs-spawner: cannot run $argv->[0]: $!\\n";',
     '  POSIX::_exit(127);',
     '}',
     'sub start {',
-    '  my ($id, $cwd, $uid, $gid, $ncg, @rest) = @_;',
+    '  my ($id, $cwd, $uid, $gid, $pidns, $ncg, @rest) = @_;',
     '  my @cgroup = splice(@rest, 0, $ncg);',
     '  my $nenv = shift @rest;',
     '  my @env = splice(@rest, 0, $nenv);',
@@ -102,9 +109,13 @@ const spawnerSource = (nr: Syscalls, setup: string): string =>
     '    pipe(my $r, my $w) or do { reply("F $id pipe: $!"); return };',
     '    if ($in) { push @child, $r; push @ours, $w } else { push @child, $w; push @ours, $r }',
     '  }',
+    // CLONE_NEWPID: the fork is pid 1 of a pid namespace of its own; then back to ours for the next
+    `  if ($pidns && syscall(${nr.unshare}, 0x20000000) != 0) { reply("F $id unshare: $!"); return }`,
     '  my $pid = fork();',
+    // (a failed fork too: the next child would go to that namespace, or unshare fail)
+    `  if ($pidns && ($pid // 1)) { syscall(${nr.setns}, fileno($ownpid), 0x20000000) == 0 or die "rs-spawner: setns: $!\\n" }`,
     '  if (!defined $pid) { reply("F $id fork: $!"); return }',
-    '  child([map { fileno($_) } @child], $cwd, $uid, $gid, \\@env, \\@pre, \\@rest) if $pid == 0;',
+    '  child([map { fileno($_) } @child], $cwd, $uid, $gid, \\@env, \\@pre, \\@rest, $pidns) if $pid == 0;',
     '  close($_) for @child;',
     '  $held{$id} = \\@ours;',
     '  $kids{$pid} = 1;',
@@ -141,6 +152,13 @@ const spawnerSource = (nr: Syscalls, setup: string): string =>
     '  }',
     '}',
   ].join('\n');
+
+/**
+ * Where a child forked into a pid namespace of its own (`SpawnRequest.newPidNamespace`) has the
+ * read end of a pipe only the spawner writes to (reading EOF once the spawner is gone), until the
+ * tmpfs prefix closes it before bwrap (mounts.ts `guard.aliveFd`).
+ */
+export const SPAWNER_ALIVE_FD = 6;
 
 /** What a sandbox's first process is to the sandbox that holds it: a child process, or a spawner's child. */
 export interface InitProcess extends EventEmitter {
@@ -213,6 +231,12 @@ export interface SpawnRequest {
   user?: { uid: number; gid: number } | undefined;
   /** `cgroup.procs` files the child is written to before the spawner answers (see `cgroupError`). */
   cgroupProcs?: string[];
+  /**
+   * Fork the child as pid 1 of a new pid namespace (a root service: the spawner may make one),
+   * with the spawner's pipe at SPAWNER_ALIVE_FD: the tmpfs prefix's guard without a process of
+   * its own (mounts.ts).
+   */
+  newPidNamespace?: boolean;
 }
 
 let available: boolean | undefined;
@@ -361,6 +385,7 @@ export class Spawner {
       request.cwd,
       request.user === undefined ? '-' : String(request.user.uid),
       request.user === undefined ? '-' : String(request.user.gid),
+      request.newPidNamespace ? '1' : '0',
       String(request.cgroupProcs?.length ?? 0),
       ...(request.cgroupProcs ?? []),
       String(env.length),
