@@ -21,8 +21,9 @@ import { childrenOf } from '../../packages/core/src/sandbox/process.ts';
 const TICKS_PER_S = 100;
 const PREVIOUS = {
   ready:
-    'before the spawner (three runs, load 4-16): p50 94-129 ms, 35-47 ms CPU each, a sandbox with its close 21-28.5 ms CPU ' +
-    '(earlier, less loaded: p50 34-42 ms; issue 28 first measured 316-451 ms with spawned kernels)',
+    'before warm sandboxes by default (issue 28, quiet host): a fresh sandbox each p50 37.4 ms, 38.5 ms CPU; explicit resources (no pool) ' +
+    "p50 38.5 ms; createBwrapProvider({ warm: 'auto' }) p50 22.5 ms. Warm by default, three runs at load 7-15: default spec p50 25.7-31.6 ms, " +
+    '34-40 ms CPU; explicit resources p50 26.4-32.2 ms, 30-39 ms CPU; warm 0 p50 34.9-57.7 ms; floor 12.1-21.0 ms',
   rollouts: 'before the spawner (same runs): 6.2-7.7 rollouts/s against the floor\'s 12.0-17.6/s, 0.36-0.52× (issue 28 first measured 3.4-4.2)',
   verify: 'before the spawner (same runs): 11.8-12.4 verifications/s (earlier, less loaded: 20.9-21.8; NeMo Gym code_gen 11-12/s, issue 28)',
 };
@@ -218,8 +219,10 @@ export default async function bench(): Promise<void> {
 
       // an idle pool: emptied IDLE_MS (10 s) after its last use, checked every 5 s; its cost is
       // its spares' ends (in the spawner's CPU, which reaps them) and the idle check
-      const probe = await usersGet.create();
-      await probe.close();
+      // (a spec in demand: asked for three times, its spare started ahead)
+      let probe: Sandbox | undefined;
+      for (let i = 0; i < 3; i++) await (probe = await usersGet.create()).close();
+      probe = probe!;
       spawnerPid = (probe as unknown as { spawner?: { pid: number | undefined } }).spawner?.pid;
       const idleFrom = performance.now();
       const cpu0 = { self: treeCpuMs([process.pid]), pool: treeCpuMs(spawnerPid === undefined ? [] : [spawnerPid]) };
