@@ -8,6 +8,7 @@ import { createResourcesServer, serveFetch } from '@rollserve/core/gym';
 import { call, cookieHeader, makeResponse, startFakePolicy, startTestRolloutService } from '@rollserve/testing';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
+import { childrenOf } from '../../packages/core/src/sandbox/process.ts';
 
 // The default provider (createSandboxProvider(): what the service, a node and NeMo Gym use when an
 // environment names none) keeps warm sandboxes per spec, explicit resources included (issue 28).
@@ -78,6 +79,17 @@ function expectFresh(seen: Seen, tag: string): void {
   expect(seen.shell).toBe('none');
 }
 
+/** The kernel fork servers this process runs (`python3 -s -c <loader>`, fork-server.ts). */
+const forkServers = (): number[] =>
+  childrenOf(process.pid).filter((pid) => {
+    try {
+      const argv = readFileSync(`/proc/${pid}/cmdline`, 'latin1').split('\0');
+      return argv[1] === '-s' && argv[2] === '-c';
+    } catch {
+      return false;
+    }
+  });
+
 const sandboxDirs = async (dir: string) => (await readdir(dir)).filter((name) => name.startsWith('rollserve-rs-'));
 
 describe.skipIf(skip !== undefined)('the default provider keeps warm sandboxes', () => {
@@ -140,6 +152,10 @@ describe.skipIf(skip !== undefined)('the default provider keeps warm sandboxes',
       };
       const first = await rollout('one');
       expectFresh(first.seen, 'one');
+      // one provider for the server: its sessions share its fork servers (a provider per session,
+      // before, started fork servers of its own that lived as long as the server)
+      const servers = forkServers();
+      expect(servers.length).toBeGreaterThan(0);
       await rollout('two');
       // the spec was asked for again: its pool fills in the background
       for (let i = 0; i < 200 && (await sandboxDirs(dir)).length === 0; i++) await new Promise((r) => setTimeout(r, 20));
@@ -149,10 +165,12 @@ describe.skipIf(skip !== undefined)('the default provider keeps warm sandboxes',
       // started before it was asked for: a warm sandbox, with nothing of the two before it
       expect(third.seen.started).toBeLessThan(third.asked - 0.1);
       expectFresh(third.seen, 'three');
+      expect(forkServers()).toEqual(servers);
     } finally {
       await server.close();
       await app.close();
     }
+    expect(forkServers()).toEqual([]);
     expect(await sandboxDirs(dir)).toEqual([]);
   });
 
