@@ -2,11 +2,12 @@ import { spawn, spawnSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { availableParallelism, loadavg } from 'node:os';
 import { performance } from 'node:perf_hooks';
-import { BashSession, bwrapAvailable, createBwrapProvider, PythonKernel, type Sandbox, type SandboxProvider } from '@rollserve/core/sandbox';
+import { BashSession, bwrapAvailable, createBwrapProvider, createSandboxProvider, PythonKernel, type Sandbox, type SandboxProvider, type SandboxSpec } from '@rollserve/core/sandbox';
 import type { KernelForkServers } from '../../packages/core/src/sandbox/bwrap/fork-server.ts';
 import { createCodeRunner } from '@rollserve/env-code';
 import { problem } from './code-verify.ts';
 import { heading, latencyLine, percentile } from './stats.ts';
+import { childrenOf } from '../../packages/core/src/sandbox/process.ts';
 
 // Sandbox + Python kernel ready, and sandboxed ten-turn rollouts (issue 28), each beside its floor
 // measured in the same run: a bare `bwrap` start, a fork() of a Python that imported IPython, and
@@ -20,8 +21,9 @@ import { heading, latencyLine, percentile } from './stats.ts';
 const TICKS_PER_S = 100;
 const PREVIOUS = {
   ready:
-    'before fewer processes per sandbox (three runs alternating, load 9-16): p50 67.6-82.9 ms, 33.5-38.5 ms CPU each, a sandbox with its close ' +
-    '14.0-19.5 ms CPU (before the spawner: p50 94-129 ms, a sandbox 21-28.5 ms; issue 28 first measured 316-451 ms with spawned kernels)',
+    'before warm sandboxes by default (issue 28, quiet host): a fresh sandbox each p50 37.4 ms, 38.5 ms CPU; explicit resources (no pool) ' +
+    "p50 38.5 ms; createBwrapProvider({ warm: 'auto' }) p50 22.5 ms. Warm by default, three runs at load 7-15: default spec p50 25.7-31.6 ms, " +
+    '34-40 ms CPU; explicit resources p50 26.4-32.2 ms, 30-39 ms CPU; warm 0 p50 34.9-57.7 ms; floor 12.1-21.0 ms',
   rollouts:
     'before fewer processes per sandbox (same runs): 10.4-13.2 rollouts/s against the floor\'s 14.4-19.8/s, 0.66-0.72× (before the spawner 6.2-7.7; ' +
     'issue 28 first measured 3.4-4.2); by CPU (perf, README "Sandboxes") 76-83 ms a rollout then, 63-76 now, the floor 41-43',
@@ -104,13 +106,13 @@ function forkFloor(n: number): { p50: number; cpuMs: number } {
 }
 
 /** From nothing to a kernel's first result: sandbox, kernel, `1 + 1`. */
-async function sandboxAndKernel(provider: SandboxProvider, n: number): Promise<{ latencies: number[]; cpuMs: number; mode: string }> {
+async function sandboxAndKernel(provider: SandboxProvider, n: number, spec: SandboxSpec = {}): Promise<{ latencies: number[]; cpuMs: number; mode: string }> {
   const latencies: number[] = [];
   let mode = '';
   let servers: number[] = [];
   // one start first so the fork server exists (and is counted from here on)
   {
-    const sandbox = await provider.create();
+    const sandbox = await provider.create(spec);
     const kernel = await PythonKernel.start(sandbox);
     await kernel.run('1 + 1');
     servers = serverPids(provider, sandbox);
@@ -120,7 +122,7 @@ async function sandboxAndKernel(provider: SandboxProvider, n: number): Promise<{
   const cpu0 = treeCpuMs([process.pid, ...servers]);
   for (let i = 0; i < n; i++) {
     const t0 = performance.now();
-    const sandbox = await provider.create();
+    const sandbox = await provider.create(spec);
     const kernel = await PythonKernel.start(sandbox);
     const result = await kernel.run('1 + 1');
     latencies.push(performance.now() - t0);
@@ -194,38 +196,50 @@ export default async function bench(): Promise<void> {
   const forked = createBwrapProvider();
   const spawned = createBwrapProvider({ kernelForkServer: false });
   try {
-    const ours = await sandboxAndKernel(forked, 40);
-    const before = await sandboxAndKernel(spawned, 6);
+    // as users get it: the provider the service, a node and NeMo Gym make (bwrap, warm: 'auto')
+    const usersGet = createSandboxProvider();
+    const explicit: SandboxSpec = { resources: { memoryMib: 1024, maxProcesses: 64 } };
     const floorMs = percentile(bwrap.latencies, 50) + fork.p50;
-    console.log(`  floor: the two together                 p50 ${floorMs.toFixed(2)} ms  ${(bwrap.cpuMs + fork.cpuMs).toFixed(1)} ms CPU`);
-    console.log(
-      `  forked kernel (${ours.mode})                ${latencyLine(ours.latencies)}  ${ours.cpuMs.toFixed(1)} ms CPU each (target ≤ 30 ms p50, ≤ 50 ms CPU; ` +
-        `${(percentile(ours.latencies, 50) / floorMs).toFixed(2)}× the floor's p50)`,
-    );
-    console.log(`  spawned kernel (${before.mode}), as before     ${latencyLine(before.latencies)}  ${before.cpuMs.toFixed(1)} ms CPU each`);
-    console.log(`  previous figure: ${PREVIOUS.ready}`);
-    const pooled = createBwrapProvider({ warm: 'auto' });
+    const target = (run: { latencies: number[] }) =>
+      `(target ≤ 30 ms p50, ≤ 50 ms CPU; ${(percentile(run.latencies, 50) / floorMs).toFixed(2)}× the floor's p50)`;
+    let spawnerPid: number | undefined;
     try {
-      const warmRun = await sandboxAndKernel(pooled, 40);
-      console.log(`  forked kernel, warm: 'auto' sandboxes  ${latencyLine(warmRun.latencies)}  (sandboxes start ahead, beside the loop)`);
-    } finally {
-      await pooled.close?.();
-    }
-    const withResources = createBwrapProvider();
-    try {
-      const latencies: number[] = [];
-      for (let i = 0; i < 10; i++) {
-        const t0 = performance.now();
-        const sandbox = await withResources.create({ resources: { memoryMib: 1024, maxProcesses: 64 } });
-        const kernel = await PythonKernel.start(sandbox);
-        await kernel.run('1 + 1');
-        latencies.push(performance.now() - t0);
-        await kernel.close();
-        await sandbox.close();
+      const ours = await sandboxAndKernel(usersGet, 40);
+      const oursExplicit = await sandboxAndKernel(usersGet, 40, explicit);
+      const unpooled = await sandboxAndKernel(forked, 40);
+      const unpooledExplicit = await sandboxAndKernel(forked, 10, explicit);
+      const before = await sandboxAndKernel(spawned, 6);
+      console.log(`  floor: the two together                 p50 ${floorMs.toFixed(2)} ms  ${(bwrap.cpuMs + fork.cpuMs).toFixed(1)} ms CPU`);
+      console.log(`  default provider (createSandboxProvider(): bwrap, warm 'auto'), forked kernel (${ours.mode}), sandboxes started ahead beside the loop:`);
+      console.log(`    default spec                         ${latencyLine(ours.latencies)}  ${ours.cpuMs.toFixed(1)} ms CPU each ${target(ours)}`);
+      console.log(`    explicit resources                   ${latencyLine(oursExplicit.latencies)}  ${oursExplicit.cpuMs.toFixed(1)} ms CPU each ${target(oursExplicit)}`);
+      console.log(`  no warm sandboxes (warm: 0, the default before), forked kernel:`);
+      console.log(`    default spec                         ${latencyLine(unpooled.latencies)}  ${unpooled.cpuMs.toFixed(1)} ms CPU each`);
+      console.log(`    explicit resources                   ${latencyLine(unpooledExplicit.latencies)}  ${unpooledExplicit.cpuMs.toFixed(1)} ms CPU each`);
+      console.log(`  spawned kernel (${before.mode}), as before     ${latencyLine(before.latencies)}  ${before.cpuMs.toFixed(1)} ms CPU each`);
+      console.log(`  previous figure: ${PREVIOUS.ready}`);
+
+      // an idle pool: emptied IDLE_MS (10 s) after its last use, checked every 5 s; its cost is
+      // its spares' ends (in the spawner's CPU, which reaps them) and the idle check
+      // (a spec in demand: asked for three times, its spare started ahead)
+      let probe: Sandbox | undefined;
+      for (let i = 0; i < 3; i++) await (probe = await usersGet.create()).close();
+      probe = probe!;
+      spawnerPid = (probe as unknown as { spawner?: { pid: number | undefined } }).spawner?.pid;
+      const idleFrom = performance.now();
+      const cpu0 = { self: treeCpuMs([process.pid]), pool: treeCpuMs(spawnerPid === undefined ? [] : [spawnerPid]) };
+      let emptiedS: number | undefined;
+      while (performance.now() - idleFrom < 16_000) {
+        await new Promise((resolve) => setTimeout(resolve, 250));
+        if (emptiedS === undefined && spawnerPid !== undefined && childrenOf(spawnerPid).length === 0) emptiedS = (performance.now() - idleFrom) / 1000;
       }
-      console.log(`  forked kernel, sandbox with explicit resources  ${latencyLine(latencies.slice(1))}`);
+      const cpu1 = { self: treeCpuMs([process.pid]), pool: treeCpuMs(spawnerPid === undefined ? [] : [spawnerPid]) };
+      console.log(
+        `  idle after use: the default provider's warm sandboxes ended ${emptiedS === undefined ? 'NOT within 16 s' : `${emptiedS.toFixed(1)} s after its last use`}; ` +
+          `CPU in 16 s idle: their ends ${(cpu1.pool - cpu0.pool).toFixed(0)} ms, this process ${(cpu1.self - cpu0.self).toFixed(0)} ms (tick: 10 ms)`,
+      );
     } finally {
-      await withResources.close?.();
+      await usersGet.close?.();
     }
 
     // where a rollout's CPU goes: each start and its close, alone

@@ -1,4 +1,7 @@
 import { readFileSync } from 'node:fs';
+import { chmod, mkdtemp, readdir, rm } from 'node:fs/promises';
+import { availableParallelism, tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { bwrapAvailable, createBwrapProvider, PythonKernel, type Sandbox } from '@rollserve/core/sandbox';
 
@@ -28,6 +31,8 @@ describe.skipIf(skip !== undefined)('warm sandboxes per spec', () => {
       const spec = { resources: { memoryMib: 768, maxProcesses: 48 } };
       const first = await provider.create({ ...spec, env: { WHICH: 'first' } });
       await first.close();
+      // ('auto' keeps sandboxes ahead for a spec asked for again)
+      if (warm === 'auto') await (await provider.create({ ...spec, env: { WHICH: 'again' } })).close();
       // the pool for this spec fills in the background
       await new Promise((resolve) => setTimeout(resolve, 1500));
       const asked = uptime();
@@ -56,4 +61,30 @@ describe.skipIf(skip !== undefined)('warm sandboxes per spec', () => {
       }
     });
   }
+
+  it("'auto' keeps nothing ahead for a spec asked for once, at most two per core over all specs, and close ends what is warm or starting", async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'rollserve-warm-pool-'));
+    await chmod(dir, 0o755); // the sandbox uid (nobody, under root) makes its mounts from there
+    const dirs = async () => (await readdir(dir)).filter((name) => name.startsWith('rollserve-rs-')).length;
+    const provider = createBwrapProvider({ warm: 'auto', tmpDir: dir });
+    try {
+      // specs each asked for once (every rollout's its own): no warm sandbox
+      for (let i = 0; i < 3; i++) await (await provider.create({ resources: { memoryMib: 600 + i } })).close();
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      expect(await dirs()).toBe(0);
+      // many specs in demand at once: the pools together stop at two per core
+      const specs = Array.from({ length: 4 }, (_, i) => ({ resources: { memoryMib: 700 + i } }));
+      for (let round = 0; round < 3; round++) {
+        const sandboxes = await Promise.all(specs.flatMap((spec) => [provider.create(spec), provider.create(spec)]));
+        await Promise.all(sandboxes.map((sandbox) => sandbox.close()));
+        expect(await dirs()).toBeLessThanOrEqual(2 * availableParallelism());
+      }
+      expect(await dirs()).toBeGreaterThan(0);
+    } finally {
+      await provider.close?.();
+      // what was warm, and what was still starting, ended with the provider
+      expect(await dirs()).toBe(0);
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
 });

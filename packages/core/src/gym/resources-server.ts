@@ -9,6 +9,7 @@ import { NeMoGymResponse, ResponseCreateParams } from '../protocol/responses.ts'
 import { sandboxSpecOf, type Environment, type EnvironmentContext, type Session, type VerifyEntry } from '../spec/environment.ts';
 import { invokeTool, LazyAbort, type ToolOutcome } from '../spec/invoke-tool.ts';
 import type { ToolDefinition } from '../spec/tool.ts';
+import { createSandboxProvider } from '../sandbox/registry.ts';
 import type { SandboxProvider } from '../sandbox/types.ts';
 import { createSessionTools, type SessionTools } from '../tools/session-tools.ts';
 import { METHOD_NOT_ALLOWED_BODY, NOT_FOUND_BODY, pydanticInt } from '../server/fastapi-errors.ts';
@@ -47,7 +48,7 @@ export interface ResourcesServerOptions {
   toolTimeoutMs?: number;
   /**
    * Creates the sessions' sandboxes (`ctx.tools`) when the environment names no provider.
-   * @default createSandboxProvider()
+   * @default createSandboxProvider(), one for the server (made at first use, closed with it)
    */
   sandboxProvider?: SandboxProvider;
   /**
@@ -152,6 +153,15 @@ function cookieFrom(header: string | undefined, name: string): string | undefine
   return undefined;
 }
 
+/** A provider made when a sandbox is first asked for (a session that uses none makes none). */
+function lazyProvider(make: () => SandboxProvider): SandboxProvider {
+  return {
+    name: 'default',
+    create: (spec) => make().create(spec),
+    prefetch: (spec) => make().prefetch?.(spec) ?? Promise.resolve(),
+  };
+}
+
 /**
  * A NeMo Gym resources server for one environment, as a Hono app: every route, status code, body
  * shape and cookie rule of shared/nemo-gym/CONTRACT.md §1. Serve it with `serveFetch`.
@@ -191,15 +201,18 @@ export function createResourcesServer(env: Environment<any, any, any>, options: 
     await settingUp;
   };
 
+  // The sessions' default provider, one for the server (its warm sandboxes and kernel fork
+  // servers serve every session), made at first use and closed with the server.
+  let defaultProvider: SandboxProvider | undefined;
   // The session's ctx.tools, made on first use; the sandbox from env.sandbox, for the seed row.
   const toolsBySession = new Map<string, { tools: SessionTools; row?: Record<string, unknown>; logger?: Logger }>();
   const toolsOf = (session: Session) => {
     let entry = toolsBySession.get(session.id);
     if (entry === undefined) {
       const seed: { row?: Record<string, unknown>; logger?: Logger } = {};
-      const provider = env.sandbox?.provider?.(config, resources) ?? options.sandboxProvider;
+      const provider = env.sandbox?.provider?.(config, resources) ?? options.sandboxProvider ?? lazyProvider(() => (defaultProvider ??= createSandboxProvider()));
       const tools = createSessionTools(session, {
-        ...(provider ? { provider } : {}),
+        provider,
         spec: () => sandboxSpecOf(env.sandbox, seed.row, config),
       });
       entry = Object.assign(seed, { tools });
@@ -497,6 +510,7 @@ export function createResourcesServer(env: Environment<any, any, any>, options: 
     environment: env,
     close: async () => {
       await sessions.close();
+      await defaultProvider?.close?.();
       if (env.setup === undefined) await env.close?.(undefined);
       else if (settingUp !== undefined) {
         const ran = await settingUp.then(() => true, () => false);

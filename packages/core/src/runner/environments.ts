@@ -84,8 +84,12 @@ export class RunnerEnvironments {
     return this.#sandboxes.provider(env.sandbox?.provider?.(this.config(env), resources));
   }
 
-  /** Closes every environment (one with a `setup` only if it ran, with what it returned); not shared setups it does not own. */
+  /**
+   * Closes every environment (one with a `setup` only if it ran, with what it returned); not
+   * shared setups it does not own. The default provider, if it made one, too (its warm sandboxes).
+   */
   async close(): Promise<void> {
+    await this.#sandboxes.close();
     if (!this.#ownsSetups) return;
     await Promise.all(
       this.#list.map(async (env) => {
@@ -104,15 +108,20 @@ class CountedSandboxes {
   live = 0;
   readonly #counted = new Map<SandboxProvider, SandboxProvider>();
   #fallback: SandboxProvider | undefined;
+  /** The fallback when this made it (closed with the runner); a given one is its giver's. */
+  #made: SandboxProvider | undefined;
 
-  /** `fallback`: the provider of environments that name none (@default createSandboxProvider(), made at first use). */
+  /**
+   * `fallback`: the provider of environments that name none (@default createSandboxProvider(),
+   * made at first use: warm bwrap sandboxes sized to demand).
+   */
   constructor(fallback: SandboxProvider | undefined) {
     this.#fallback = fallback;
   }
 
   /** `given` (the environment's provider), else the fallback, counted. */
   provider(given?: SandboxProvider): SandboxProvider {
-    const inner = given ?? (this.#fallback ??= createSandboxProvider());
+    const inner = given ?? (this.#fallback ??= this.#made = createSandboxProvider());
     const known = this.#counted.get(inner);
     if (known) return known;
     const counted: SandboxProvider = {
@@ -136,5 +145,10 @@ class CountedSandboxes {
     };
     this.#counted.set(inner, counted);
     return counted;
+  }
+
+  /** Closes the provider it made (its warm sandboxes, fork servers and spawner); the runner's sessions are closed by then. */
+  async close(): Promise<void> {
+    await this.#made?.close?.();
   }
 }

@@ -1,15 +1,34 @@
 import { RolloutError } from '../errors.ts';
 import { createApptainerProvider, findApptainerBinary } from './apptainer/index.ts';
-import { bwrapAvailable, createBwrapProvider } from './bwrap/index.ts';
+import { bwrapAvailable, createBwrapProvider, type BwrapProviderOptions } from './bwrap/index.ts';
 import { resolveSandboxSpec } from './limits.ts';
 import { createLocalProvider } from './local.ts';
 import type { SandboxProvider, SandboxSpec } from './types.ts';
 
 export type SandboxProviderFactory = (options?: any) => SandboxProvider;
 
+/**
+ * bwrap as users get it (the service's, a node's and NeMo Gym's default provider): warm sandboxes
+ * per spec sized to demand (`warm: 'auto'`, else `$ROLLSERVE_SANDBOX_WARM`: 'auto' or a number,
+ * 0 for none), unless the options say. An idle provider keeps none.
+ */
+function createDefaultBwrapProvider(options: BwrapProviderOptions = {}): SandboxProvider {
+  return createBwrapProvider({ ...options, warm: options.warm ?? warmFromEnv() });
+}
+
+function warmFromEnv(): number | 'auto' {
+  const given = process.env.ROLLSERVE_SANDBOX_WARM;
+  if (given === undefined || given === '' || given === 'auto') return 'auto';
+  const count = Number(given);
+  if (!Number.isInteger(count) || count < 0) {
+    throw new RolloutError({ code: 'BAD_REQUEST', message: `ROLLSERVE_SANDBOX_WARM is "auto" or a whole number of warm sandboxes per spec, not "${given}"` });
+  }
+  return count;
+}
+
 /** The built-in providers by name; a new one is its folder and one line here. */
 const BUILT_IN = {
-  bwrap: createBwrapProvider,
+  bwrap: createDefaultBwrapProvider,
   apptainer: createApptainerProvider,
   singularity: createApptainerProvider,
   local: createLocalProvider,
@@ -46,7 +65,9 @@ export function defaultSandboxProviderName(): string {
 
 /**
  * Creates a provider by name, or from a NeMo Gym-style single-key config such as
- * `{ apptainer: { binDir: '/opt/apptainer/bin' } }`.
+ * `{ apptainer: { binDir: '/opt/apptainer/bin' } }`. bwrap keeps warm sandboxes sized to demand
+ * (`warm: 'auto'`, or `$ROLLSERVE_SANDBOX_WARM`) unless its options give `warm`; whoever creates
+ * a provider closes it (`provider.close()` ends its warm sandboxes).
  *
  * @example
  * const provider = createSandboxProvider('bwrap');

@@ -7,7 +7,12 @@ import { Editor } from './editor.ts';
 import { PythonKernel, type PythonKernelOptions } from './python.ts';
 
 export interface SessionToolsOptions {
-  /** The provider that creates the session's sandbox. @default createSandboxProvider() */
+  /**
+   * The provider that creates the session's sandbox.
+   * @default createSandboxProvider(), the session's own (closed with it): both faces pass theirs,
+   * shared by their sessions, whose warm sandboxes and kernel fork servers a provider per session
+   * would start for one sandbox
+   */
   provider?: SandboxProvider;
   /** The sandbox to create; a function is called when the sandbox is created. @default {} */
   spec?: SandboxSpec | (() => SandboxSpec);
@@ -53,6 +58,8 @@ export class SessionTools {
   private editorInstance: Editor | undefined;
   private closed = false;
   private created: Sandbox | undefined;
+  /** The provider made for this session when none was given. */
+  private ownProvider: SandboxProvider | undefined;
   /** Starts under way, since when (overlapping starts count once), and the time of those done. */
   private starting = 0;
   private startingSince = 0;
@@ -190,7 +197,7 @@ export class SessionTools {
     if (this.sandboxPromise === undefined) {
       const { spec } = this.options;
       this.sandboxPromise = this.start('the sandbox', () =>
-        (this.options.provider ?? createSandboxProvider()).create((typeof spec === 'function' ? spec() : spec) ?? {}),
+        (this.options.provider ?? (this.ownProvider = createSandboxProvider())).create((typeof spec === 'function' ? spec() : spec) ?? {}),
       );
       this.sandboxPromise.then((sandbox) => (this.created = sandbox), () => {});
     }
@@ -284,6 +291,7 @@ export class SessionTools {
     await settle(this.sandboxPromise);
     // What the given-up starts made, closed (a kernel start ends when its sandbox is gone).
     await Promise.all([...this.pending].map((entry) => entry.settled));
+    await this.ownProvider?.close?.();
   }
 }
 

@@ -58,10 +58,13 @@ export interface BwrapProviderOptions {
   readyTimeoutMs?: number;
   /**
    * Sandboxes kept started ahead of demand, per spec (its network, workdir and resources; not
-   * for an image or binds): `create` then only hands one out. A number: that many for each spec
-   * asked for, and for the default spec from the start. 'auto': as many as the demand of the last
-   * seconds needs while sandboxes start (at most two per core), none once a spec is not asked for
-   * during IDLE_MS. `provider.close()` ends them.
+   * for an image or binds): `create` then only hands one out, never one handed out before, with
+   * the spec's env and files. A number: that many for each spec asked for, and for the default
+   * spec from the start. 'auto': for a spec asked for again within 10 s, as many as the demand of
+   * the last 2 s needs while sandboxes start, at most two per core over all specs; none once a
+   * spec is not asked for during 10 s (an idle provider keeps nothing running). Warm sandboxes
+   * are the provider's: `provider.close()` ends them. `createSandboxProvider()` (the service's
+   * and NeMo Gym's default) passes 'auto'.
    * @default 0
    */
   warm?: number | 'auto';
@@ -93,14 +96,17 @@ export function bwrapAvailable(bwrapPath = 'bwrap'): boolean {
 
 /**
  * The pool a spec's sandboxes come from: sandboxes started for one spec serve any spec with the
- * same key (env and files are handed over, see `adopt`). None for an image or binds.
+ * same key (env and files are handed over, see `adopt`). None for an image or binds. Whether the
+ * spec gave a limit only a cgroup keeps is part of it: a sandbox that started without its cgroup
+ * (see `cgroupUnjoinable`) must not serve a spec that requires one.
  */
 function poolKey(spec: ResolvedSandboxSpec): string | undefined {
   if (spec.image !== undefined || spec.binds !== undefined) return undefined;
-  return JSON.stringify([spec.network === true, spec.workdir ?? DEFAULT_WORKDIR, spec.resources]);
+  const needsCgroup = spec.given.has('totalMemoryMib') || spec.given.has('cpus');
+  return JSON.stringify([spec.network === true, spec.workdir ?? DEFAULT_WORKDIR, spec.resources, needsCgroup]);
 }
 
-/** An 'auto' pool with no demand for this long is emptied. */
+/** An 'auto' pool with no demand for this long is emptied; a spec asked for again within it gets one. */
 const IDLE_MS = 10_000;
 /** The window over which an 'auto' pool counts its demand. */
 const DEMAND_WINDOW_MS = 2_000;
@@ -112,6 +118,13 @@ interface WarmPool {
   filling: number;
   /** When `create` asked (within DEMAND_WINDOW_MS), for 'auto'. */
   asks: number[];
+  /**
+   * 'auto': the spec was asked for twice within IDLE_MS. A spec asked for once keeps nothing
+   * ahead: where every rollout's spec is its own, a warm sandbox would be a start for nothing.
+   */
+  repeated: boolean;
+  /** When `create` last asked (for `repeated` and the idle sweep). */
+  lastAsk: number;
   /** Wall time of a start, moving average (ms), for 'auto'. */
   startMs: number;
 }
@@ -361,31 +374,49 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
     return sandbox;
   }
 
+  /** Warm sandboxes starting or closing, which `close` waits for. */
+  const settling = new Set<Promise<unknown>>();
+  const background = (work: Promise<unknown>): void => {
+    const settled = work.catch(() => {}).finally(() => settling.delete(settled));
+    settling.add(settled);
+  };
+
   /** How many sandboxes `pool` keeps ready now. */
   function target(pool: WarmPool): number {
     if (warm !== 'auto') return warm;
     const now = performance.now();
     while (pool.asks.length > 0 && pool.asks[0]! < now - DEMAND_WINDOW_MS) pool.asks.shift();
+    if (!pool.repeated || pool.asks.length === 0) return 0;
     // what arrives while one starts, and one more
     const rate = pool.asks.length / DEMAND_WINDOW_MS;
-    return pool.asks.length === 0 ? 0 : Math.min(maxAuto, Math.ceil(rate * pool.startMs) + 1);
+    return Math.min(maxAuto, Math.ceil(rate * pool.startMs) + 1);
+  }
+
+  /** Warm sandboxes of every pool, ready or starting ('auto' keeps at most maxAuto in all). */
+  function warmCount(): number {
+    let count = 0;
+    for (const pool of pools.values()) count += pool.sandboxes.length + pool.filling;
+    return count;
   }
 
   function refill(pool: WarmPool): void {
     const wanted = target(pool);
-    while (!providerClosed && pool.sandboxes.length + pool.filling < wanted) {
+    let room = warm === 'auto' ? maxAuto - warmCount() : Infinity;
+    while (!providerClosed && pool.sandboxes.length + pool.filling < wanted && room-- > 0) {
       pool.filling++;
       const started = performance.now();
-      start(pool.spec).then(
-        (sandbox) => {
-          pool.filling--;
-          pool.startMs = 0.8 * pool.startMs + 0.2 * (performance.now() - started);
-          if (providerClosed) void sandbox.close();
-          else pool.sandboxes.push(sandbox);
-        },
-        () => {
-          pool.filling--;
-        },
+      background(
+        start(pool.spec).then(
+          async (sandbox) => {
+            pool.filling--;
+            pool.startMs = 0.8 * pool.startMs + 0.2 * (performance.now() - started);
+            if (providerClosed) await sandbox.close();
+            else pool.sandboxes.push(sandbox);
+          },
+          () => {
+            pool.filling--;
+          },
+        ),
       );
     }
     if (warm === 'auto' && idleTimer === undefined) {
@@ -398,9 +429,9 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
   function shrink(): void {
     const now = performance.now();
     for (const [key, pool] of pools) {
-      if (pool.filling > 0 || (pool.asks.length > 0 && pool.asks.at(-1)! > now - IDLE_MS)) continue;
+      if (pool.filling > 0 || pool.lastAsk > now - IDLE_MS) continue;
       pools.delete(key);
-      for (const sandbox of pool.sandboxes.splice(0)) void sandbox.close();
+      for (const sandbox of pool.sandboxes.splice(0)) background(sandbox.close());
     }
     if (pools.size === 0) {
       clearInterval(idleTimer);
@@ -413,7 +444,7 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
     if (pool === undefined) {
       // the pool's sandboxes start without the spec's env and files (adopt hands them over)
       const { env: _env, files: _files, ...rest } = spec;
-      pool = { spec: rest as ResolvedSandboxSpec, sandboxes: [], filling: 0, asks: [], startMs: 30 };
+      pool = { spec: rest as ResolvedSandboxSpec, sandboxes: [], filling: 0, asks: [], repeated: false, lastAsk: -Infinity, startMs: 30 };
       pools.set(key, pool);
     }
     return pool;
@@ -433,14 +464,26 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
       const key = warm === 0 ? undefined : poolKey(spec);
       if (key !== undefined) {
         const pool = poolOf(key, spec);
-        pool.asks.push(performance.now());
+        const now = performance.now();
+        pool.asks.push(now);
+        pool.repeated ||= now - pool.lastAsk < IDLE_MS;
+        pool.lastAsk = now;
         while (sandbox === undefined && pool.sandboxes.length > 0) {
           const candidate = pool.sandboxes.shift()!;
           if (candidate.alive()) sandbox = candidate;
-          else void candidate.close();
+          else background(candidate.close());
         }
-        refill(pool);
-        sandbox?.adopt(spec);
+        if (sandbox !== undefined) {
+          sandbox.adopt(spec);
+          refill(pool);
+        } else {
+          // the pool's starts wait for this one: started beside it, they would slow it down
+          try {
+            sandbox = await start(spec);
+          } finally {
+            refill(pool);
+          }
+        }
       }
       sandbox ??= await start(spec);
       await sandbox.writeSpecFiles();
@@ -455,7 +498,8 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
       clearInterval(idleTimer);
       const pooled = [...pools.values()].flatMap((pool) => pool.sandboxes.splice(0));
       pools.clear();
-      await Promise.all([...pooled.map((sandbox) => sandbox.close()), forkServers?.close()]);
+      // (a warm sandbox still starting closes once it runs)
+      await Promise.all([...pooled.map((sandbox) => sandbox.close()), ...settling, forkServers?.close()]);
       // (at once when no sandbox of its runs, else once the last one its callers hold has closed)
       await spawner?.close();
     },
