@@ -554,7 +554,8 @@ def _report(fd, line):
 
 def _preload(spec):
     """A bare server's preload (SandboxPythonRun.preload): standard modules imported, and the
-    caller's module made from its source, before any fork, so that no program pays for them.
+    caller's module made from its source (and its `prepare` function run), before any fork, so
+    that no program pays for them.
     `random` reseeds itself in every fork (os.register_at_fork)."""
     import importlib
     import types
@@ -570,6 +571,16 @@ def _preload(spec):
         made.__file__ = module.get("file") or module["name"] + ".py"
         exec(compile(module["source"], made.__file__, "exec"), made.__dict__)
         sys.modules[module["name"]] = made
+        if module.get("prepare"):
+            # the caller's warm-up (its own code, as the rest of its module): what it makes and
+            # specialises here, no fork makes or copies again
+            try:
+                made.__dict__[module["prepare"]]()
+            except Exception:
+                pass
+    # what the imports and the warm-up left for the collector, collected once here rather than in
+    # every fork that reaches the threshold (each collection writes to every object it visits)
+    gc.collect()
 
 
 # the service, the server's parent, whose terminal descriptors a fork takes (_open_tty): a pidfd
