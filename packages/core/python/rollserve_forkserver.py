@@ -321,10 +321,41 @@ def _open_ns(init, ns, pidns):
 
 def _fork_in_pidns(init, pidns, child):
     """Forks straight into the sandbox's pid namespace (root only: CAP_SYS_ADMIN in the server's
-    own user namespace) and runs `child()` there, which never returns. The namespace for children
-    is a thread's own and cannot be set back (EINVAL), so a thread of its own sets it and forks,
-    then ends: one fork where a non-root server needs two (the second after entering the
-    sandbox's user namespace). The fork goes on in that thread, its only one, as its main one."""
+    own user namespace) and runs `child()` there, which never returns: one fork where a non-root
+    server needs two (the second after entering the sandbox's user namespace). The namespace for
+    children is set for this thread, the fork made, and set back to the server's own (setns
+    allows the active namespace, the way back, as it allows its descendants); where the way back
+    was refused at start, a thread of its own sets it and forks, then ends."""
+    if _own_pidns is None:
+        return _fork_in_pidns_thread(init, pidns, child)
+    fd = _open_ns(init, "pid", pidns)
+    try:
+        _check(libc.setns(fd, CLONE_NEWPID), "setns pid")
+    finally:
+        os.close(fd)
+    try:
+        pid = os.fork()
+    except BaseException:
+        _restore_pidns()
+        raise
+    if pid == 0:
+        try:
+            child()
+        finally:
+            os._exit(1)
+    _restore_pidns()
+    return pid
+
+
+def _restore_pidns():
+    if libc.setns(_own_pidns, CLONE_NEWPID) != 0:
+        # its next fork would land in a sandbox: end, the service starts another
+        os._exit(70)
+
+
+def _fork_in_pidns_thread(init, pidns, child):
+    """The same from a thread of its own, whose namespace for children is never set back: the
+    fork goes on in that thread, its only one, as its main one."""
     import threading
 
     result = {}
@@ -586,10 +617,25 @@ def _preload(spec):
 # the service, the server's parent, whose terminal descriptors a fork takes (_open_tty): a pidfd
 # (a pid would name another process in a sandbox's pid namespace, where a root server forks)
 _service_pidfd = None
+# the server's own pid namespace (root), which _fork_in_pidns sets back after each fork
+_own_pidns = None
+
+
+def _probe_own_pidns():
+    """The server's pid namespace, where setting it back as the namespace for children is allowed
+    (the same check as after a fork into a sandbox's); None otherwise."""
+    try:
+        fd = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    if libc.setns(fd, CLONE_NEWPID) != 0:
+        os.close(fd)
+        return None
+    return fd
 
 
 def main(kernel_source, plain=False, preload=""):
-    global _service_pidfd
+    global _service_pidfd, _own_pidns
     # what every fork imports: once here, not in each (a C extension is a dlopen)
     import fcntl  # noqa: F401
     import resource  # noqa: F401
@@ -602,6 +648,7 @@ def main(kernel_source, plain=False, preload=""):
         libc.syscall.restype = ctypes.c_long
         pidfd = libc.syscall(ctypes.c_long(SYS_PIDFD_OPEN), ctypes.c_int(os.getppid()), ctypes.c_uint(0))
         _service_pidfd = pidfd if pidfd >= 0 else None
+        _own_pidns = _probe_own_pidns()
     # a kernel whose fork (the one that entered the sandbox) exits is reparented here and reaped
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
     os.chdir("/")
