@@ -652,7 +652,10 @@ def main(kernel_source, plain=False, preload=""):
     # a kernel whose fork (the one that entered the sandbox) exits is reparented here and reaped
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
     os.chdir("/")
-    kernel = _load_kernel(kernel_source)
+    # a bare server forks programs and shells, never a kernel: its forks find neither the kernel
+    # nor what it imports (sockets, queues, compressors), as a new interpreter would not, and
+    # each fork copies the page tables of a smaller process
+    kernel = None if plain else _load_kernel(kernel_source)
     if plain and preload:
         _preload(json.loads(preload))
     ipython = None if plain else _prepare_ipython(kernel)
