@@ -23,7 +23,9 @@ const PREVIOUS = {
     'before the spawner (three runs, load 4-16): p50 94-129 ms, 35-47 ms CPU each, a sandbox with its close 21-28.5 ms CPU ' +
     '(earlier, less loaded: p50 34-42 ms; issue 28 first measured 316-451 ms with spawned kernels)',
   rollouts: 'before the spawner (same runs): 6.2-7.7 rollouts/s against the floor\'s 12.0-17.6/s, 0.36-0.52× (issue 28 first measured 3.4-4.2)',
-  verify: 'before the spawner (same runs): 11.8-12.4 verifications/s (earlier, less loaded: 20.9-21.8; NeMo Gym code_gen 11-12/s, issue 28)',
+  verify:
+    'before the harness warm-up and the fork server\'s cuts (three sets of three runs alternating with this one, load 7-17): ' +
+    '17.3-45.0 verifications/s, 33-43 ms of CPU each by perf (before the spawner: 11.8-12.4/s; NeMo Gym code_gen 11-12/s, issue 28)',
 };
 /** NeMo Gym code_gen's verifications/s here (issue 28; it cannot be installed on this machine to run beside). */
 const CODE_GEN_PER_S = 11.5;
