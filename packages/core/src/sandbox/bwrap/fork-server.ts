@@ -83,8 +83,9 @@ export class KernelForkServer {
   readonly ended: Promise<void>;
 
   /**
-   * `bare`: without IPython, for programs (`forkPython`): what they find in the interpreter is
-   * close to a new one's, plus `preload` (imported and made once, before any fork).
+   * `bare`: without IPython or the kernel, for programs (`forkPython`) and shells: what a
+   * program finds in the interpreter is close to a new one's, plus `preload` (imported and made
+   * once, before any fork).
    */
   constructor(
     readonly python: string,
