@@ -40,6 +40,10 @@ export function problem(tests: number): Submission {
 
 /** NeMo Gym code_gen's verifications/s on this machine (issue 28: 11-12/s; it cannot be installed here to run beside). */
 const CODE_GEN_PER_S = 11.5;
+/** This bench before the harness's warm-up in the fork server and its cuts (README, "Code verification, where its CPU goes"). */
+const PREVIOUS =
+  'before (two sets of three runs alternating with this one, load 10-13): 19.0-29.8 submissions/s; ' +
+  'perf: 33-43 ms of CPU per verification against 31-40 now (README, "Code verification, where its CPU goes")';
 
 async function throughput(runner: CodeRunner, submission: Submission, count: number, concurrency: number) {
   const latencies: number[] = [];
@@ -74,6 +78,7 @@ export default async function bench(): Promise<void> {
         `(${(ten.perSecond / CODE_GEN_PER_S).toFixed(1)}× NeMo Gym code_gen's ${CODE_GEN_PER_S}/s, issue 28's target ≥ 5×; load ${loadavg()[0]!.toFixed(1)})  ` +
         `${latencyLine(ten.latencies)}${ten.failures > 0 ? `  FAILURES ${ten.failures}` : ''}`,
     );
+    console.log(`previous figure: ${PREVIOUS}`);
     // Cost per test: the same answer on 1 and on 1000 tests, one at a time, interleaved; medians.
     const small = problem(1);
     const large = problem(1000);

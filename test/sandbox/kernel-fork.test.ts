@@ -325,6 +325,21 @@ describe.skipIf(skip !== undefined)('kernels forked from one fork server', () =>
     expect(() => sandbox.forkPython!({ python: 'python3', code: 'pass', preload: { modules: ['os; import evil'] } })).toThrow(/bad module name/);
   });
 
+  it("runs a preloaded module's prepare once in its server before any fork; a failing one is ignored, a bad name refused", async () => {
+    const sandbox = await provider.create();
+    open.push({ sandbox });
+    const source = 'import os\nstate = []\ndef warm():\n    state.append(os.getpid())\ndef broken():\n    raise RuntimeError("no warm-up")';
+    const program = 'import os, sys\nm = sys.modules["rs_prepared"]\nprint(len(m.state), bool(m.state) and m.state[0] != os.getpid())';
+    const warm = { module: { name: 'rs_prepared', source, prepare: 'warm' } };
+    const runs = [];
+    for (let i = 0; i < 2; i++) runs.push(await sandbox.forkPython!({ python: 'python3', code: program, preload: warm })!);
+    // made once, in the server (another process), and found made by each fork
+    for (const run of runs) expect(run).toMatchObject({ stdout: '1 True\n', stderr: '', returnCode: 0 });
+    const broken = await sandbox.forkPython!({ python: 'python3', code: program, preload: { module: { name: 'rs_prepared', source, prepare: 'broken' } } })!;
+    expect(broken).toMatchObject({ stdout: '0 False\n', returnCode: 0 });
+    expect(() => sandbox.forkPython!({ python: 'python3', code: 'pass', preload: { module: { name: 'rs_x', source: '', prepare: 'a; b' } } })).toThrow(/bad function name/);
+  });
+
   it('starts a plain kernel from the same server when asked, and spawns one where the environment changes the interpreter', async () => {
     const plain = await start({}, { shell: 'plain' });
     expect(plain.kernel.mode).toBe('plain');

@@ -709,12 +709,17 @@ def plain(value):
         return False
 
 
+_libc = []
+
+
 def set_dumpable(flag):
     """Non-dumpable: no other process of the sandbox's uid may open /proc/<pid>/{mem,fd,environ}."""
     try:
-        import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(4, 1 if flag else 0, 0, 0, 0) == 0  # PR_SET_DUMPABLE
+        if not _libc:
+            # opened once (a forked harness finds it made: a dlopen less per run, in each process)
+            import ctypes
+            _libc.append(ctypes.CDLL(None, use_errno=True))
+        return _libc[0].prctl(4, 1 if flag else 0, 0, 0, 0) == 0  # PR_SET_DUMPABLE
     except Exception:
         return False
 
@@ -730,6 +735,10 @@ def forget_stdin_file():
         pass
 
 
+_PAD_IN = bytes(b ^ 0x36 for b in range(256))
+_PAD_OUT = bytes(b ^ 0x5C for b in range(256))
+
+
 def hmac_sha256(key, message):
     """RFC 2104 over the builtin SHA-256 (the hmac module loads OpenSSL: 3-4 ms per run)."""
     try:
@@ -742,8 +751,8 @@ def hmac_sha256(key, message):
     if len(key) > 64:
         key = sha256(key).digest()
     key = key.ljust(64, b'\0')
-    inner = sha256(bytes(b ^ 0x36 for b in key) + message).digest()
-    return sha256(bytes(b ^ 0x5C for b in key) + inner).hexdigest()
+    inner = sha256(key.translate(_PAD_IN) + message).digest()
+    return sha256(key.translate(_PAD_OUT) + inner).hexdigest()
 
 
 def read_all(fd):
@@ -819,3 +828,34 @@ def main(setup):
     while data:
         data = data[write(1, data):]
     exit_now(0)
+
+
+def prepare():
+    """Run once by a fork server that made this module (runner.ts's preload), before any fork:
+    the parent's and child's pure steps on a sample program, so that each forked run finds their
+    code specialised and their lazily made parts made, rather than writing (and copying) those
+    pages itself. Nothing here touches what a program finds: no module is imported, no global
+    changed, the decimal arithmetic runs in a context of its own."""
+    import ctypes
+    import decimal
+    if not _libc:
+        _libc.append(ctypes.CDLL(None, use_errno=True))
+    sample = ('import sys\nfrom typing import List\ndef main():\n    data = sys.stdin.read().split()\n'
+              '    print(sum(int(x) for x in data), [1.5, (2, "a")])\nif __name__ == "__main__":\n    main()\n')
+    for _ in range(3):
+        compile(as_function(drop_main_guard(sample)), '<string>', 'exec')
+        compile(PREAMBLE + '\n\nclass Solution:\n    def f(self, x):\n        return x\n', '<string>', 'exec')
+        setup = json.loads(json.dumps({'code': sample, 'inputs': ['3\n1 2 3\n'], 'fn_name': None, 'timeout': 10}))
+        message = describe([1, 2.5, (3, 'x'), {'k': {4}}])
+        decode(json.loads(json.dumps(message))['value'])
+        with decimal.localcontext():
+            for expected, predicted in (('6 1.5', '6 1.5000001'), ('7', '7')):
+                expected_lines, predicted_lines = stripped_lines(expected), stripped_lines(predicted)
+                for e, p in zip(expected_lines, predicted_lines):
+                    ok_e, e_numbers = to_decimals(e)
+                    ok_p, p_numbers = to_decimals(p)
+                    decimal_lines_match(e.split(), p.split(), e_numbers, p_numbers)
+        close_floats(1.0, 1.0000001)
+        shorten('x' * 400)
+        hmac_sha256(b'k' * 64, json.dumps({'result': [True], 'metadata': setup}, default=str).encode())
+

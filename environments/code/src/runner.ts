@@ -2,7 +2,7 @@
 
 import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
 import { readFileSync } from 'node:fs';
-import { createSandboxProvider, DEFAULT_RESOURCES, shQuote, type SandboxProvider, type SandboxSpec } from '@rollserve/core/sandbox';
+import { createSandboxProvider, DEFAULT_RESOURCES, shQuote, type SandboxProvider, type SandboxPythonRun, type SandboxSpec } from '@rollserve/core/sandbox';
 
 /** One submission and its tests, in LiveCodeBench's format. */
 export interface Submission {
@@ -89,13 +89,25 @@ const BOOT = [
  * and what `guard` imports), made once in the provider's interpreter where programs are forked
  * from one: ≈ 20 ms of imports and 3-6 ms of compiling the harness less per submission. The
  * program finds nothing it would not have found: the harness imports all of it before the
- * program runs.
+ * program runs. The harness's `prepare` then runs its pure steps once there (parsing, wrapping,
+ * comparing, signing a sample), so no fork specialises their code again.
  */
 const PRELOAD_MODULES = [
   'ast', 'builtins', 'faulthandler', 'io', 'json', 'os', 'resource', 'signal', 'sys', 'time', 'traceback', 'decimal',
   'string', 're', 'datetime', 'collections', 'heapq', 'bisect', 'copy', 'math', 'random', 'statistics', 'itertools',
   'functools', 'operator', 'typing', 'shutil', 'subprocess', 'ctypes',
 ];
+
+type Preload = NonNullable<SandboxPythonRun['preload']>;
+let preloadSpec: Preload | undefined;
+
+/** One object for every run: the provider keeps what it made of it (its server, the source's digest). */
+function preload(): Preload {
+  return (preloadSpec ??= {
+    modules: PRELOAD_MODULES,
+    module: { name: 'rollserve_harness', source: harness(), file: 'harness.py', prepare: 'prepare' },
+  });
+}
 
 class Semaphore {
   private active = 0;
@@ -199,8 +211,7 @@ export function createCodeRunner(options: CodeRunnerOptions = {}): CodeRunner {
       // A fork of the provider's prepared interpreter where it has one (bwrap: no interpreter
       // start per submission, the harness made once), else a new one. exec'd: no shell keeps
       // the payload file open for the submission to read through /proc.
-      const preload = { modules: PRELOAD_MODULES, module: { name: 'rollserve_harness', source: harness(), file: 'harness.py' } };
-      const forked = sandbox.forkPython?.({ python, code: BOOT, stdin: payload(false), preload, ...run });
+      const forked = sandbox.forkPython?.({ python, code: BOOT, stdin: payload(false), preload: preload(), ...run });
       const executed =
         (forked === undefined ? undefined : await forked.catch(() => undefined)) ??
         (await sandbox.exec(`exec ${shQuote(python)} -I -c ${shQuote(BOOT)}`, { stdin: payload(true), ...run }));

@@ -321,10 +321,41 @@ def _open_ns(init, ns, pidns):
 
 def _fork_in_pidns(init, pidns, child):
     """Forks straight into the sandbox's pid namespace (root only: CAP_SYS_ADMIN in the server's
-    own user namespace) and runs `child()` there, which never returns. The namespace for children
-    is a thread's own and cannot be set back (EINVAL), so a thread of its own sets it and forks,
-    then ends: one fork where a non-root server needs two (the second after entering the
-    sandbox's user namespace). The fork goes on in that thread, its only one, as its main one."""
+    own user namespace) and runs `child()` there, which never returns: one fork where a non-root
+    server needs two (the second after entering the sandbox's user namespace). The namespace for
+    children is set for this thread, the fork made, and set back to the server's own (setns
+    allows the active namespace, the way back, as it allows its descendants); where the way back
+    was refused at start, a thread of its own sets it and forks, then ends."""
+    if _own_pidns is None:
+        return _fork_in_pidns_thread(init, pidns, child)
+    fd = _open_ns(init, "pid", pidns)
+    try:
+        _check(libc.setns(fd, CLONE_NEWPID), "setns pid")
+    finally:
+        os.close(fd)
+    try:
+        pid = os.fork()
+    except BaseException:
+        _restore_pidns()
+        raise
+    if pid == 0:
+        try:
+            child()
+        finally:
+            os._exit(1)
+    _restore_pidns()
+    return pid
+
+
+def _restore_pidns():
+    if libc.setns(_own_pidns, CLONE_NEWPID) != 0:
+        # its next fork would land in a sandbox: end, the service starts another
+        os._exit(70)
+
+
+def _fork_in_pidns_thread(init, pidns, child):
+    """The same from a thread of its own, whose namespace for children is never set back: the
+    fork goes on in that thread, its only one, as its main one."""
     import threading
 
     result = {}
@@ -560,7 +591,8 @@ def _report(fd, line):
 
 def _preload(spec):
     """A bare server's preload (SandboxPythonRun.preload): standard modules imported, and the
-    caller's module made from its source, before any fork, so that no program pays for them.
+    caller's module made from its source (and its `prepare` function run), before any fork, so
+    that no program pays for them.
     `random` reseeds itself in every fork (os.register_at_fork)."""
     import importlib
     import types
@@ -576,15 +608,40 @@ def _preload(spec):
         made.__file__ = module.get("file") or module["name"] + ".py"
         exec(compile(module["source"], made.__file__, "exec"), made.__dict__)
         sys.modules[module["name"]] = made
+        if module.get("prepare"):
+            # the caller's warm-up (its own code, as the rest of its module): what it makes and
+            # specialises here, no fork makes or copies again
+            try:
+                made.__dict__[module["prepare"]]()
+            except Exception:
+                pass
+    # what the imports and the warm-up left for the collector, collected once here rather than in
+    # every fork that reaches the threshold (each collection writes to every object it visits)
+    gc.collect()
 
 
 # the service, the server's parent, whose terminal descriptors a fork takes (_open_tty): a pidfd
 # (a pid would name another process in a sandbox's pid namespace, where a root server forks)
 _service_pidfd = None
+# the server's own pid namespace (root), which _fork_in_pidns sets back after each fork
+_own_pidns = None
+
+
+def _probe_own_pidns():
+    """The server's pid namespace, where setting it back as the namespace for children is allowed
+    (the same check as after a fork into a sandbox's); None otherwise."""
+    try:
+        fd = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    if libc.setns(fd, CLONE_NEWPID) != 0:
+        os.close(fd)
+        return None
+    return fd
 
 
 def main(kernel_source, plain=False, preload=""):
-    global _service_pidfd
+    global _service_pidfd, _own_pidns
     # what every fork imports: once here, not in each (a C extension is a dlopen)
     import fcntl  # noqa: F401
     import resource  # noqa: F401
@@ -597,10 +654,14 @@ def main(kernel_source, plain=False, preload=""):
         libc.syscall.restype = ctypes.c_long
         pidfd = libc.syscall(ctypes.c_long(SYS_PIDFD_OPEN), ctypes.c_int(os.getppid()), ctypes.c_uint(0))
         _service_pidfd = pidfd if pidfd >= 0 else None
+        _own_pidns = _probe_own_pidns()
     # a kernel whose fork (the one that entered the sandbox) exits is reparented here and reaped
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
     os.chdir("/")
-    kernel = _load_kernel(kernel_source)
+    # a bare server forks programs and shells, never a kernel: its forks find neither the kernel
+    # nor what it imports (sockets, queues, compressors), as a new interpreter would not, and
+    # each fork copies the page tables of a smaller process
+    kernel = None if plain else _load_kernel(kernel_source)
     if plain and preload:
         _preload(json.loads(preload))
     ipython = None if plain else _prepare_ipython(kernel)

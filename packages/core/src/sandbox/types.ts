@@ -224,10 +224,24 @@ export interface SandboxPythonRun {
    * no program pays for it: standard modules imported, and `module`, the caller's own source (a
    * harness; never a sandbox's: it runs where the provider prepares, as the service), made a
    * module of that name. Programs find them in `sys.modules`, as a program finds what it
-   * imported itself. Ignored where programs are not forked.
+   * imported itself. Ignored where programs are not forked. A provider may keep what it made of
+   * one preload object: a caller passes the same object for the same preload, a new one otherwise.
    * @example { modules: ['json', 'typing'], module: { name: 'my_harness', source: 'def main(): ...' } }
    */
-  preload?: { modules?: string[]; module?: { name: string; source: string; /** Its file name in tracebacks. @default `<name>.py` */ file?: string } };
+  preload?: {
+    modules?: string[];
+    module?: {
+      name: string;
+      source: string;
+      /** Its file name in tracebacks. @default `<name>.py` */
+      file?: string;
+      /**
+       * A function of the module called once, with no arguments, after it is made (a warm-up: what
+       * it makes and specialises no program's fork makes or copies again); its errors are ignored.
+       */
+      prepare?: string;
+    };
+  };
 }
 
 export interface Sandbox {

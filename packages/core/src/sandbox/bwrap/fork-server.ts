@@ -1,6 +1,6 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { accessSync, constants, readFileSync } from 'node:fs';
+import { accessSync, constants, readFileSync, statSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import type { Writable } from 'node:stream';
 import { RolloutError } from '../../errors.ts';
@@ -83,8 +83,9 @@ export class KernelForkServer {
   readonly ended: Promise<void>;
 
   /**
-   * `bare`: without IPython, for programs (`forkPython`): what they find in the interpreter is
-   * close to a new one's, plus `preload` (imported and made once, before any fork).
+   * `bare`: without IPython or the kernel, for programs (`forkPython`) and shells: what a
+   * program finds in the interpreter is close to a new one's, plus `preload` (imported and made
+   * once, before any fork).
    */
   constructor(
     readonly python: string,
@@ -263,6 +264,8 @@ const KERNEL_VARS = new Set(['PYTHONUNBUFFERED', 'PYTHONDONTWRITEBYTECODE']);
 /** The fork servers of one provider, one per interpreter, each started at its first kernel and replaced when it ends. */
 export class KernelForkServers {
   private readonly servers = new Map<string, KernelForkServer>();
+  /** The digest of each preload object seen (its modules checked): a preload is a caller's constant. */
+  private readonly digests = new WeakMap<ForkServerPreload, string>();
   private closed = false;
 
   /** `rootNames`: the host's top-level entries a sandbox without image sees as they are. */
@@ -283,6 +286,9 @@ export class KernelForkServers {
       if (!candidate.startsWith('/') || candidate.includes('/../') || candidate.includes('/./')) return undefined;
       if (!this.rootNames.has(candidate.split('/')[1]!)) return undefined;
       try {
+        // (a miss answered without an exception: ENOENT is the common case, once per directory
+        // of PATH before the interpreter's, for every program)
+        if (statSync(candidate, { throwIfNoEntry: false }) === undefined) continue;
         accessSync(candidate, constants.X_OK);
         return candidate;
       } catch {
@@ -299,12 +305,20 @@ export class KernelForkServers {
   get(hostPath: string, bare = false, preload?: ForkServerPreload): KernelForkServer | undefined {
     if (this.closed) return undefined;
     const prepared = bare && preload !== undefined && (preload.modules?.length || preload.module !== undefined) ? preload : undefined;
-    if (prepared !== undefined) {
+    let digest = prepared === undefined ? undefined : this.digests.get(prepared);
+    if (prepared !== undefined && digest === undefined) {
       const names = [...(prepared.modules ?? []), ...(prepared.module === undefined ? [] : [prepared.module.name])];
       const bad = names.find((name) => !MODULE_NAME.test(name));
       if (bad !== undefined) throw new RolloutError({ code: 'SANDBOX', message: `bad module name to preload: ${JSON.stringify(bad)}` });
+      const prepare = prepared.module?.prepare;
+      if (prepare !== undefined && !/^[A-Za-z_]\w*$/.test(prepare)) {
+        throw new RolloutError({ code: 'SANDBOX', message: `bad function name to prepare: ${JSON.stringify(prepare)}` });
+      }
+      digest = createHash('sha256').update(JSON.stringify(prepared)).digest('hex');
+      // (a caller that passes the same object each time, as the code runner does, hashes its source once)
+      this.digests.set(prepared, digest);
     }
-    const key = `${bare ? 'bare' : 'kernel'}:${hostPath}${prepared === undefined ? '' : `:${createHash('sha256').update(JSON.stringify(prepared)).digest('hex')}`}`;
+    const key = `${bare ? 'bare' : 'kernel'}:${hostPath}${digest === undefined ? '' : `:${digest}`}`;
     let server = this.servers.get(key);
     if (server === undefined || !server.alive()) {
       server = new KernelForkServer(hostPath, bare, prepared);
