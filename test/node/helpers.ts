@@ -255,7 +255,7 @@ export async function until(check: () => boolean | Promise<boolean>, everyMs = 5
 export async function startCommitFaults(
   resources: Resources,
   target: string,
-  faults: { lostAnswers: number; unavailable: number; oldService?: boolean },
+  faults: { lostAnswers: number; unavailable: number; oldService?: boolean; slowAnswersMs?: number },
 ): Promise<{ url: string; seen: { lost: number; refused: number; passed: number; refusedForm: number } }> {
   const seen = { lost: 0, refused: 0, passed: 0, refusedForm: 0 };
   const server = createServer(async (req, res) => {
@@ -282,6 +282,8 @@ export async function startCommitFaults(
         return;
       }
       if (isCommit) seen.passed++;
+      // the service has taken the commit; its answer arrives late (heartbeats go on meanwhile)
+      if (isCommit && faults.slowAnswersMs) await new Promise((resolve) => setTimeout(resolve, faults.slowAnswersMs));
       res.writeHead(answer.statusCode, { 'content-type': String(answer.headers['content-type'] ?? 'application/json') }).end(body);
     } catch {
       req.socket.destroy();

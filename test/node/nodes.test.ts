@@ -266,14 +266,31 @@ describe('rollout nodes', () => {
     const rollouts = await submit(url, ids('retry', 3));
     await streamResults(url, rollouts);
     expectOneGoodResultEach(results, rollouts);
-    // the first commit went through but its answer was lost: the node sends it again (a
-    // duplicate), unless a heartbeat first tells it the lease is gone (the rollout has finished)
+    // the first commit went through but its answer was lost: the node sends it again and hears
+    // it is a duplicate (a heartbeat's "lost" meanwhile does not stop a finished rollout's commit)
     const first = (await a.waitFor('claimed')).rolloutId; // (one at a time: its commit was the first)
     const rest = rollouts.filter((id) => id !== first);
     const settled = await Promise.race([a.waitFor('committed', (e) => e.rolloutId === first), a.waitFor('lost', (e) => e.rolloutId === first)]);
-    expect(settled.type === 'lost' || (settled.type === 'committed' && settled.status === 'duplicate'), JSON.stringify(settled)).toBe(true);
+    expect(settled, JSON.stringify(settled)).toMatchObject({ type: 'committed', status: 'duplicate' });
     for (const id of rest) expect(await a.waitFor('committed', (e) => e.rolloutId === id)).toMatchObject({ status: 'committed', state: 'done' });
     expect(proxy.seen).toMatchObject({ lost: 1, refused: 2 });
+  }, 180_000);
+
+  it('a commit answered late: heartbeats sent meanwhile, which the service answers "lost" (it took the commit), do not make the node report its committed rollouts lost', async () => {
+    const fake = await startShellPolicy(resources);
+    const { url, results } = await startService(resources, fake.url);
+    // heartbeats every 250 ms: several go out while each commit's answer is held
+    const proxy = await startCommitFaults(resources, url, { lostAnswers: 0, unavailable: 0, slowAnswersMs: 1_500 });
+    const sandboxes = await sandboxDir(resources);
+    const a = await startNode(resources, { serviceUrl: proxy.url, nodeId: 'slow-answers', pools: { init: 2, run: 2, eval: 2 }, maxRollouts: 2 }, sandboxes);
+    const rollouts = await submit(url, ids('late', 3));
+    await streamResults(url, rollouts);
+    expectOneGoodResultEach(results, rollouts);
+    for (const id of rollouts) {
+      const settled = await Promise.race([a.waitFor('committed', (e) => e.rolloutId === id), a.waitFor('lost', (e) => e.rolloutId === id)]);
+      expect(settled, JSON.stringify(settled)).toMatchObject({ type: 'committed', status: 'committed', state: 'done' });
+    }
+    expect(a.events.filter((e) => e.type === 'lost')).toEqual([]);
   }, 180_000);
 
   it('a service from before results were sent with each token id once: the node sends them whole, each rollout once', async () => {

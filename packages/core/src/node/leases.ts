@@ -153,10 +153,16 @@ export class Leases {
     });
   }
 
-  /** Stops the lease of `rolloutId`, if held (see #lose). */
+  /**
+   * Stops the lease of `rolloutId`, if held (see #lose). A finished rollout's lease the service
+   * calls lost is not stopped: its commit is on its way, and the service forgets a lease once it
+   * takes its commit, so a heartbeat that crossed the commit's answer hears "lost" for a rollout
+   * committed. The commit's own answer says what became of it (committed, duplicate or stale).
+   */
   lose(rolloutId: string, reason: 'service' | 'timeout'): void {
     const held = this.#held.get(rolloutId);
-    if (held) this.#lose(held, reason);
+    if (!held || (reason === 'service' && held.result)) return;
+    this.#lose(held, reason);
   }
 
   /** Stops every lease held; answers how many. */
