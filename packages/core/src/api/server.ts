@@ -91,7 +91,7 @@ export async function startRolloutServer(options: RolloutServerOptions): Promise
           store,
           llmBackends: [llm],
           runLocally: 'always',
-          logger: pino({ level: 'silent' }),
+          logger: pino({ name: 'rollserve', level: 'silent' }),
           environmentSetups,
           closeEnvironments: false,
         }),
