@@ -11,9 +11,9 @@ import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { z } from 'zod';
 
 // The start-up warm-up (startRolloutServer's `warmUp`, `rollserve start --warm-up`): rollouts run
-// through a twin of the service before it listens. It must touch neither the service's store nor
-// its policy backends, must leave nothing behind (no listening socket, no temp directory), and must
-// hand the environments' setups to the service, which closes them once. Real parts: the math
+// through twins of the service, one after the other, before it listens. It must touch neither the
+// service's store nor its policy backends, must leave nothing behind (no listening socket, no temp
+// directory), and must hand the environments' setups to the service, which closes them once. Real parts: the math
 // environment and its grader's worker pool, SQLite stores, HTTP on loopback, a fake policy.
 
 /** An environment that counts its setups and closes; reward 1 for an answer of 8. */

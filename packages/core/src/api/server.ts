@@ -50,9 +50,9 @@ export interface RolloutServerOptions {
   /** Silence after which a result stream sends a keep-alive. @default 15 s */
   streamKeepAliveMs?: number;
   /**
-   * Rollouts run before the service listens, through a twin of it (its HTTP API on loopback, a
-   * throwaway SQLite store, the environments' `setup`s then kept by the service, a stand-in
-   * policy on loopback): the JIT work and the worker pools' start that a fresh service otherwise
+   * Rollouts run before the service listens, through two twins of it, one after the other (its
+   * HTTP API on loopback, throwaway SQLite stores, the environments' `setup`s then kept by the
+   * service, its logger silenced, a stand-in policy on loopback): the JIT work and the worker pools' start that a fresh service otherwise
    * pays during its first thousands of rollouts. Touches neither the store nor the LLM backends.
    * @default none
    */
