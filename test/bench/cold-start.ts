@@ -60,6 +60,41 @@ import { heading, percentile } from './stats.ts';
 // 22 s of CPU at start), the environments' example rows (math's grade \boxed{0} against
 // (2+sqrt 3)^2016 and the like: 30 ms a rollout; hence data/warm-up.jsonl).
 
+// Two twins and a vLLM-shaped stand-in (issue 28, 01:20-02:45 UTC 2026-11-28, shared 2-core host).
+// Diagnosis (`node --trace-opt --trace-deopt`, plus --trace-generalization and --log-deopt for
+// where; the service alone, the bench's client and policy in their own processes): with one twin,
+// the first real round compiled 107-119 functions and deoptimized 24-30 (rounds 2-3: 38 and 19
+// compiles). Closing the twin and creating the service marked ~30 optimized functions for
+// deoptimization ('code dependencies': run, runAgentLoop, #init, #eval, outcome, #prefetch, the
+// commit path, undici's parser callbacks): fields V8 had seen written once (held as constants)
+// were written again by close(), fields typed by the twin's objects' hidden classes were given the
+// service's. The first real answers deoptimized parseChoice, chatCompletion, runAgentLoop,
+// runTurnTools and assistantMessage ('wrong map': the stand-in's leaner completion body), and
+// pino's child (a rollout's logger is Object.create of the service's logger: a hidden class per
+// parent). Now: a first twin runs a fifth of the rollouts and is closed before a second runs the
+// rest (at the second's close and the service's creation 3 functions are marked instead of ~30),
+// the stand-in answers in vLLM's shape field for field (bare and in a sentence), and the twins log
+// through the service's own logger, silenced. The first real round then compiles 55-75 functions
+// and deoptimizes 12-16 (still: zod's checks on the bench's rows, array pushes past the warm-up's
+// batch sizes, the grader workers' gradeTask). Tried and not kept: a forced full GC at the end of
+// the warm-up (moves one mark-compact of the twins' garbage out of the first round, but the
+// ratio did not improve: 1.55-2.47 vs 1.29-1.63 in the same half hour), an interrupt budget of
+// 4 KiB (55 compiles in round 1 vs 55-75: noise), batches of 800 (64 compiles).
+//   before (one twin, lean stand-in; this bench at load 15-23): CPU first/warm 1.86, 2.09, 1.92;
+//     cold/warm rate 0.41, 0.40, 1.13; listening after 7.9-76 s (7.5-12.3 s CPU)
+//   after, load 12-17: CPU 1.65, 1.47, 1.26; rate 0.91, 0.39, 1.98
+//   after, load 7-9:   CPU 1.19, 1.84, 1.53; rate 1.28, 0.75, 0.59
+//   after, load 5-6:   CPU 1.42, 1.75, 1.45; rate 1.15, 0.67, 0.81; listening after 6.9-14.6 s
+//   nine runs after: CPU first/warm 1.19-1.84, median 1.47 (one twin: 1.86-2.09 here; the lead's
+//     quiet run at 01:20, ~1.8-1.9); rate 0.39-1.98, median 0.81 (one twin: 0.40-1.13 here, 0.66-0.68
+//     quiet). The rate's median reaches 0.8 but its spread at these loads is wide, and the CPU
+//     (1.25x warm or less for 0.8x) was met once in nine: 0.8x is not shown. What is left of the
+//     cold round's extra CPU is in both the main thread (~+0.3 s: code still below TurboFan,
+//     feedback for the service's own objects) and V8's threads (~+0.4 s: the remaining compiles,
+//     the grader workers' own warming, one mark-compact of the twins' garbage).
+// Start on a quiet host (load 2-3): listening after 6.5-7.4 s, 9.5-10.3 s of CPU (warm-up 0:
+// 1.5-3.8 s, 1.1-1.4 s CPU).
+
 const ROUND = 1_000;
 const WARM_UP_ROUNDS = 3;
 const WARM_ROUNDS = 2;

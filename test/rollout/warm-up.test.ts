@@ -1,7 +1,8 @@
 import { mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { basename, join } from 'node:path';
 import { defineEnvironment } from '@rollserve/core';
+import { warmUp } from '@rollserve/core/internal';
 import { startRolloutServer } from '@rollserve/core/service';
 import math from '@rollserve/env-math';
 import { call, startFakePolicy, workspaceRoot, type FakePolicy } from '@rollserve/testing';
@@ -10,9 +11,9 @@ import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { z } from 'zod';
 
 // The start-up warm-up (startRolloutServer's `warmUp`, `rollserve start --warm-up`): rollouts run
-// through a twin of the service before it listens. It must touch neither the service's store nor
-// its policy backends, must leave nothing behind (no listening socket, no temp directory), and must
-// hand the environments' setups to the service, which closes them once. Real parts: the math
+// through twins of the service, one after the other, before it listens. It must touch neither the
+// service's store nor its policy backends, must leave nothing behind (no listening socket, no temp
+// directory), and must hand the environments' setups to the service, which closes them once. Real parts: the math
 // environment and its grader's worker pool, SQLite stores, HTTP on loopback, a fake policy.
 
 /** An environment that counts its setups and closes; reward 1 for an answer of 8. */
@@ -111,6 +112,34 @@ describe('the start-up warm-up', () => {
       await server.close();
     }
     expect(counts.closes).toBe(counts.setups);
+  });
+
+  it('runs a fifth of its rollouts through a first twin, closed before a second twin runs the rest (firstTwin 0: one twin)', async () => {
+    const { env: counted } = countedEnvironment();
+    const rows = { counted: [{ responses_create_params: { input: 'Say 8.' } }] };
+    const dirsBefore = await warmUpDirs();
+    const twinsOf = async (options: { rollouts: number; firstTwin?: number }) => {
+      const events: string[] = [];
+      const report = await warmUp({ ...options, rows, batch: 7 }, async ({ store, llm }) => {
+        const twin = await startRolloutServer({ environments: [counted], store, llmBackends: [llm], runLocally: 'always' });
+        events.push(`open ${basename(store)}`);
+        return {
+          url: twin.url,
+          close: async () => {
+            const { json } = await call(twin.url, 'GET', '/v1/status');
+            await twin.close();
+            events.push(`close after ${(json as { rollouts: { total: number } }).rollouts.total}`);
+          },
+        };
+      });
+      return { events, report };
+    };
+    const two = await twinsOf({ rollouts: 20 });
+    expect(two.report).toMatchObject({ rollouts: 20, states: { done: 20 } });
+    expect(two.events).toEqual(['open warm-up-1.db', 'close after 4', 'open warm-up-2.db', 'close after 16']);
+    const one = await twinsOf({ rollouts: 20, firstTwin: 0 });
+    expect(one.events).toEqual(['open warm-up-1.db', 'close after 20']);
+    expect(await warmUpDirs()).toEqual(dirsBefore);
   });
 
   it('is off with 0 rollouts: nothing runs before the first rollout', async () => {

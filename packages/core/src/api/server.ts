@@ -50,9 +50,9 @@ export interface RolloutServerOptions {
   /** Silence after which a result stream sends a keep-alive. @default 15 s */
   streamKeepAliveMs?: number;
   /**
-   * Rollouts run before the service listens, through a twin of it (its HTTP API on loopback, a
-   * throwaway SQLite store, the environments' `setup`s then kept by the service, a stand-in
-   * policy on loopback): the JIT work and the worker pools' start that a fresh service otherwise
+   * Rollouts run before the service listens, through two twins of it, one after the other (its
+   * HTTP API on loopback, throwaway SQLite stores, the environments' `setup`s then kept by the
+   * service, its logger silenced, a stand-in policy on loopback): the JIT work and the worker pools' start that a fresh service otherwise
    * pays during its first thousands of rollouts. Touches neither the store nor the LLM backends.
    * @default none
    */
@@ -80,7 +80,16 @@ export async function startRolloutServer(options: RolloutServerOptions): Promise
   const environmentSetups = options.environmentSetups ?? new Map<string, Promise<unknown>>();
   let warmed: WarmUpReport | undefined;
   let warmUpFailed: unknown;
+  // With a warm-up, the service's own logger (when it is not given one) is made here and lent,
+  // silenced, to the twins: a rollout's logger is a child of it (Object.create of the logger, a
+  // hidden class per parent), and children of another logger deoptimized the code the warm-up
+  // compiled. A level set twice before the warm-up: V8 then holds the logger's methods as fields
+  // that change (setting the level back after it invalidates nothing).
+  let logger = options.logger;
   if (options.warmUp && options.warmUp.rollouts > 0) {
+    const level = process.env.ROLLSERVE_LOG_LEVEL ?? 'info';
+    const lent = logger === undefined ? (logger = pino({ name: 'rollserve', level })) : pino({ name: 'rollserve', level: 'silent' });
+    lent.level = 'silent';
     try {
       warmed = await warmUp(options.warmUp, ({ store, llm }) =>
         startRolloutServer({
@@ -91,7 +100,7 @@ export async function startRolloutServer(options: RolloutServerOptions): Promise
           store,
           llmBackends: [llm],
           runLocally: 'always',
-          logger: pino({ level: 'silent' }),
+          logger: lent,
           environmentSetups,
           closeEnvironments: false,
         }),
@@ -101,6 +110,7 @@ export async function startRolloutServer(options: RolloutServerOptions): Promise
       // closes, whatever setups it started).
       warmUpFailed = error;
     }
+    if (lent === logger) lent.level = level;
   }
   const backends = new LlmBackendPool();
   for (const url of options.llmBackends ?? []) backends.add({ baseUrl: url });
@@ -119,7 +129,7 @@ export async function startRolloutServer(options: RolloutServerOptions): Promise
     ...(options.nodeRetentionMs !== undefined ? { nodeRetentionMs: options.nodeRetentionMs } : {}),
     ...(options.pools ? { pools: options.pools } : {}),
     ...(options.directBackends !== undefined ? { directBackends: options.directBackends } : {}),
-    ...(options.logger ? { logger: options.logger } : {}),
+    ...(logger ? { logger } : {}),
     environmentSetups,
     ...(options.closeEnvironments !== undefined ? { closeEnvironments: options.closeEnvironments } : {}),
   }).catch(async (error: unknown) => {

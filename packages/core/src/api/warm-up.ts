@@ -16,6 +16,17 @@ import { Agent, request } from 'undici';
 // service serves with the worker pools the warm-up started and warmed), and a stand-in policy on
 // loopback in place of the user's backends. Everything it starts is stopped and removed before the
 // service is created.
+//
+// Two twins, one after the other (issue 28, `--trace-opt --trace-deopt`): with one, V8 compiled the
+// hot path on assumptions that only one service had ever existed (fields written once held as
+// constants, fields typed by the one object's hidden class); closing the twin and making the
+// service broke them, and the runner's hot functions (run, runAgentLoop, #init, #eval, outcome, the
+// commit path) and undici's parser callbacks were deoptimized then and compiled again in the first
+// real round. A first twin closed after a fifth of the rollouts makes those changes early, and the
+// code the second twin's rollouts compile holds through its close and the service's creation
+// (3 functions marked for deoptimization there instead of ~30). The stand-in answers in vLLM's
+// shape, field for field: a leaner body warmed the parsing of completions on objects of other
+// hidden classes, deoptimized by the first real answers.
 
 export interface WarmUpOptions {
   /** Rollouts to run; 0 turns the warm-up off. */
@@ -26,13 +37,20 @@ export interface WarmUpOptions {
    */
   rows: Record<string, ReadonlyArray<Record<string, unknown>>>;
   /**
-   * What the stand-in policy answers every turn (no tool calls). The default is a final answer in
-   * the `\boxed{}` form that graders extract, with no code block (a code environment runs nothing).
-   * @default 'The answer is \\boxed{8}.'
+   * What the stand-in policy answers (no tool calls); several are answered in turn. The default is
+   * a final answer in the `\boxed{}` form that graders extract, bare and in a sentence, with no
+   * code block (a code environment runs nothing).
+   * @default ['\\boxed{8}', 'The answer is \\boxed{8}.']
    */
-  reply?: string;
+  reply?: string | readonly string[];
   /** Tasks per POST (each batch's results read from the result stream before the next). @default 500 */
   batch?: number;
+  /**
+   * Rollouts run by a first twin, closed before a second twin runs the rest (see the note at the
+   * top: the code compiled for the service then survives a twin's close and the service's
+   * creation); 0, or all of `rollouts`: one twin. @default a fifth of `rollouts`
+   */
+  firstTwin?: number;
   /**
    * V8's interrupt budget while the warm-up runs, then set back (to the `--interrupt-budget` of
    * the command line or NODE_OPTIONS, else V8's default, 66 KiB). TurboFan compiles a function once
@@ -44,6 +62,9 @@ export interface WarmUpOptions {
    */
   interruptBudget?: number | false;
 }
+
+/** The stand-in policy's answers, in turn: a bare final answer and one in a sentence. */
+const DEFAULT_REPLIES = ['\\boxed{8}', 'The answer is \\boxed{8}.'];
 
 /** V8's interrupt budget outside the warm-up: the one given to node, else V8's default (66 KiB). */
 function givenInterruptBudget(): number {
@@ -71,9 +92,14 @@ export interface WarmUpTwin {
 /** Starts a twin of the service on `store`, its policy at `llm`. */
 export type LaunchTwin = (twin: { store: string; llm: string }) => Promise<WarmUpTwin>;
 
-/** A vLLM-shaped chat completion of `reply`: token ids and logprobs, as the service asks for them. */
-function completionBody(reply: string): string {
-  const ids = Array.from(Buffer.from(reply, 'utf8'));
+/**
+ * A chat completion of `reply` in vLLM's shape, field for field and in vLLM's order (the JSON the
+ * service parses becomes objects whose hidden classes follow the keys and their order: a leaner
+ * body warmed code that real backends' answers then deoptimized): token ids and `token_id:N`
+ * logprobs, as the service asks for them.
+ */
+function completionBody(reply: string, promptTokens: number): string {
+  const ids = Array.from(Buffer.from(reply, 'utf8'), (byte) => 1000 + byte);
   return JSON.stringify({
     id: 'chatcmpl-warm-up',
     object: 'chat.completion',
@@ -82,26 +108,38 @@ function completionBody(reply: string): string {
     choices: [
       {
         index: 0,
-        message: { role: 'assistant', content: reply, tool_calls: [] },
+        message: { role: 'assistant', content: reply, refusal: null, annotations: null, audio: null, function_call: null, tool_calls: [], reasoning_content: null },
+        logprobs: {
+          content: ids.map((id) => {
+            const token = `token_id:${id}`;
+            const bytes = Array.from(Buffer.from(token, 'utf8'));
+            return { token, logprob: -((id % 997) + 1) / 1000, bytes, top_logprobs: [] };
+          }),
+        },
         finish_reason: 'stop',
+        stop_reason: null,
         token_ids: ids,
-        logprobs: { content: ids.map((id) => ({ token: `token_id:${id}`, logprob: -0.25, bytes: [id], top_logprobs: [] })) },
       },
     ],
-    usage: { prompt_tokens: 16, completion_tokens: ids.length, total_tokens: 16 + ids.length },
-    prompt_token_ids: Array.from({ length: 16 }, (_, i) => 100 + i),
+    service_tier: null,
+    system_fingerprint: null,
+    usage: { prompt_tokens: promptTokens, total_tokens: promptTokens + ids.length, completion_tokens: ids.length, prompt_tokens_details: null },
+    prompt_logprobs: null,
+    prompt_token_ids: Array.from({ length: promptTokens }, (_, i) => 100 + i),
+    kv_transfer_params: null,
   });
 }
 
-/** The stand-in policy: answers every chat completion with `reply`, the model list, and 404 else. */
-async function startStandInPolicy(reply: string): Promise<{ url: string; close(): Promise<void> }> {
-  const completion = completionBody(reply);
+/** The stand-in policy: answers chat completions with `replies` in turn, the model list, and 404 else. */
+async function startStandInPolicy(replies: readonly string[]): Promise<{ url: string; close(): Promise<void> }> {
+  const completions = replies.flatMap((reply) => [completionBody(reply, 24), completionBody(reply, 61)]);
+  let answered = 0;
   const models = JSON.stringify({ object: 'list', data: [{ id: 'warm-up', object: 'model' }] });
   const server: Server = createServer((incoming, outgoing) => {
     incoming.resume();
     incoming.once('end', () => {
       const path = incoming.url ?? '';
-      const body = path.endsWith('/chat/completions') ? completion : path.endsWith('/models') ? models : undefined;
+      const body = path.endsWith('/chat/completions') ? completions[answered++ % completions.length] : path.endsWith('/models') ? models : undefined;
       outgoing.writeHead(body === undefined ? 404 : 200, { 'content-type': 'application/json' });
       outgoing.end(body ?? '{"error":{"message":"not found"}}');
     });
@@ -150,9 +188,9 @@ async function runBatch(url: string, dispatcher: Agent, tasks: Array<{ id: strin
 }
 
 /**
- * Runs `options.rollouts` rollouts through a twin of the service (`launch`, on a throwaway SQLite
- * store, its policy a stand-in on loopback), then stops the twin and the stand-in and removes the
- * store's directory, whatever happened. Throws when the twin fails to start or answer; a rollout
+ * Runs `options.rollouts` rollouts through twins of the service (`launch`, each on a throwaway
+ * SQLite store, their policy a stand-in on loopback; the first closed before the second starts),
+ * then stops the twin and the stand-in and removes the stores' directory, whatever happened. Throws when the twin fails to start or answer; a rollout
  * that fails is a result like any other (its state counted). A SIGINT or SIGTERM meanwhile stops
  * it and cleans up; then, unless the process handles the signal itself, the signal is raised again.
  */
@@ -162,6 +200,7 @@ export async function warmUp(options: WarmUpOptions, launch: LaunchTwin): Promis
   const envs = Object.entries(options.rows).filter(([, rows]) => rows.length > 0);
   if (options.rollouts <= 0 || envs.length === 0) return { rollouts: 0, states, ms: 0 };
   const batch = Math.max(1, options.batch ?? 500);
+  const firstTwin = Math.min(options.rollouts, Math.max(0, Math.floor(options.firstTwin ?? options.rollouts / 5)));
   // Nothing of the warm-up may outlive it, a Ctrl-C included (the service's own signal handling
   // starts only once it listens).
   const interrupted = new AbortController();
@@ -179,12 +218,21 @@ export async function warmUp(options: WarmUpOptions, launch: LaunchTwin): Promis
   let policy: { url: string; close(): Promise<void> } | undefined;
   let twin: WarmUpTwin | undefined;
   try {
-    dir = await mkdtemp(join(tmpdir(), 'rollserve-warm-up-'));
-    policy = await startStandInPolicy(options.reply ?? 'The answer is \\boxed{8}.');
-    twin = await launch({ store: `sqlite://${join(dir, 'warm-up.db')}`, llm: policy.url });
+    const stores = (dir = await mkdtemp(join(tmpdir(), 'rollserve-warm-up-')));
+    const llm = (policy = await startStandInPolicy(typeof options.reply === 'string' ? [options.reply] : (options.reply ?? DEFAULT_REPLIES))).url;
+    const launchTwin = (n: number) => launch({ store: `sqlite://${join(stores, `warm-up-${n}.db`)}`, llm });
+    twin = await launchTwin(1);
+    let second = firstTwin === 0;
     for (let done = 0; done < options.rollouts; ) {
       interrupted.signal.throwIfAborted();
-      const size = Math.min(batch, options.rollouts - done);
+      if (!second && done >= firstTwin) {
+        const first = twin;
+        twin = undefined;
+        await first.close();
+        twin = await launchTwin(2);
+        second = true;
+      }
+      const size = Math.min(batch, options.rollouts - done, second ? Infinity : firstTwin - done);
       const tasks = Array.from({ length: size }, (_, i) => {
         const n = done + i;
         const [env, rows] = envs[n % envs.length]!;

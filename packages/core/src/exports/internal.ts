@@ -4,6 +4,7 @@ export { createRolloutApi } from '../api/index.ts';
 export type { ApiContext, BackendRegistry, RolloutApiOptions } from '../api/index.ts';
 export * from '../api/openapi.ts';
 export * from '../api/server.ts';
+export { warmUp } from '../api/warm-up.ts';
 export * from '../errors.ts';
 export * from '../gym/index.ts';
 export * from '../llm/index.ts';
