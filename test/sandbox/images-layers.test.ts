@@ -3,11 +3,12 @@ import { createHash } from 'node:crypto';
 import { chmodSync, chownSync, lstatSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 import { RolloutError } from '@rollserve/core';
 import { bwrapAvailable, createBwrapProvider, createImageResolver, type Sandbox, type SandboxProvider } from '@rollserve/core/sandbox';
 import { missingCommands } from '@rollserve/testing';
 import { makeOciLayout, makeRootfs, makeTar, type TarEntry } from './image-fixtures.ts';
+import { closeImageSuite } from './image-suite.ts';
 
 // An OCI image's layers unpacked by tar and stacked by the resolver (oci-layers.ts): the root it
 // makes against `umoci raw unpack` of the same image (whiteouts, opaque directories, a file
@@ -61,16 +62,7 @@ describe.skipIf(skip !== undefined)('OCI layers unpacked by tar, stacked by the 
     provider = createBwrapProvider({ imageCacheDir: join(dir, 'cache'), tmpDir: sandboxDir });
   }, 120_000);
 
-  afterEach(async () => {
-    await Promise.all(open.splice(0).map((sandbox) => sandbox.close()));
-  });
-
-  afterAll(async () => {
-    await provider?.close?.();
-    const left = readdirSync(sandboxDir);
-    rmSync(dir, { recursive: true, force: true });
-    expect(left).toEqual([]);
-  });
+  closeImageSuite(() => ({ provider, dir, sandboxDir }), open);
 
   /** Resolves `image` into a cache of its own: its root's tree and how it was unpacked. */
   async function resolveTree(image: string, cache: string): Promise<{ rootfs: string; tree: Record<string, string>; unpackedWith: string }> {

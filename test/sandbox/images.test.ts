@@ -4,7 +4,7 @@ import { createHash } from 'node:crypto';
 import { chmodSync, lstatSync, type Stats, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { RolloutError } from '@rollserve/core';
 import {
   bwrapAvailable,
@@ -20,6 +20,7 @@ import {
 } from '@rollserve/core/sandbox';
 import { describeSandboxBehaviour, missingCommands } from '@rollserve/testing';
 import { HOSTILE_ENTRIES, makeOciLayout, makeRootfs, makeSif, makeSquashfs, makeTar } from './image-fixtures.ts';
+import { closeImageSuite } from './image-suite.ts';
 
 // Images built here from files the test writes (image-fixtures.ts), run under bwrap with the
 // image's root read-only under a writable overlay layer per sandbox.
@@ -55,17 +56,7 @@ describe.skipIf(skip !== undefined)('images on bwrap', () => {
     provider = createBwrapProvider({ imageCacheDir: cacheDir, tmpDir: sandboxDir });
   }, 120_000);
 
-  afterEach(async () => {
-    await Promise.all(open.splice(0).map((sandbox) => sandbox.close()));
-  });
-
-  afterAll(async () => {
-    await provider?.close?.();
-    const left = readdirSync(sandboxDir);
-    rmSync(dir, { recursive: true, force: true });
-    // every sandbox's directory went with it
-    expect(left).toEqual([]);
-  });
+  closeImageSuite(() => ({ provider, dir, sandboxDir }), open);
 
   async function create(image: string, spec: Record<string, unknown> = {}): Promise<Sandbox> {
     const sandbox = await provider.create({ image, ...spec });
