@@ -465,7 +465,8 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
       if (key !== undefined) {
         const pool = poolOf(key, spec);
         const now = performance.now();
-        pool.asks.push(now);
+        // (counted for 'auto' only, whose target() trims them: a fixed count would keep every ask)
+        if (warm === 'auto') pool.asks.push(now);
         pool.repeated ||= now - pool.lastAsk < IDLE_MS;
         pool.lastAsk = now;
         while (sandbox === undefined && pool.sandboxes.length > 0) {
