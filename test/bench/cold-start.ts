@@ -1,4 +1,5 @@
-import { mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
+import { createWriteStream, type WriteStream } from 'node:fs';
+import { mkdir, mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { adopt, cpuSeconds, load, runBatch, startService, stop, stopAll, type ServiceProcess } from './cluster.ts';
@@ -19,7 +20,10 @@ import { heading, percentile } from './stats.ts';
 // by default (`--warm-up`, README); ROLLSERVE_WARM_UP=<n> sets the count (0: the cold service).
 // ROLLSERVE_BENCH_RUNS (default 3) fresh services; ROLLSERVE_BENCH_PROFILE=<dir> runs each under
 // `node --cpu-prof` and prints the monotonic clock (µs, the profile's clock) at each round's start,
-// to split the profile into the cold round and the next.
+// to split the profile into the cold round and the next; ROLLSERVE_BENCH_TRACE=<dir> runs each with
+// `node --trace-opt --trace-deopt` and writes its stdout to <dir>/run-N.log, a line `=== runN-roundR ===`
+// where each round starts (what V8 compiled in the warm-up, before the first marker, against what it
+// compiles in the first real round).
 
 // Measured on the shared 2-core host (load 4.5-8, three runs each, 17:27-17:32 UTC 2026-11-27): cold/warm
 // 0.28-0.48 (median 0.34-0.35); the first 1,000 cost the service 3.0-4.1 s of CPU against 0.75-1.2 s warm:
@@ -121,8 +125,9 @@ interface Round {
   later: number;
 }
 
-async function round(service: ServiceProcess, prefix: string, before: Map<number, number>, startThreads: Set<number>): Promise<{ round: Round; after: Map<number, number> }> {
+async function round(service: ServiceProcess, prefix: string, before: Map<number, number>, startThreads: Set<number>, trace?: WriteStream): Promise<{ round: Round; after: Map<number, number> }> {
   if (process.env.ROLLSERVE_BENCH_PROFILE) console.log(`  ${prefix}: starts at ${process.hrtime.bigint() / 1000n} us (monotonic)`);
+  trace?.write(`=== ${prefix} ===\n`);
   const cpuBefore = await cpuSeconds(service.pid);
   const { seconds } = await runBatch(service.url, Array.from({ length: ROUND }, (_, i) => `${prefix}-${i}`));
   const cpu = (await cpuSeconds(service.pid)) - cpuBefore;
@@ -140,58 +145,87 @@ async function round(service: ServiceProcess, prefix: string, before: Map<number
 const fixed = (v: number, d = 0) => v.toFixed(d);
 const cpuLine = (r: Round) => `${fixed(r.cpu, 2)} s (main ${fixed(r.main, 2)}, V8 threads ${fixed(r.v8, 2)}, later threads ${fixed(r.later, 2)})`;
 
+const spread = (values: readonly number[], d = 2) =>
+  `${values.map((v) => fixed(v, d)).join(', ')} (median ${fixed(percentile(values, 50), d)}, range ${fixed(Math.min(...values), d)}-${fixed(Math.max(...values), d)})`;
+
+/** A round of the warm reference service: its rate and CPU only. */
+async function referenceRound(reference: ServiceProcess, prefix: string): Promise<{ rate: number; cpu: number }> {
+  const cpuBefore = await cpuSeconds(reference.pid);
+  const { seconds } = await runBatch(reference.url, Array.from({ length: ROUND }, (_, i) => `${prefix}-${i}`));
+  return { rate: ROUND / seconds, cpu: (await cpuSeconds(reference.pid)) - cpuBefore };
+}
+
 export default async function bench(): Promise<void> {
-  const runs = Number(process.env.ROLLSERVE_BENCH_RUNS ?? 3);
-  heading(`cold start: the first ${ROUND} single-turn rollouts of a fresh rollserve start vs the same service warm (${runs} fresh services; SQLite store, scripted policy in its own process)`);
+  const runs = Number(process.env.ROLLSERVE_BENCH_RUNS ?? 5);
+  heading(`cold start: the first ${ROUND} single-turn rollouts of a fresh rollserve start vs warm services (${runs} fresh services; SQLite store, scripted policy in its own process)`);
   const dir = await mkdtemp(join(tmpdir(), 'rollserve-cold-start-bench-'));
   const policy = await startPolicyProcess({ reply: '\\boxed{8}' });
   adopt(policy.child, 'policy');
   const profile = process.env.ROLLSERVE_BENCH_PROFILE;
-  const nodeArgs = profile ? ['--cpu-prof', `--cpu-prof-dir=${profile}`] : [];
+  const traceDir = process.env.ROLLSERVE_BENCH_TRACE;
+  const nodeArgs = [...(profile ? ['--cpu-prof', `--cpu-prof-dir=${profile}`] : []), ...(traceDir ? ['--trace-opt', '--trace-deopt'] : [])];
+  if (traceDir) await mkdir(traceDir, { recursive: true });
   try {
-    // the bench client and the policy warm, so that the cold round measures the service alone
-    const warmer = await startService(policy.url, join(dir, 'warmer.db'));
-    for (let i = 0; i < 3; i++) await runBatch(warmer.url, Array.from({ length: ROUND }, (_, j) => `client-${i}-${j}`));
-    await stop(warmer.child);
+    // The warm reference: a service given as many rollouts as a fresh one gets before its warm
+    // rounds, then left idle but for one round just before and one just after each fresh service's
+    // first round, so that the cold rate is set against a warm one measured in the same minute (the
+    // machine's load moves between a service's first round and its warm rounds). It also warms the
+    // bench client and the policy, so that the cold round measures the service alone.
+    const reference = await startService(policy.url, join(dir, 'reference.db'));
+    for (let i = 0; i < 1 + WARM_UP_ROUNDS; i++) await referenceRound(reference, `reference-warm-up-${i}`);
 
-    const ratios: number[] = [];
-    const cpuRatios: number[] = [];
+    const byReference: number[] = [];
+    const byOwn: number[] = [];
+    const cpuByReference: number[] = [];
+    const cpuByOwn: number[] = [];
     const listening: number[] = [];
     for (let run = 0; run < runs; run++) {
       const loadBefore = load();
       const started = performance.now();
-      const service = await startService(policy.url, join(dir, `store-${run}.db`), { nodeArgs });
+      const trace = traceDir ? createWriteStream(join(traceDir, `run-${run + 1}.log`)) : undefined;
+      const service = await startService(policy.url, join(dir, `store-${run}.db`), { nodeArgs, ...(trace ? { onOutput: (chunk: Buffer) => trace.write(chunk) } : {}) });
       listening.push(performance.now() - started);
       const startCpu = await cpuSeconds(service.pid);
       let threads = await threadCpu(service.pid);
       const startThreads = new Set([...threads.keys()].filter((tid) => tid !== service.pid));
+      const before = await referenceRound(reference, `reference-run${run}-before`);
       const rounds: Round[] = [];
+      let after: { rate: number; cpu: number } | undefined;
       for (let r = 0; r < 1 + WARM_UP_ROUNDS + WARM_ROUNDS; r++) {
-        const { round: measured, after } = await round(service, `run${run}-round${r}`, threads, startThreads);
-        rounds.push(measured);
-        threads = after;
+        const measured = await round(service, `run${run}-round${r}`, threads, startThreads, trace);
+        rounds.push(measured.round);
+        threads = measured.after;
+        if (r === 0) after = await referenceRound(reference, `reference-run${run}-after`);
       }
       await stop(service.child);
+      if (trace) await new Promise((resolve) => trace.end(resolve));
       const cold = rounds[0]!;
       const warm = rounds.slice(1 + WARM_UP_ROUNDS);
-      const warmRate = percentile(warm.map((r) => r.rate), 50);
-      ratios.push(cold.rate / warmRate);
-      cpuRatios.push(cold.cpu / percentile(warm.map((r) => r.cpu), 50));
+      const ownRate = percentile(warm.map((r) => r.rate), 50);
+      const ownCpu = percentile(warm.map((r) => r.cpu), 50);
+      byOwn.push(cold.rate / ownRate);
+      cpuByOwn.push(cold.cpu / ownCpu);
+      const referenceRate = (before.rate + after!.rate) / 2;
+      byReference.push(cold.rate / referenceRate);
+      cpuByReference.push(cold.cpu / ((before.cpu + after!.cpu) / 2));
       console.log(
         `run ${run + 1}: listening after ${fixed(listening.at(-1)!)} ms (${fixed(startCpu, 2)} s CPU); first ${ROUND}: ${fixed(cold.rate)}/s; ` +
-          `warm (after ${(1 + WARM_UP_ROUNDS) * ROUND}): ${warm.map((r) => fixed(r.rate)).join(', ')}/s; cold/warm ${fixed(cold.rate / warmRate, 2)}  ` +
+          `the warm reference just before and after: ${fixed(before.rate)}, ${fixed(after!.rate)}/s (cold/warm ${fixed(byReference.at(-1)!, 2)}); the same service warm (after ${(1 + WARM_UP_ROUNDS) * ROUND}): ${warm.map((r) => fixed(r.rate)).join(', ')}/s  ` +
           `[${loadBefore} before, ${load()} after]`,
       );
       console.log(`  every round: ${rounds.map((r) => fixed(r.rate)).join(', ')} rollouts/s; service CPU ${rounds.map((r) => fixed(r.cpu, 2)).join(', ')} s per ${ROUND}`);
       console.log(`  service CPU, first ${ROUND}: ${cpuLine(cold)}`);
-      console.log(`  service CPU, warm ${ROUND}:  ${cpuLine(warm.at(-1)!)}`);
+      console.log(`  service CPU, warm ${ROUND}:  ${cpuLine(warm.at(-1)!)}; the warm reference: ${fixed(before.cpu, 2)}, ${fixed(after!.cpu, 2)} s`);
     }
+    await stop(reference.child);
+    console.log(`cold/warm over ${runs} fresh services, against the warm reference measured just before and after each: ${spread(byReference)}; target >= 0.8`);
+    console.log(`service CPU of the first ${ROUND} / the warm reference's: ${spread(cpuByReference)}`);
     console.log(
-      `cold/warm over ${runs} runs: ${ratios.map((r) => fixed(r, 2)).join(', ')} (median ${fixed(percentile(ratios, 50), 2)}; target >= 0.8; ` +
-        `issue 28 measured 267/s against 698-849/s, 0.31-0.38); time to listening p50 ${fixed(percentile(listening, 50))} ms`,
+      `cold/warm over ${runs} fresh services, against the same service after ${(1 + WARM_UP_ROUNDS) * ROUND}: ${spread(byOwn)}; target >= 0.8 ` +
+        `(issue 28 measured 267/s against 698-849/s, 0.31-0.38); time to listening p50 ${fixed(percentile(listening, 50))} ms`,
     );
     // at a high load average the rates follow the scheduler more than the service; its CPU does not
-    console.log(`service CPU of the first ${ROUND} / warm ${ROUND}: ${cpuRatios.map((r) => fixed(r, 2)).join(', ')} (median ${fixed(percentile(cpuRatios, 50), 2)}; 1.25 or less is what 0.8x asks of the CPU)`);
+    console.log(`service CPU of the first ${ROUND} / its warm ${ROUND}: ${spread(cpuByOwn)} (1.25 or less is what 0.8x asks of the CPU)`);
   } finally {
     await stopAll();
     await rm(dir, { recursive: true, force: true });
