@@ -148,7 +148,7 @@ const cpuLine = (r: Round) => `${fixed(r.cpu, 2)} s (main ${fixed(r.main, 2)}, V
 const spread = (values: readonly number[], d = 2) =>
   `${values.map((v) => fixed(v, d)).join(', ')} (median ${fixed(percentile(values, 50), d)}, range ${fixed(Math.min(...values), d)}-${fixed(Math.max(...values), d)})`;
 
-/** A round of the warm reference service: its rate and CPU only. */
+/** A round of the warm reference service: its rate and CPU only (short ids: the result stream's URL lists them all). */
 async function referenceRound(reference: ServiceProcess, prefix: string): Promise<{ rate: number; cpu: number }> {
   const cpuBefore = await cpuSeconds(reference.pid);
   const { seconds } = await runBatch(reference.url, Array.from({ length: ROUND }, (_, i) => `${prefix}-${i}`));
@@ -172,7 +172,7 @@ export default async function bench(): Promise<void> {
     // machine's load moves between a service's first round and its warm rounds). It also warms the
     // bench client and the policy, so that the cold round measures the service alone.
     const reference = await startService(policy.url, join(dir, 'reference.db'));
-    for (let i = 0; i < 1 + WARM_UP_ROUNDS; i++) await referenceRound(reference, `reference-warm-up-${i}`);
+    for (let i = 0; i < 1 + WARM_UP_ROUNDS; i++) await referenceRound(reference, `w${i}`);
 
     const byReference: number[] = [];
     const byOwn: number[] = [];
@@ -188,14 +188,14 @@ export default async function bench(): Promise<void> {
       const startCpu = await cpuSeconds(service.pid);
       let threads = await threadCpu(service.pid);
       const startThreads = new Set([...threads.keys()].filter((tid) => tid !== service.pid));
-      const before = await referenceRound(reference, `reference-run${run}-before`);
+      const before = await referenceRound(reference, `b${run}`);
       const rounds: Round[] = [];
       let after: { rate: number; cpu: number } | undefined;
       for (let r = 0; r < 1 + WARM_UP_ROUNDS + WARM_ROUNDS; r++) {
         const measured = await round(service, `run${run}-round${r}`, threads, startThreads, trace);
         rounds.push(measured.round);
         threads = measured.after;
-        if (r === 0) after = await referenceRound(reference, `reference-run${run}-after`);
+        if (r === 0) after = await referenceRound(reference, `a${run}`);
       }
       await stop(service.child);
       if (trace) await new Promise((resolve) => trace.end(resolve));
