@@ -142,6 +142,41 @@ describe('the start-up warm-up', () => {
     expect(await warmUpDirs()).toEqual(dirsBefore);
   });
 
+  it('gives each batch one environment, each twin its share of every environment, and tells the worker threads it starts (ROLLSERVE_WARMING_UP) while it runs', async () => {
+    const verified: string[] = [];
+    const seenInSetup: Array<string | undefined> = [];
+    const recording = (name: string) =>
+      defineEnvironment({
+        name,
+        domain: 'other',
+        row: z.object({}),
+        setup: () => void seenInSetup.push(process.env.ROLLSERVE_WARMING_UP),
+        verify: () => {
+          verified.push(name);
+          return { reward: 1 };
+        },
+      });
+    const environments = [recording('a'), recording('b')];
+    const row = { responses_create_params: { input: 'Say 8.' } };
+    const before = process.env.ROLLSERVE_WARMING_UP;
+    const report = await warmUp({ rollouts: 20, firstTwin: 4, batch: 7, rows: { a: [row], b: [row] } }, async ({ store, llm }) => {
+      const twin = await startRolloutServer({ environments, store, llmBackends: [llm] });
+      return { url: twin.url, close: () => twin.close() };
+    });
+    expect(report).toMatchObject({ rollouts: 20, states: { done: 20 } });
+    // batches run one after the other: a's 2 and b's 2 (the first twin), then a's 8 (7 + 1) and b's 8
+    const runs = verified.reduce<Array<[string, number]>>((acc, env) => (acc.at(-1)?.[0] === env ? (acc.at(-1)![1]++, acc) : [...acc, [env, 1]]), []);
+    expect(runs).toEqual([
+      ['a', 2],
+      ['b', 2],
+      ['a', 8],
+      ['b', 8],
+    ]);
+    expect(seenInSetup.length).toBeGreaterThan(0);
+    expect(seenInSetup.every((value) => value === '1')).toBe(true);
+    expect(process.env.ROLLSERVE_WARMING_UP).toBe(before);
+  });
+
   it('is off with 0 rollouts: nothing runs before the first rollout', async () => {
     const { env: counted, counts } = countedEnvironment();
     const server = await startRolloutServer({
