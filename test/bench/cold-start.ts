@@ -21,7 +21,7 @@ import { heading, percentile } from './stats.ts';
 // ROLLSERVE_BENCH_RUNS (default 3) fresh services; ROLLSERVE_BENCH_PROFILE=<dir> runs each under
 // `node --cpu-prof` and prints the monotonic clock (µs, the profile's clock) at each round's start,
 // to split the profile into the cold round and the next; ROLLSERVE_BENCH_TRACE=<dir> runs each with
-// `node --trace-opt --trace-deopt` and writes its stdout to <dir>/run-N.log, a line `=== runN-roundR ===`
+// `node --trace-opt --trace-deopt` (or ROLLSERVE_BENCH_TRACE_FLAGS) and writes its stdout to <dir>/run-N.log, a line `=== runN-roundR ===`
 // where each round starts (what V8 compiled in the warm-up, before the first marker, against what it
 // compiles in the first real round).
 
@@ -163,7 +163,7 @@ export default async function bench(): Promise<void> {
   adopt(policy.child, 'policy');
   const profile = process.env.ROLLSERVE_BENCH_PROFILE;
   const traceDir = process.env.ROLLSERVE_BENCH_TRACE;
-  const nodeArgs = [...(profile ? ['--cpu-prof', `--cpu-prof-dir=${profile}`] : []), ...(traceDir ? ['--trace-opt', '--trace-deopt'] : [])];
+  const nodeArgs = [...(profile ? ['--cpu-prof', `--cpu-prof-dir=${profile}`] : []), ...(traceDir ? (process.env.ROLLSERVE_BENCH_TRACE_FLAGS ?? '--trace-opt --trace-deopt').split(/\s+/) : [])];
   if (traceDir) await mkdir(traceDir, { recursive: true });
   try {
     // The warm reference: a service given as many rollouts as a fresh one gets before its warm
