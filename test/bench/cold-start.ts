@@ -167,15 +167,21 @@ export default async function bench(): Promise<void> {
   if (traceDir) await mkdir(traceDir, { recursive: true });
   try {
     // The warm reference: a service given as many rollouts as a fresh one gets before its warm
-    // rounds, then left idle but for one round just before and one just after each fresh service's
-    // first round, so that the cold rate is set against a warm one measured in the same minute (the
-    // machine's load moves between a service's first round and its warm rounds). It also warms the
-    // bench client and the policy, so that the cold round measures the service alone.
+    // rounds, then left idle but for a round just before and just after each fresh service's first
+    // round, and just before and after its warm rounds. The machine's load moves between a
+    // service's first round and its warm rounds (on a shared host by 2x), and the reference's
+    // rounds measure by how much: the first round is set against the same service warm, each
+    // divided by the reference's rate around it ("load-corrected"). The reference's own rate is
+    // not the warm rate: its store grows with every run (to 4,000 + 4,000 a run), and its CPU per
+    // rollout with it. It also warms the bench client and the policy, so that the cold round
+    // measures the service alone.
     const reference = await startService(policy.url, join(dir, 'reference.db'));
     for (let i = 0; i < 1 + WARM_UP_ROUNDS; i++) await referenceRound(reference, `w${i}`);
 
     const byReference: number[] = [];
     const byOwn: number[] = [];
+    const corrected: number[] = [];
+    const cpuCorrected: number[] = [];
     const cpuByReference: number[] = [];
     const cpuByOwn: number[] = [];
     const listening: number[] = [];
@@ -191,12 +197,15 @@ export default async function bench(): Promise<void> {
       const before = await referenceRound(reference, `b${run}`);
       const rounds: Round[] = [];
       let after: { rate: number; cpu: number } | undefined;
+      let beforeWarm: { rate: number; cpu: number } | undefined;
       for (let r = 0; r < 1 + WARM_UP_ROUNDS + WARM_ROUNDS; r++) {
+        if (r === 1 + WARM_UP_ROUNDS) beforeWarm = await referenceRound(reference, `c${run}`);
         const measured = await round(service, `run${run}-round${r}`, threads, startThreads, trace);
         rounds.push(measured.round);
         threads = measured.after;
         if (r === 0) after = await referenceRound(reference, `a${run}`);
       }
+      const afterWarm = await referenceRound(reference, `d${run}`);
       await stop(service.child);
       if (trace) await new Promise((resolve) => trace.end(resolve));
       const cold = rounds[0]!;
@@ -208,9 +217,13 @@ export default async function bench(): Promise<void> {
       const referenceRate = (before.rate + after!.rate) / 2;
       byReference.push(cold.rate / referenceRate);
       cpuByReference.push(cold.cpu / ((before.cpu + after!.cpu) / 2));
+      const referenceWarmRate = (beforeWarm!.rate + afterWarm.rate) / 2;
+      corrected.push(cold.rate / referenceRate / (ownRate / referenceWarmRate));
+      cpuCorrected.push(cold.cpu / ((before.cpu + after!.cpu) / 2) / (ownCpu / ((beforeWarm!.cpu + afterWarm.cpu) / 2)));
       console.log(
         `run ${run + 1}: listening after ${fixed(listening.at(-1)!)} ms (${fixed(startCpu, 2)} s CPU); first ${ROUND}: ${fixed(cold.rate)}/s; ` +
-          `the warm reference just before and after: ${fixed(before.rate)}, ${fixed(after!.rate)}/s (cold/warm ${fixed(byReference.at(-1)!, 2)}); the same service warm (after ${(1 + WARM_UP_ROUNDS) * ROUND}): ${warm.map((r) => fixed(r.rate)).join(', ')}/s  ` +
+          `the warm reference just before and after: ${fixed(before.rate)}, ${fixed(after!.rate)}/s (cold/warm ${fixed(byReference.at(-1)!, 2)}); the same service warm (after ${(1 + WARM_UP_ROUNDS) * ROUND}): ${warm.map((r) => fixed(r.rate)).join(', ')}/s, ` +
+          `the reference around them ${fixed(beforeWarm!.rate)}, ${fixed(afterWarm.rate)}/s; load-corrected cold/warm ${fixed(corrected.at(-1)!, 2)}  ` +
           `[${loadBefore} before, ${load()} after]`,
       );
       console.log(`  every round: ${rounds.map((r) => fixed(r.rate)).join(', ')} rollouts/s; service CPU ${rounds.map((r) => fixed(r.cpu, 2)).join(', ')} s per ${ROUND}`);
@@ -218,6 +231,8 @@ export default async function bench(): Promise<void> {
       console.log(`  service CPU, warm ${ROUND}:  ${cpuLine(warm.at(-1)!)}; the warm reference: ${fixed(before.cpu, 2)}, ${fixed(after!.cpu, 2)} s`);
     }
     await stop(reference.child);
+    console.log(`load-corrected cold/warm over ${runs} fresh services: ${spread(corrected)}; target >= 0.8`);
+    console.log(`load-corrected service CPU of the first ${ROUND} / warm: ${spread(cpuCorrected)} (1.25 or less is what 0.8x asks of the CPU)`);
     console.log(`cold/warm over ${runs} fresh services, against the warm reference measured just before and after each: ${spread(byReference)}; target >= 0.8`);
     console.log(`service CPU of the first ${ROUND} / the warm reference's: ${spread(cpuByReference)}`);
     console.log(
