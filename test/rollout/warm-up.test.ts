@@ -1,9 +1,9 @@
-import { mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
+import { mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { basename, join } from 'node:path';
 import { defineEnvironment } from '@rollserve/core';
 import { warmUp } from '@rollserve/core/internal';
-import { startRolloutServer } from '@rollserve/core/service';
+import { RolloutTask, startRolloutServer } from '@rollserve/core/service';
 import math from '@rollserve/env-math';
 import { call, startFakePolicy, workspaceRoot, type FakePolicy } from '@rollserve/testing';
 import { request } from 'undici';
@@ -175,6 +175,33 @@ describe('the start-up warm-up', () => {
     expect(seenInSetup.length).toBeGreaterThan(0);
     expect(seenInSetup.every((value) => value === '1')).toBe(true);
     expect(process.env.ROLLSERVE_WARMING_UP).toBe(before);
+  });
+
+  it("gives its twins the service's options but for its token, journal and store: a token, runLocally 'never' and a retention still warm up", async () => {
+    const { env: counted } = countedEnvironment();
+    // a journal of rollserve before the store, one task in it: the service's, imported into its store
+    const journal = join(dir, 'journal.jsonl');
+    const old = RolloutTask.parse({ id: 'old', env: 'counted', row: { responses_create_params: { input: 'Say 8.' } }, policy: { model: 'fake-policy' } });
+    await writeFile(journal, `${JSON.stringify({ type: 'task', taskId: 'old', task: old, rolloutIds: ['old'], at: new Date().toISOString() })}\n`);
+    const server = await startRolloutServer({
+      environments: [counted],
+      store: `sqlite://${join(dir, 'store.db')}`,
+      importJournal: journal,
+      llmBackends: [fake.url],
+      token: 'secret',
+      runLocally: 'never',
+      retention: { keepLast: 5 },
+      warmUp: { rollouts: 12, rows: { counted: [{ responses_create_params: { input: 'Say 8.' } }] } },
+    });
+    try {
+      expect(server.warmUp).toMatchObject({ rollouts: 12, states: { done: 12 } });
+      expect(fake.requests).toHaveLength(0);
+      // the service's store holds the journal's task and nothing of the warm-up
+      const status = await request(`${server.url}/v1/status`, { headers: { authorization: 'Bearer secret' } });
+      expect(((await status.body.json()) as { rollouts: { total: number } }).rollouts.total).toBe(1);
+    } finally {
+      await server.close();
+    }
   });
 
   it('is off with 0 rollouts: nothing runs before the first rollout', async () => {
