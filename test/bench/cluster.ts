@@ -36,7 +36,11 @@ export const adopt = (child: ChildProcess, name: string): ChildProcess => track(
  * Spawns `node ...argv`, tracked, and resolves with the first stdout line matching `ready` (its
  * first group); rejects with what it printed if it exits first.
  */
-export function spawnReady(argv: string[], ready: RegExp, { name, env = {}, cwd }: { name: string; env?: NodeJS.ProcessEnv; cwd?: string }): Promise<{ child: ChildProcess; match: string }> {
+export function spawnReady(
+  argv: string[],
+  ready: RegExp,
+  { name, env = {}, cwd, onOutput }: { name: string; env?: NodeJS.ProcessEnv; cwd?: string; onOutput?: (chunk: Buffer) => void },
+): Promise<{ child: ChildProcess; match: string }> {
   const child = track(
     spawn(process.execPath, argv, {
       ...(cwd ? { cwd } : {}),
@@ -45,6 +49,7 @@ export function spawnReady(argv: string[], ready: RegExp, { name, env = {}, cwd 
     }),
     name,
   );
+  if (onOutput) child.stdout!.on('data', onOutput);
   return new Promise((resolve, reject) => {
     let seen = '';
     const onData = (chunk: Buffer) => {
@@ -64,8 +69,8 @@ export function spawnReady(argv: string[], ready: RegExp, { name, env = {}, cwd 
 }
 
 /** Spawns the CLI and resolves with the first stdout line matching `ready` (its first group). */
-function spawnCli(nodeArgs: string[], cliArgs: string[], ready: RegExp, env: NodeJS.ProcessEnv = {}, cwd?: string): Promise<{ child: ChildProcess; match: string }> {
-  return spawnReady([...nodeArgs, CLI, ...cliArgs], ready, { name: `rollserve ${cliArgs[0]}`, env, ...(cwd ? { cwd } : {}) });
+function spawnCli(nodeArgs: string[], cliArgs: string[], ready: RegExp, env: NodeJS.ProcessEnv = {}, cwd?: string, onOutput?: (chunk: Buffer) => void): Promise<{ child: ChildProcess; match: string }> {
+  return spawnReady([...nodeArgs, CLI, ...cliArgs], ready, { name: `rollserve ${cliArgs[0]}`, env, ...(cwd ? { cwd } : {}), ...(onOutput ? { onOutput } : {}) });
 }
 
 export interface ServiceProcess {
@@ -81,10 +86,16 @@ export interface ServiceProcess {
 export async function startService(
   policyUrl: string,
   store: string,
-  { args = [], nodeArgs = [], env = {}, storeUrl = `sqlite://${store}` }: { args?: string[]; nodeArgs?: string[]; env?: NodeJS.ProcessEnv; storeUrl?: string } = {},
+  {
+    args = [],
+    nodeArgs = [],
+    env = {},
+    storeUrl = `sqlite://${store}`,
+    onOutput,
+  }: { args?: string[]; nodeArgs?: string[]; env?: NodeJS.ProcessEnv; storeUrl?: string; /** every chunk of its stdout, from its start */ onOutput?: (chunk: Buffer) => void } = {},
 ): Promise<ServiceProcess> {
   const cliArgs = ['start', '--port', '0', '--llm', policyUrl, '--store', storeUrl, '--journal', join(dirname(store), 'no-journal.jsonl'), ...args];
-  const { child, match } = await spawnCli(nodeArgs, cliArgs, /^rollouts\s+(http:\/\/\S+)/m, env, dirname(store));
+  const { child, match } = await spawnCli(nodeArgs, cliArgs, /^rollouts\s+(http:\/\/\S+)/m, env, dirname(store), onOutput);
   return { url: match, child, pid: child.pid! };
 }
 

@@ -1,9 +1,9 @@
-import { mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
+import { mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { basename, join } from 'node:path';
 import { defineEnvironment } from '@rollserve/core';
 import { warmUp } from '@rollserve/core/internal';
-import { startRolloutServer } from '@rollserve/core/service';
+import { RolloutTask, startRolloutServer } from '@rollserve/core/service';
 import math from '@rollserve/env-math';
 import { call, startFakePolicy, workspaceRoot, type FakePolicy } from '@rollserve/testing';
 import { request } from 'undici';
@@ -140,6 +140,68 @@ describe('the start-up warm-up', () => {
     const one = await twinsOf({ rollouts: 20, firstTwin: 0 });
     expect(one.events).toEqual(['open warm-up-1.db', 'close after 20']);
     expect(await warmUpDirs()).toEqual(dirsBefore);
+  });
+
+  it('gives each batch one environment, each twin its share of every environment, and tells the worker threads it starts (ROLLSERVE_WARMING_UP) while it runs', async () => {
+    const verified: string[] = [];
+    const seenInSetup: Array<string | undefined> = [];
+    const recording = (name: string) =>
+      defineEnvironment({
+        name,
+        domain: 'other',
+        row: z.object({}),
+        setup: () => void seenInSetup.push(process.env.ROLLSERVE_WARMING_UP),
+        verify: () => {
+          verified.push(name);
+          return { reward: 1 };
+        },
+      });
+    const environments = [recording('a'), recording('b')];
+    const row = { responses_create_params: { input: 'Say 8.' } };
+    const before = process.env.ROLLSERVE_WARMING_UP;
+    const report = await warmUp({ rollouts: 20, firstTwin: 4, batch: 7, rows: { a: [row], b: [row] } }, async ({ store, llm }) => {
+      const twin = await startRolloutServer({ environments, store, llmBackends: [llm] });
+      return { url: twin.url, close: () => twin.close() };
+    });
+    expect(report).toMatchObject({ rollouts: 20, states: { done: 20 } });
+    // batches run one after the other: a's 2 and b's 2 (the first twin), then a's 8 (7 + 1) and b's 8
+    const runs = verified.reduce<Array<[string, number]>>((acc, env) => (acc.at(-1)?.[0] === env ? (acc.at(-1)![1]++, acc) : [...acc, [env, 1]]), []);
+    expect(runs).toEqual([
+      ['a', 2],
+      ['b', 2],
+      ['a', 8],
+      ['b', 8],
+    ]);
+    expect(seenInSetup.length).toBeGreaterThan(0);
+    expect(seenInSetup.every((value) => value === '1')).toBe(true);
+    expect(process.env.ROLLSERVE_WARMING_UP).toBe(before);
+  });
+
+  it("gives its twins the service's options but for its token, journal and store: a token, runLocally 'never' and a retention still warm up", async () => {
+    const { env: counted } = countedEnvironment();
+    // a journal of rollserve before the store, one task in it: the service's, imported into its store
+    const journal = join(dir, 'journal.jsonl');
+    const old = RolloutTask.parse({ id: 'old', env: 'counted', row: { responses_create_params: { input: 'Say 8.' } }, policy: { model: 'fake-policy' } });
+    await writeFile(journal, `${JSON.stringify({ type: 'task', taskId: 'old', task: old, rolloutIds: ['old'], at: new Date().toISOString() })}\n`);
+    const server = await startRolloutServer({
+      environments: [counted],
+      store: `sqlite://${join(dir, 'store.db')}`,
+      importJournal: journal,
+      llmBackends: [fake.url],
+      token: 'secret',
+      runLocally: 'never',
+      retention: { keepLast: 5 },
+      warmUp: { rollouts: 12, rows: { counted: [{ responses_create_params: { input: 'Say 8.' } }] } },
+    });
+    try {
+      expect(server.warmUp).toMatchObject({ rollouts: 12, states: { done: 12 } });
+      expect(fake.requests).toHaveLength(0);
+      // the service's store holds the journal's task and nothing of the warm-up
+      const status = await request(`${server.url}/v1/status`, { headers: { authorization: 'Bearer secret' } });
+      expect(((await status.body.json()) as { rollouts: { total: number } }).rollouts.total).toBe(1);
+    } finally {
+      await server.close();
+    }
   });
 
   it('is off with 0 rollouts: nothing runs before the first rollout', async () => {

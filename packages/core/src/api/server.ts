@@ -91,15 +91,19 @@ export async function startRolloutServer(options: RolloutServerOptions): Promise
     const lent = logger === undefined ? (logger = pino({ name: 'rollserve', level })) : pino({ name: 'rollserve', level: 'silent' });
     lent.level = 'silent';
     try {
-      warmed = await warmUp(options.warmUp, ({ store, llm }) =>
+      // The twins take the service's own options, but for what must not reach the user's store,
+      // backends, journal or network (each is given one of its own instead): the objects the
+      // service builds from them then have the hidden classes the twins' had (a twin given fewer
+      // options built leaner ones, and the code compiled on them was deoptimized by the service's:
+      // 'wrong map'), and the same branches run (runsLocally's 'auto' path, retention).
+      const { host: _host, port: _port, token: _token, nodeToken: _nodeToken, allowNoToken: _allow, warmUp: _warmUp, importJournal: _journal, ...same } = options;
+      warmed = await warmUp(options.warmUp, ({ store, llm, journal }) =>
         startRolloutServer({
-          environments: options.environments,
-          ...(options.environmentConfigs ? { environmentConfigs: options.environmentConfigs } : {}),
-          ...(options.pools ? { pools: options.pools } : {}),
-          ...(options.maxBodyBytes !== undefined ? { maxBodyBytes: options.maxBodyBytes } : {}),
+          ...same,
           store,
+          ...(options.importJournal !== undefined ? { importJournal: journal } : {}),
           llmBackends: [llm],
-          runLocally: 'always',
+          runLocally: options.runLocally === 'never' ? 'always' : options.runLocally,
           logger: lent,
           environmentSetups,
           closeEnvironments: false,

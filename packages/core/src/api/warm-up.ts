@@ -32,8 +32,9 @@ export interface WarmUpOptions {
   /** Rollouts to run; 0 turns the warm-up off. */
   rollouts: number;
   /**
-   * Dataset rows (NeMo Gym form) by environment name: the warm-up's tasks take turns over the
-   * environments given rows and cycle through their rows. Environments without rows are not warmed.
+   * Dataset rows (NeMo Gym form) by environment name: each twin's rollouts are shared evenly among
+   * the environments given rows, one environment per batch, each cycling through its rows.
+   * Environments without rows are not warmed.
    */
   rows: Record<string, ReadonlyArray<Record<string, unknown>>>;
   /**
@@ -43,7 +44,10 @@ export interface WarmUpOptions {
    * @default ['\\boxed{8}', 'The answer is \\boxed{8}.']
    */
   reply?: string | readonly string[];
-  /** Tasks per POST (each batch's results read from the result stream before the next). @default 500 */
+  /**
+   * Tasks per POST at most (each batch's results read from the result stream before the next; a
+   * batch is of one environment). @default 1000
+   */
   batch?: number;
   /**
    * Rollouts run by a first twin, closed before a second twin runs the rest (see the note at the
@@ -62,6 +66,9 @@ export interface WarmUpOptions {
    */
   interruptBudget?: number | false;
 }
+
+/** Set to '1' in the process's environment while the warm-up runs (for the worker threads it starts). */
+export const WARMING_UP_ENV = 'ROLLSERVE_WARMING_UP';
 
 /** The stand-in policy's answers, in turn: a bare final answer and one in a sentence. */
 const DEFAULT_REPLIES = ['\\boxed{8}', 'The answer is \\boxed{8}.'];
@@ -89,8 +96,8 @@ export interface WarmUpTwin {
   close(): Promise<void>;
 }
 
-/** Starts a twin of the service on `store`, its policy at `llm`. */
-export type LaunchTwin = (twin: { store: string; llm: string }) => Promise<WarmUpTwin>;
+/** Starts a twin of the service on `store`, its policy at `llm`, its journal to import `journal` (a path where no file is). */
+export type LaunchTwin = (twin: { store: string; llm: string; journal: string }) => Promise<WarmUpTwin>;
 
 /**
  * A chat completion of `reply` in vLLM's shape, field for field and in vLLM's order (the JSON the
@@ -160,6 +167,21 @@ async function startStandInPolicy(replies: readonly string[]): Promise<{ url: st
   };
 }
 
+/** A twin's batches: `count` rollouts from `start`, shared evenly among `envs` environments in turn, each share in batches of at most `batch`. */
+function planTwin(start: number, count: number, envs: number, batch: number): Array<{ start: number; size: number; env: number }> {
+  const plan: Array<{ start: number; size: number; env: number }> = [];
+  let next = start;
+  for (let env = 0; env < envs; env++) {
+    const share = Math.floor(count / envs) + (env < count % envs ? 1 : 0);
+    for (let done = 0; done < share; done += batch) {
+      const size = Math.min(batch, share - done);
+      plan.push({ start: next, size, env });
+      next += size;
+    }
+  }
+  return plan;
+}
+
 /** Submits `tasks` to the twin and reads their results from the result stream; returns their states. */
 async function runBatch(url: string, dispatcher: Agent, tasks: Array<{ id: string }>, states: Record<string, number>, signal: AbortSignal): Promise<void> {
   const submitted = await request(`${url}/v1/rollouts`, {
@@ -199,7 +221,7 @@ export async function warmUp(options: WarmUpOptions, launch: LaunchTwin): Promis
   const states: Record<string, number> = {};
   const envs = Object.entries(options.rows).filter(([, rows]) => rows.length > 0);
   if (options.rollouts <= 0 || envs.length === 0) return { rollouts: 0, states, ms: 0 };
-  const batch = Math.max(1, options.batch ?? 500);
+  const batch = Math.max(1, options.batch ?? 1000);
   const firstTwin = Math.min(options.rollouts, Math.max(0, Math.floor(options.firstTwin ?? options.rollouts / 5)));
   // Nothing of the warm-up may outlive it, a Ctrl-C included (the service's own signal handling
   // starts only once it listens).
@@ -213,6 +235,11 @@ export async function warmUp(options: WarmUpOptions, launch: LaunchTwin): Promis
   process.once('SIGTERM', onSignal);
   const budget = options.interruptBudget ?? 8192;
   if (budget !== false) setFlagsFromString(`--interrupt-budget=${budget}`);
+  // Told to the environments' worker threads started meanwhile (a thread starts with a copy of the
+  // process's environment): each is an isolate V8 compiles apart, which the rollouts shared among
+  // the threads warm too little, so a worker may warm itself at its start (the math grader's does).
+  const warmingUp = process.env[WARMING_UP_ENV];
+  process.env[WARMING_UP_ENV] = '1';
   const dispatcher = new Agent({ connections: 4, headersTimeout: 0, bodyTimeout: 0 });
   let dir: string | undefined;
   let policy: { url: string; close(): Promise<void> } | undefined;
@@ -220,32 +247,35 @@ export async function warmUp(options: WarmUpOptions, launch: LaunchTwin): Promis
   try {
     const stores = (dir = await mkdtemp(join(tmpdir(), 'rollserve-warm-up-')));
     const llm = (policy = await startStandInPolicy(typeof options.reply === 'string' ? [options.reply] : (options.reply ?? DEFAULT_REPLIES))).url;
-    const launchTwin = (n: number) => launch({ store: `sqlite://${join(stores, `warm-up-${n}.db`)}`, llm });
+    const launchTwin = (n: number) => launch({ store: `sqlite://${join(stores, `warm-up-${n}.db`)}`, llm, journal: join(stores, 'no-journal.jsonl') });
+    // Each batch is of one environment, as a training step's is (the bench's and a trainer's
+    // batches: the grader's queue full, its slots taken, arrays grown to the batch's size); a twin's
+    // rollouts are shared evenly among the environments, each share in batches of `batch`.
+    const plan = [...planTwin(0, firstTwin, envs.length, batch), ...planTwin(firstTwin, options.rollouts - firstTwin, envs.length, batch)];
     twin = await launchTwin(1);
     let second = firstTwin === 0;
-    for (let done = 0; done < options.rollouts; ) {
+    const seen = new Map<number, number>();
+    for (const { start, size, env: e } of plan) {
       interrupted.signal.throwIfAborted();
-      if (!second && done >= firstTwin) {
+      if (!second && start >= firstTwin) {
         const first = twin;
         twin = undefined;
         await first.close();
         twin = await launchTwin(2);
         second = true;
       }
-      const size = Math.min(batch, options.rollouts - done, second ? Infinity : firstTwin - done);
-      const tasks = Array.from({ length: size }, (_, i) => {
-        const n = done + i;
-        const [env, rows] = envs[n % envs.length]!;
-        const row = rows[Math.floor(n / envs.length) % rows.length]!;
-        return { id: `warm-up-${n}`, env, row, policy: { model: 'warm-up' } };
-      });
+      const [env, rows] = envs[e]!;
+      const offset = seen.get(e) ?? 0;
+      seen.set(e, offset + size);
+      const tasks = Array.from({ length: size }, (_, i) => ({ id: `warm-up-${start + i}`, env, row: rows[(offset + i) % rows.length]!, policy: { model: 'warm-up' } }));
       await runBatch(twin.url, dispatcher, tasks, states, interrupted.signal);
-      done += size;
     }
   } finally {
     process.off('SIGINT', onSignal);
     process.off('SIGTERM', onSignal);
     if (budget !== false) setFlagsFromString(`--interrupt-budget=${givenInterruptBudget()}`);
+    if (warmingUp === undefined) delete process.env[WARMING_UP_ENV];
+    else process.env[WARMING_UP_ENV] = warmingUp;
     await twin?.close();
     await dispatcher.close();
     await policy?.close();
