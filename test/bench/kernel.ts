@@ -13,7 +13,7 @@ import { childrenOf } from '../../packages/core/src/sandbox/process.ts';
 // measured in the same run: a bare `bwrap` start, a fork() of a Python that imported IPython, and
 // a bare bwrap + sh + python3 doing a rollout's work. CPU is the tree's: the service (this
 // process), what it reaped (nsenter, spawned kernels), the spawner with what it reaped (the tmpfs
-// prefix, bwrap) and the kernel fork servers with the kernels and shells they reaped; not what
+// prefix, bwrap, the bash tool's shells) and the kernel fork servers with the kernels they reaped; not what
 // runs under a bwrap's own pid namespace (the exec agent, a floor's commands), which never
 // reaches its maker's cutime (perf's sched_stat_runtime sees it: README). Closing each sandbox
 // is in the CPU, not in the wall time.
@@ -25,8 +25,9 @@ const PREVIOUS = {
     "p50 38.5 ms; createBwrapProvider({ warm: 'auto' }) p50 22.5 ms. Warm by default, three runs at load 7-15: default spec p50 25.7-31.6 ms, " +
     '34-40 ms CPU; explicit resources p50 26.4-32.2 ms, 30-39 ms CPU; warm 0 p50 34.9-57.7 ms; floor 12.1-21.0 ms',
   rollouts:
-    'before fewer processes per sandbox (same runs): 10.4-13.2 rollouts/s against the floor\'s 14.4-19.8/s, 0.66-0.72× (before the spawner 6.2-7.7; ' +
-    'issue 28 first measured 3.4-4.2); by CPU (perf, README "Sandboxes") 76-83 ms a rollout then, 63-76 now, the floor 41-43',
+    'before shells from the spawner (three runs alternating with this one, load 5-9): 21.6-28.6 rollouts/s against the floor\'s 23.1-42.3/s, ' +
+    '0.68-0.94× (nearly idle, before: 22.6/s, 0.67×; before fewer processes per sandbox 10.4-13.2/s; issue 28 first measured 3.4-4.2); ' +
+    'by CPU (perf, README "Sandboxes") 64-80 ms a rollout then, 64-70 now, the floor 41-43',
   verify:
     'before the harness warm-up and the fork server\'s cuts (three sets of three runs alternating with this one, load 7-17): ' +
     '17.3-45.0 verifications/s, 33-43 ms of CPU each by perf (before fewer processes per sandbox 18.3-25.4/s, before the spawner 11.8-12.4/s; NeMo Gym code_gen 11-12/s, issue 28)',
@@ -247,7 +248,13 @@ export default async function bench(): Promise<void> {
     // where a rollout's CPU goes: each start and its close, alone
     {
       const n = 20;
-      const servers = serverPids(forked, await forked.create().then(async (sandbox) => (await sandbox.close(), sandbox)));
+      // every helper started first (the kernel fork server, the spawner, which reaps the bash
+      // tool's shells), so that what each reaps is counted from the first measure on
+      const probe = await forked.create();
+      await (await PythonKernel.start(probe)).close();
+      await (await BashSession.start(probe)).close();
+      await probe.close();
+      const servers = serverPids(forked, probe);
       const parts: Record<string, number> = {};
       const measure = async (name: string, one: () => Promise<void>) => {
         const cpu0 = treeCpuMs([process.pid, ...servers]);

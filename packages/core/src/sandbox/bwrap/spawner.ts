@@ -183,7 +183,11 @@ const spawnerSource = (nr: Syscalls, setup: string): string =>
     '  for my $fd (0, 1, 2) { rs_dup2($s, $fd) or rs_exit(125) }',
     '  rs_close($s) if $s > 2;',
     // nothing of the spawner's from here on (its pipes, the pidfd, other sandboxes' descriptors)
-    '  syscall(436, 3, 0xffffffff, 0) == 0 or $fail->("close_range: $!");',
+    '  if (syscall(436, 3, 0xffffffff, 0) != 0) {',
+    // (close_range is Linux 5.9's)
+    '    opendir(my $d, "/proc/self/fd") or $fail->("/proc/self/fd: $!");',
+    '    my @o = grep { /^\\d+$/ && $_ > 2 } readdir($d); closedir($d); rs_close($_) for @o;',
+    '  }',
     '  my @fds;',
     '  for my $name ("user", "cgroup", "ipc", "uts", "net", "mnt") {',
     '    next unless $name eq "user" || $name eq "mnt" || grep { $_ eq $name } @$ns;',
