@@ -48,12 +48,14 @@ function treeCpuMs(pids: number[]): number {
   return (ticks / TICKS_PER_S) * 1000;
 }
 
-/** The provider's helper processes (kernel fork servers, the spawner that starts bwrap), whose CPU and their children's is the service's. */
+/** The provider's helper processes (kernel fork servers, the spawners of bwrap and of shells), whose CPU and their children's is the service's. */
 const serverPids = (provider: SandboxProvider, sandbox: Sandbox | undefined): number[] => {
-  const held = sandbox as unknown as { forkServers?: KernelForkServers; spawner?: { pid: number | undefined } } | undefined;
+  const held = sandbox as unknown as
+    | { forkServers?: KernelForkServers; spawner?: { pid: number | undefined }; shellSpawner?: () => { pid: number | undefined } | undefined }
+    | undefined;
   void provider;
-  const spawner = held?.spawner?.pid;
-  return [...(held?.forkServers?.running().map((server) => server.pid!) ?? []), ...(spawner === undefined ? [] : [spawner])];
+  const spawners = [held?.spawner?.pid, held?.shellSpawner?.()?.pid].filter((pid): pid is number => pid !== undefined);
+  return [...(held?.forkServers?.running().map((server) => server.pid!) ?? []), ...spawners];
 };
 
 /** A bare bwrap start: namespaces, the host's /usr read-only, `true`. */

@@ -145,8 +145,10 @@ export class BwrapSandbox extends CommandSandbox {
   private pidNamespace: string | undefined;
   /** The provider's kernel fork servers, where this sandbox's root is the host's (no image, no binds). */
   forkServers: KernelForkServers | undefined;
-  /** The provider's spawner that started this sandbox's bwrap, if one did (its shells too; tests and benches look at it). */
+  /** The provider's spawner that started this sandbox's bwrap, if one did (tests and benches look at it). */
   spawner: Spawner | undefined;
+  /** The provider's spawner of bash tool shells (a root service), started at the first. */
+  shellSpawner: (() => Spawner | undefined) | undefined;
   private readonly pending = new Map<string, (code: number) => void>();
   private agentLine = '';
   private seq = 0;
@@ -518,8 +520,8 @@ export class BwrapSandbox extends CommandSandbox {
   }
 
   /**
-   * A program on a terminal, for a root service: started by the spawner in the sandbox (a fork of
-   * a small perl: spawner.ts `enter`), else as a fork of the bare fork server (the fork takes the
+   * A program on a terminal, for a root service: started by the provider's shell spawner in the
+   * sandbox (a fork of a small perl: spawner.ts `enter`), else as a fork of the bare fork server (the fork takes the
    * terminal's master from the service: pidfd_getfd); for an unprivileged service as every
    * entering process (node-pty's fork of the service, then the cgroup's sh, setpriv, nsenter and
    * sh's ulimits before the program). Either fork enters, drops and limits as a kernel does.
@@ -530,7 +532,7 @@ export class BwrapSandbox extends CommandSandbox {
 
   private forkPty(argv: string[], options: SandboxPtyOptions): SandboxPty | undefined {
     if (process.getuid?.() !== 0 || this.closed || this.exited || this.forkServers === undefined || this.pidNamespace === undefined) return undefined;
-    const spawner = this.spawner?.alive() === true ? this.spawner : undefined;
+    const spawner = this.shellSpawner?.();
     let server: ReturnType<KernelForkServers['get']>;
     if (spawner === undefined) {
       const python = this.forkServers.resolve('python3', BASE_ENV);

@@ -57,8 +57,8 @@ import { SYSCALLS, tmpfsSetupSource, type Syscalls } from './mounts.ts';
  * sandbox's user namespace first and its others after; makes its own session with the terminal
  * as its controlling one, gives up every capability (bounding set, ambient, the sets), sets the
  * sandbox's rlimits inside its user namespace, and execs argv in `cwd` with `env` alone. It is
- * reaped and reported as any child of the spawner, which dies with the service and takes the
- * sandboxes with it.
+ * reaped and reported as any child of the spawner, and dies with it (PR_SET_PDEATHSIG, armed
+ * last), as the spawner dies with the service.
  */
 
 const spawnerSource = (nr: Syscalls, setup: string): string =>
@@ -209,6 +209,8 @@ const spawnerSource = (nr: Syscalls, setup: string): string =>
     `  for my $cap (0 .. $caplast) { syscall(${nr.prctl}, 24, $cap, 0, 0, 0) == 0 or $fail->("drop capability $cap: $!") }`,
     `  syscall(${nr.prctl}, 47, 4, 0, 0, 0) == 0 or $fail->("clear the ambient capabilities: $!");`,
     `  syscall(${nr.capset}, my $hdr = pack("Li", 0x20080522, 0), my $caps = pack("L6", 0, 0, 0, 0, 0, 0)) == 0 or $fail->("capset: $!");`,
+    // dies with its spawner (armed after the last change of credentials, which clears it)
+    `  syscall(${nr.prctl}, 1, 9, 0, 0, 0) == 0 or $fail->("prctl: $!");`,
     // inside the sandbox's user namespace: RLIMIT_NPROC counts this sandbox's processes
     `  for (my $i = 0; $i < @$rl; $i += 2) { syscall(${nr.prlimit64}, 0, $rl->[$i] + 0, my $l = pack("QQ", $rl->[$i + 1], $rl->[$i + 1]), 0) == 0 or $fail->("setrlimit $rl->[$i]: $!") }`,
     '  chdir($cwd) or $fail->("cannot enter $cwd: $!");',
@@ -654,7 +656,7 @@ export class Spawner {
     for (const entry of this.entering.values()) entry.reject(new RolloutError({ code: 'SANDBOX', message: 'the sandbox provider is closed', retryable: true }));
     this.entering.clear();
     this.child.stdin!.end();
-    if (this.children.size === 0) {
+    if (this.children.size === 0 && this.entered.size === 0) {
       this.child.ref();
       await this.ended;
     }
