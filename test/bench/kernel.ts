@@ -25,9 +25,9 @@ const PREVIOUS = {
     "p50 38.5 ms; createBwrapProvider({ warm: 'auto' }) p50 22.5 ms. Warm by default, three runs at load 7-15: default spec p50 25.7-31.6 ms, " +
     '34-40 ms CPU; explicit resources p50 26.4-32.2 ms, 30-39 ms CPU; warm 0 p50 34.9-57.7 ms; floor 12.1-21.0 ms',
   rollouts:
-    'before shells from the spawner (three runs alternating with this one, load 5-9): 21.6-28.6 rollouts/s against the floor\'s 23.1-42.3/s, ' +
-    '0.68-0.94× (nearly idle, before: 22.6/s, 0.67×; before fewer processes per sandbox 10.4-13.2/s; issue 28 first measured 3.4-4.2); ' +
-    'by CPU (perf, README "Sandboxes") 64-80 ms a rollout then, 64-70 now, the floor 41-43',
+    'before shells from the spawner (nine runs alternating with it, load 5-10): 13.0-37.8 rollouts/s at 0.58-0.97× the floor beside them ' +
+    '(nearly idle before: 22.6/s, 0.67×; before fewer processes per sandbox 10.4-13.2/s; issue 28 first measured 3.4-4.2); by CPU (perf, README ' +
+    '"Sandboxes", load 5) 57-63 ms a rollout then, 56-63 now, the floor 45-46',
   verify:
     'before the harness warm-up and the fork server\'s cuts (three sets of three runs alternating with this one, load 7-17): ' +
     '17.3-45.0 verifications/s, 33-43 ms of CPU each by perf (before fewer processes per sandbox 18.3-25.4/s, before the spawner 11.8-12.4/s; NeMo Gym code_gen 11-12/s, issue 28)',

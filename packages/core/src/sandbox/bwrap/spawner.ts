@@ -45,8 +45,8 @@ import { SYSCALLS, tmpfsSetupSource, type Syscalls } from './mounts.ts';
  * cgroup was not joined), "P id pid" (entered), "F id reason" (no fork),
  * "X pid c code" or "X pid s signal" (a child reaped).
  *
- * A program entering a sandbox on a terminal (the bash tool's shell, for a root service) is the
- * spawner's fork: it does what the kernel fork server's fork did (rollserve_forkserver.py
+ * A program entering a sandbox on a terminal (the bash tool's shell, for a root service) is a
+ * spawner's fork (the provider keeps a spawner of its own for shells: provider.ts): it does what the kernel fork server's fork did (rollserve_forkserver.py
  * `_enter`, `_open_tty`, `_become_program`) for a few MB of perl in place of a fork of a Python
  * interpreter (perf, README "Sandboxes"). The fork is made in the sandbox's pid namespace (its
  * namespace for children set for the fork, then set back, as for a sandbox's own pid namespace);
