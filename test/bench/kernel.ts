@@ -13,7 +13,7 @@ import { childrenOf } from '../../packages/core/src/sandbox/process.ts';
 // measured in the same run: a bare `bwrap` start, a fork() of a Python that imported IPython, and
 // a bare bwrap + sh + python3 doing a rollout's work. CPU is the tree's: the service (this
 // process), what it reaped (nsenter, spawned kernels), the spawner with what it reaped (the tmpfs
-// prefix, bwrap) and the kernel fork servers with the kernels and shells they reaped; not what
+// prefix, bwrap, the bash tool's shells) and the kernel fork servers with the kernels they reaped; not what
 // runs under a bwrap's own pid namespace (the exec agent, a floor's commands), which never
 // reaches its maker's cutime (perf's sched_stat_runtime sees it: README). Closing each sandbox
 // is in the CPU, not in the wall time.
@@ -25,8 +25,9 @@ const PREVIOUS = {
     "p50 38.5 ms; createBwrapProvider({ warm: 'auto' }) p50 22.5 ms. Warm by default, three runs at load 7-15: default spec p50 25.7-31.6 ms, " +
     '34-40 ms CPU; explicit resources p50 26.4-32.2 ms, 30-39 ms CPU; warm 0 p50 34.9-57.7 ms; floor 12.1-21.0 ms',
   rollouts:
-    'before fewer processes per sandbox (same runs): 10.4-13.2 rollouts/s against the floor\'s 14.4-19.8/s, 0.66-0.72× (before the spawner 6.2-7.7; ' +
-    'issue 28 first measured 3.4-4.2); by CPU (perf, README "Sandboxes") 76-83 ms a rollout then, 63-76 now, the floor 41-43',
+    'before shells from the spawner (nine runs alternating with it, load 5-10): 13.0-37.8 rollouts/s at 0.58-0.97× the floor beside them ' +
+    '(nearly idle before: 22.6/s, 0.67×; before fewer processes per sandbox 10.4-13.2/s; issue 28 first measured 3.4-4.2); by CPU (perf, README ' +
+    '"Sandboxes", load 5) 57-63 ms a rollout then, 56-63 now, the floor 45-46',
   verify:
     'before the harness warm-up and the fork server\'s cuts (three sets of three runs alternating with this one, load 7-17): ' +
     '17.3-45.0 verifications/s, 33-43 ms of CPU each by perf (before fewer processes per sandbox 18.3-25.4/s, before the spawner 11.8-12.4/s; NeMo Gym code_gen 11-12/s, issue 28)',
@@ -47,12 +48,14 @@ function treeCpuMs(pids: number[]): number {
   return (ticks / TICKS_PER_S) * 1000;
 }
 
-/** The provider's helper processes (kernel fork servers, the spawner that starts bwrap), whose CPU and their children's is the service's. */
+/** The provider's helper processes (kernel fork servers, the spawners of bwrap and of shells), whose CPU and their children's is the service's. */
 const serverPids = (provider: SandboxProvider, sandbox: Sandbox | undefined): number[] => {
-  const held = sandbox as unknown as { forkServers?: KernelForkServers; spawner?: { pid: number | undefined } } | undefined;
+  const held = sandbox as unknown as
+    | { forkServers?: KernelForkServers; spawner?: { pid: number | undefined }; shellSpawner?: () => { pid: number | undefined } | undefined }
+    | undefined;
   void provider;
-  const spawner = held?.spawner?.pid;
-  return [...(held?.forkServers?.running().map((server) => server.pid!) ?? []), ...(spawner === undefined ? [] : [spawner])];
+  const spawners = [held?.spawner?.pid, held?.shellSpawner?.()?.pid].filter((pid): pid is number => pid !== undefined);
+  return [...(held?.forkServers?.running().map((server) => server.pid!) ?? []), ...spawners];
 };
 
 /** A bare bwrap start: namespaces, the host's /usr read-only, `true`. */
@@ -247,7 +250,13 @@ export default async function bench(): Promise<void> {
     // where a rollout's CPU goes: each start and its close, alone
     {
       const n = 20;
-      const servers = serverPids(forked, await forked.create().then(async (sandbox) => (await sandbox.close(), sandbox)));
+      // every helper started first (the kernel fork server, the spawner, which reaps the bash
+      // tool's shells), so that what each reaps is counted from the first measure on
+      const probe = await forked.create();
+      await (await PythonKernel.start(probe)).close();
+      await (await BashSession.start(probe)).close();
+      await probe.close();
+      const servers = serverPids(forked, probe);
       const parts: Record<string, number> = {};
       const measure = async (name: string, one: () => Promise<void>) => {
         const cpu0 = treeCpuMs([process.pid, ...servers]);

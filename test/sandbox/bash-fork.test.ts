@@ -1,13 +1,13 @@
 import { readFileSync } from 'node:fs';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { BashSession, bwrapAvailable, createBwrapProvider, type Sandbox, type SandboxSpec } from '@rollserve/core/sandbox';
-import type { KernelForkServers } from '../../packages/core/src/sandbox/bwrap/fork-server.ts';
 
-// The bash tool's shell forked from the bare kernel fork server into its sandbox (a root service:
-// BwrapSandbox.spawnPty), not started through node-pty, nsenter and setpriv: the same uid,
-// limits, cgroup and terminal as an entering shell, no capability at all, and nothing of another
-// sandbox's shell (environment, working directory, functions, history, files, processes, the
-// service's descriptors).
+// The bash tool's shell forked into its sandbox by the provider's spawner of shells (a root service:
+// BwrapSandbox.spawnPty, spawner.ts `enter`; before, by the bare kernel fork server), not started
+// through node-pty, nsenter and setpriv: the same uid, limits, cgroup and terminal as an entering
+// shell, no capability at all, its own session with the terminal as its controlling one, and
+// nothing of another sandbox's shell (environment, working directory, functions, history, files,
+// processes, the service's or the spawner's descriptors).
 
 const skip = !bwrapAvailable() ? 'bwrap is not installed' : process.getuid?.() !== 0 ? 'shells are forked for a root service only' : undefined;
 if (skip !== undefined) console.warn(`[bash fork] skipping: ${skip}`);
@@ -18,6 +18,8 @@ const pidOf = async (bash: BashSession): Promise<number> => {
   while (pty.pid <= 0) await new Promise((resolve) => setTimeout(resolve, 5));
   return pty.pid;
 };
+/** The pid of the provider's spawner of shells (started at the first shell). */
+const shellSpawnerOf = (sandbox: Sandbox): number => (sandbox as unknown as { shellSpawner: () => { pid: number } }).shellSpawner().pid;
 /** Until `pid` has ended (the test's own timeout bounds the wait). */
 const ended = async (pid: number): Promise<void> => {
   while (alive(pid)) await new Promise((resolve) => setTimeout(resolve, 20));
@@ -60,11 +62,17 @@ describe.skipIf(skip !== undefined)('bash shells forked into their sandboxes', (
     await Promise.all([provider.close?.(), entering.close?.()]);
   });
 
-  it('is a fork of the bare server with the ids, limits, cgroup and terminal of an entering shell, and no capability', async () => {
+  it('is a fork of the spawner with the ids, limits, cgroup, namespaces and terminal of an entering shell, and no capability', async () => {
     const resources = { maxOpenFiles: 48, maxProcesses: 64, memoryMib: 1024 };
     const forked = await start({ resources });
-    const servers = (forked.sandbox as unknown as { forkServers: KernelForkServers }).forkServers.running().filter((server) => server.bare);
-    expect(servers.map((server) => server.pid)).toContain(parentOf(await pidOf(forked.bash)));
+    expect(parentOf(await pidOf(forked.bash))).toBe(shellSpawnerOf(forked.sandbox));
+    // the sandbox's namespaces, every one (the exec agent's are the sandbox's)
+    const namespaces = 'for n in cgroup ipc mnt net pid pid_for_children user uts; do echo "$n $(readlink /proc/$$/ns/$n)"; done';
+    const [shellNs, agentNs] = [(await forked.bash.run(namespaces)).output, (await forked.sandbox.exec(namespaces.replaceAll('$$', 'self'))).stdout];
+    expect(shellNs).toBe(agentNs);
+    expect(shellNs).toMatch(/^user user:\[\d+\]$/m);
+    // the terminal as the bash tool asks for it: no echo, no canonical input, no CR translation
+    expect((await forked.bash.run('stty -a | tr " ;" "\\n\\n" | grep -xE -- "-?(echo|icanon|onlcr)" | sort | tr "\\n" " "')).output).toBe('-echo -icanon -onlcr ');
     const before = await start({ resources }, entering);
     const [ours, theirs] = [await forked.bash.run(PROBE), await before.bash.run(PROBE)];
     expect(ours.exitCode, ours.output).toBe(0);
@@ -130,18 +138,20 @@ describe.skipIf(skip !== undefined)('bash shells forked into their sandboxes', (
     expect((await sandbox.exec('ps -e -o comm= | grep -c bash || true')).stdout).toBe('0\n');
   });
 
-  it('keeps a shell whose fork server was killed, ends it on close, and forks the next from a new server', async () => {
-    const { bash } = await start();
+  it('ends a shell whose spawner was killed, keeps its sandbox, and starts the next shell from a new spawner', async () => {
+    const { sandbox, bash } = await start();
     const pid = await pidOf(bash);
-    const serverPid = parentOf(pid);
-    process.kill(serverPid, 'SIGKILL');
-    await ended(serverPid);
-    expect((await bash.run('echo still here')).output).toBe('still here\n');
-    await bash.close();
+    const spawner = parentOf(pid);
+    expect(spawner).toBe(shellSpawnerOf(sandbox));
+    // not the sandboxes' spawner, whose loop waits in every sandbox's cgroup join
+    expect(spawner).not.toBe((sandbox as unknown as { spawner: { pid: number } }).spawner.pid);
+    process.kill(spawner, 'SIGKILL');
+    await ended(spawner);
     await ended(pid);
     expect(alive(pid)).toBe(false);
-    const next = await start();
-    expect(parentOf(await pidOf(next.bash))).not.toBe(serverPid);
-    expect((await next.bash.run('echo new')).output).toBe('new\n');
+    expect((await bash.run('echo again')).output).toMatch(/new shell\.\]\nagain\n$/);
+    expect(parentOf(await pidOf(bash))).not.toBe(spawner);
+    expect(parentOf(await pidOf(bash))).toBe(shellSpawnerOf(sandbox));
+    expect((await sandbox.exec('echo alive')).stdout).toBe('alive\n');
   });
 });

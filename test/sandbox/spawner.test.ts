@@ -1,7 +1,8 @@
-import { readFileSync } from 'node:fs';
+import { closeSync, openSync, readFileSync, statSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
 import { bwrapAvailable, createBwrapProvider, type Sandbox } from '../../packages/core/src/sandbox/index.ts';
-import { spawnerAvailable } from '../../packages/core/src/sandbox/bwrap/spawner.ts';
+import { spawnerAvailable, type EnterRequest, type Spawner } from '../../packages/core/src/sandbox/bwrap/spawner.ts';
+import { openMaster } from '../../packages/core/src/sandbox/node-pty.ts';
 
 // The bwrap provider's spawner (spawner.ts), the small perl that starts each sandbox's bwrap: a
 // process of the provider's, which ends with it (at once, or once the last sandbox its callers
@@ -68,6 +69,45 @@ describe.skipIf(skip !== undefined)('the bwrap provider\'s spawner', () => {
       expect((await next.exec('echo ok')).stdout).toBe('ok\n');
       await next.close();
     } finally {
+      await provider.close?.();
+    }
+  });
+
+  it.skipIf(process.getuid?.() !== 0)('enters only the sandbox named, by its pid namespace, and runs nothing on a descriptor that is not a terminal master (root)', async () => {
+    const provider = createBwrapProvider();
+    const master = openMaster();
+    const file = openSync('/dev/null', 'r');
+    try {
+      const sandbox = await provider.create();
+      const spawner = (sandbox as unknown as { spawner: Spawner }).spawner;
+      const init = (sandbox as unknown as { initPid: number }).initPid;
+      const request: EnterRequest = {
+        initPid: init,
+        pidNamespace: statSync(`/proc/${init}/ns/pid`).ino,
+        namespaces: [],
+        cgroupProcs: [],
+        user: { uid: 65534, gid: 65534 },
+        rlimits: [],
+        cwd: '/',
+        env: { PATH: '/usr/bin:/bin' },
+        argv: ['/bin/sh', '-c', 'touch /tmp/ran'],
+        tty: { fd: master.fd, cols: 80, rows: 24, plain: true },
+      };
+      // another pid namespace than the init's (a reused pid), or no such process: refused, nothing forked
+      await expect(spawner.enter({ ...request, pidNamespace: request.pidNamespace + 1 }, () => {})).rejects.toThrow(/init is gone/);
+      await expect(spawner.enter({ ...request, initPid: 2 ** 22 + 1 }, () => {})).rejects.toThrow(/init is gone/);
+      // a descriptor that is not a terminal master: the fork ends before it enters anything
+      const code = await new Promise<number>((resolve, reject) => void spawner.enter({ ...request, tty: { ...request.tty, fd: file } }, resolve).catch(reject));
+      expect(code).toBe(125);
+      expect((await sandbox.exec('ls /tmp')).stdout).toBe('');
+      // the terminal: it runs, in the sandbox
+      const ran = await new Promise<number>((resolve, reject) => void spawner.enter(request, resolve).catch(reject));
+      expect(ran).toBe(0);
+      expect((await sandbox.exec('ls /tmp')).stdout).toBe('ran\n');
+      await sandbox.close();
+    } finally {
+      closeSync(file);
+      master.close();
       await provider.close?.();
     }
   });

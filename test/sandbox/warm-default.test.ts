@@ -80,11 +80,12 @@ function expectFresh(seen: Seen, tag: string): void {
 }
 
 /** The kernel fork servers this process runs (`python3 -s -c <loader>`, fork-server.ts). */
+/** The provider's helper processes: kernel fork servers (`python3 -s -c <loader>`) and the spawner (`perl -e <program> <service pid>`). */
 const forkServers = (): number[] =>
   childrenOf(process.pid).filter((pid) => {
     try {
       const argv = readFileSync(`/proc/${pid}/cmdline`, 'latin1').split('\0');
-      return argv[1] === '-s' && argv[2] === '-c';
+      return (argv[1] === '-s' && argv[2] === '-c') || (argv[0] === '/usr/bin/perl' && argv[1] === '-e' && argv[3] === String(process.pid));
     } catch {
       return false;
     }
@@ -152,8 +153,8 @@ describe.skipIf(skip !== undefined)('the default provider keeps warm sandboxes',
       };
       const first = await rollout('one');
       expectFresh(first.seen, 'one');
-      // one provider for the server: its sessions share its fork servers (a provider per session,
-      // before, started fork servers of its own that lived as long as the server)
+      // one provider for the server: its sessions share its fork servers and spawner (a provider
+      // per session, before, started fork servers of its own that lived as long as the server)
       const servers = forkServers();
       expect(servers.length).toBeGreaterThan(0);
       await rollout('two');

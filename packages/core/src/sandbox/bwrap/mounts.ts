@@ -58,12 +58,31 @@ function mountOptions(mount: TmpfsMount): string {
   return `size=${mount.sizeBytes},nr_inodes=${mount.inodes},mode=${mount.mode}${mount.owner === undefined ? '' : `,uid=${mount.owner.uid},gid=${mount.owner.gid}`}`;
 }
 
-/** unshare(2) and mount(2) by architecture (asm-generic for arm64 and riscv64). */
-export type Syscalls = { unshare: number; mount: number; prctl: number; setgroups: number; signalfd4: number; setns: number };
+/**
+ * The syscalls the perl programs make by number, by architecture (asm-generic for arm64 and
+ * riscv64; pidfd_open 434, close_range 436 and pidfd_getfd 438 are the same everywhere).
+ */
+export type Syscalls = {
+  unshare: number;
+  mount: number;
+  prctl: number;
+  setgroups: number;
+  signalfd4: number;
+  setns: number;
+  ioctl: number;
+  capset: number;
+  prlimit64: number;
+  read: number;
+  close: number;
+  dup3: number;
+  rt_sigprocmask: number;
+  setsid: number;
+  exit_group: number;
+};
 export const SYSCALLS: Partial<Record<NodeJS.Architecture, Syscalls>> = {
-  x64: { unshare: 272, mount: 165, prctl: 157, setgroups: 116, signalfd4: 289, setns: 308 },
-  arm64: { unshare: 97, mount: 40, prctl: 167, setgroups: 159, signalfd4: 74, setns: 268 },
-  riscv64: { unshare: 97, mount: 40, prctl: 167, setgroups: 159, signalfd4: 74, setns: 268 },
+  x64: { unshare: 272, mount: 165, prctl: 157, setgroups: 116, signalfd4: 289, setns: 308, ioctl: 16, capset: 126, prlimit64: 302, read: 0, close: 3, dup3: 292, rt_sigprocmask: 14, setsid: 112, exit_group: 231 },
+  arm64: { unshare: 97, mount: 40, prctl: 167, setgroups: 159, signalfd4: 74, setns: 268, ioctl: 29, capset: 91, prlimit64: 261, read: 63, close: 57, dup3: 24, rt_sigprocmask: 135, setsid: 157, exit_group: 94 },
+  riscv64: { unshare: 97, mount: 40, prctl: 167, setgroups: 159, signalfd4: 74, setns: 268, ioctl: 29, capset: 91, prlimit64: 261, read: 63, close: 57, dup3: 24, rt_sigprocmask: 135, setsid: 157, exit_group: 94 },
 };
 
 const works = new Map<string, boolean>();

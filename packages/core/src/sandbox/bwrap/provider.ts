@@ -150,6 +150,15 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
     if (spawner === undefined || !spawner.alive()) spawner = new Spawner();
     return spawner;
   };
+  // a root service's bash tool shells are started by a spawner of their own, started at the
+  // first: the sandboxes' spawner's loop waits in every sandbox's cgroup join (cgroup v1: up to
+  // tens of ms under load), which a shell's start would wait behind
+  let shellSpawner: Spawner | undefined;
+  const currentShellSpawner = (): Spawner | undefined => {
+    if (!useSpawner || providerClosed || !isRoot) return undefined;
+    if (shellSpawner === undefined || !shellSpawner.alive()) shellSpawner = new Spawner();
+    return shellSpawner;
+  };
 
   const cgroups = options.cgroups !== false && cgroupSupport() !== null;
   const mountTmpfs = tmpfsMountsAvailable(user);
@@ -355,6 +364,7 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
     // the host's root as it is: a fork of the host's interpreter is the sandbox's
     if (spec.image === undefined && spec.binds === undefined) sandbox.forkServers = forkServers;
     sandbox.spawner = maker;
+    if (maker !== undefined) sandbox.shellSpawner = currentShellSpawner;
     try {
       // bwrap waits for its options: it makes the sandbox's namespaces once it is in the cgroup,
       // so the cgroup namespace's root is the sandbox's cgroup and /proc/self/cgroup inside
@@ -502,7 +512,7 @@ export function createBwrapProvider(options: BwrapProviderOptions = {}): Sandbox
       // (a warm sandbox still starting closes once it runs)
       await Promise.all([...pooled.map((sandbox) => sandbox.close()), ...settling, forkServers?.close()]);
       // (at once when no sandbox of its runs, else once the last one its callers hold has closed)
-      await spawner?.close();
+      await Promise.all([spawner?.close(), shellSpawner?.close()]);
     },
   };
 }

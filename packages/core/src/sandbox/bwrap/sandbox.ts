@@ -26,7 +26,7 @@ import {
   type SandboxStatus,
 } from '../types.ts';
 import type { KernelForkRequest, KernelForkServers } from './fork-server.ts';
-import type { InitProcess } from './spawner.ts';
+import type { InitProcess, Spawner } from './spawner.ts';
 import { buildEnterArgs, EXEC_DIR, INPUT_MOUNT, ownNamespaces, type EnterableNamespace } from './args.ts';
 
 /*
@@ -146,7 +146,9 @@ export class BwrapSandbox extends CommandSandbox {
   /** The provider's kernel fork servers, where this sandbox's root is the host's (no image, no binds). */
   forkServers: KernelForkServers | undefined;
   /** The provider's spawner that started this sandbox's bwrap, if one did (tests and benches look at it). */
-  spawner: { readonly pid: number | undefined } | undefined;
+  spawner: Spawner | undefined;
+  /** The provider's spawner of bash tool shells (a root service), started at the first. */
+  shellSpawner: (() => Spawner | undefined) | undefined;
   private readonly pending = new Map<string, (code: number) => void>();
   private agentLine = '';
   private seq = 0;
@@ -518,10 +520,11 @@ export class BwrapSandbox extends CommandSandbox {
   }
 
   /**
-   * A program on a terminal: as a fork of the bare fork server where one runs and the service is
-   * root (the fork takes the terminal's master from the service: pidfd_getfd), else as every
-   * entering process (node-pty's fork of the service, then the cgroup's sh, setpriv, nsenter
-   * and sh's ulimits before the program). The fork enters, drops and limits as a kernel does.
+   * A program on a terminal, for a root service: started by the provider's shell spawner in the
+   * sandbox (a fork of a small perl: spawner.ts `enter`), else as a fork of the bare fork server (the fork takes the
+   * terminal's master from the service: pidfd_getfd); for an unprivileged service as every
+   * entering process (node-pty's fork of the service, then the cgroup's sh, setpriv, nsenter and
+   * sh's ulimits before the program). Either fork enters, drops and limits as a kernel does.
    */
   override spawnPty(argv: string[], options: SandboxPtyOptions = {}): SandboxPty {
     return this.forkPty(argv, options) ?? super.spawnPty(argv, options);
@@ -529,9 +532,13 @@ export class BwrapSandbox extends CommandSandbox {
 
   private forkPty(argv: string[], options: SandboxPtyOptions): SandboxPty | undefined {
     if (process.getuid?.() !== 0 || this.closed || this.exited || this.forkServers === undefined || this.pidNamespace === undefined) return undefined;
-    const python = this.forkServers.resolve('python3', BASE_ENV);
-    const server = python === undefined ? undefined : this.forkServers.get(python, true);
-    if (server === undefined) return undefined;
+    const spawner = this.shellSpawner?.();
+    let server: ReturnType<KernelForkServers['get']>;
+    if (spawner === undefined) {
+      const python = this.forkServers.resolve('python3', BASE_ENV);
+      server = python === undefined ? undefined : this.forkServers.get(python, true);
+      if (server === undefined) return undefined;
+    }
     const tag = this.nextTag();
     const env = this.env(options.env, tag);
     env.TERM ??= 'dumb';
@@ -564,27 +571,43 @@ export class BwrapSandbox extends CommandSandbox {
     };
     let startTime: string | undefined;
     const kill = (): void => {
-      // with its server gone its end will not be told: it has ended now
-      if (pid > 0 && !killForked(server, pid, startTime)) exited(137);
+      if (spawner !== undefined) {
+        if (pid > 0) spawner.killEntered(pid);
+      } else if (pid > 0 && !killForked(server!, pid, startTime)) {
+        // with its server gone its end will not be told: it has ended now
+        exited(137);
+      }
       this.sweep(killOptions);
     };
-    // a shell whose server died: its end is its terminal's
+    // a shell whose server died: its end is its terminal's (a spawner's death is told: its sandboxes end with it)
     master.onClosed(() => {
-      if (exit === undefined && pid > 0 && !server.alive()) exited(137);
+      if (exit === undefined && pid > 0 && server !== undefined && !server.alive()) exited(137);
     });
     let terminated = false;
     const cols = options.cols ?? 200;
     const rows = options.rows ?? 50;
-    server
-      .fork(
-        { ...this.forkRequest(env, options.cwd ?? this.workdir), socket: '', plain: true, exec: { argv, tty: { fd: master.fd, cols, rows, plain: options.plain === true } } },
-        15_000,
-        exited,
-      )
+    const request = this.forkRequest(env, options.cwd ?? this.workdir);
+    const tty = { fd: master.fd, cols, rows, plain: options.plain === true };
+    const { as, fsize, cpu, nofile, nproc, core } = request.rlimits;
+    const forked =
+      spawner !== undefined
+        ? spawner.enter(
+            {
+              ...request,
+              // RLIMIT_AS, _FSIZE, _CPU, _NOFILE, _NPROC, _CORE
+              rlimits: [[9, as], [1, fsize], [0, cpu], [7, nofile], [6, nproc], [4, core]],
+              argv,
+              tty,
+            },
+            exited,
+          )
+        : server!.fork({ ...request, socket: '', plain: true, exec: { argv, tty } }, 15_000, exited).then((started) => started.pid);
+    forked
       .then(
         (started) => {
-          pid = started.pid;
-          startTime = startTimeOf(pid);
+          pid = started;
+          // (a spawner's child is the spawner's until reported reaped: its pid cannot be another's)
+          if (spawner === undefined) startTime = startTimeOf(pid);
           untrack = this.track(pid, kill);
           if (terminated || this.closed) kill();
         },
