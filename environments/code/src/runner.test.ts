@@ -1,4 +1,4 @@
-import { existsSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { createServer, type Server } from 'node:net';
 import { afterAll, describe, expect, it } from 'vitest';
 import { createCodeRunner, globalTimeoutSecs, type Submission } from './runner.ts';
@@ -193,14 +193,16 @@ describe('hostile submissions: reward 0, host and server unharmed', () => {
     expect(String(file.metadata!.error)).toContain('File too large');
   });
 
-  it('killing its parent or every process it can gives -1s, quickly', async () => {
+  it('killing its parent gives -1s, quickly; killing every process it can reaches nothing of the grading', async () => {
     const guarded = await runner.run(stdio('import os\nos.kill(os.getppid(), 9)', [''], ['']));
     expect(guarded.result).toEqual([-4]); // os.kill is None, as in code_gen's reliability_guard
     const parent = await runner.run(stdio('import os, posix\nposix.kill(os.getppid(), 9)\nprint(1)', [''], ['1']));
     expect(parent.result).toEqual([-1]);
-    // kill(-1): every process it may signal, which the pid namespace limits to its own sandbox
-    const everyone = await runner.run(stdio('import posix\nposix.kill(-1, 9)\nprint(1)', [''], ['1']));
-    expect(everyone.result).toEqual([-1]);
+    // kill(-1): every process it may signal, which the pid namespace limits to its own sandbox,
+    // where no part of the grading runs (the grader is on the host): its own answer is graded
+    const everyone = await runner.run(stdio('import posix\nposix.kill(-1, 9)\nprint(1)', [''], ['2']));
+    expect(everyone.result).toEqual([-2]);
+    expect(everyone.metadata!.output).toBe('1\n');
     expect((await runner.run(stdio('print(7)', [''], ['7']))).result).toEqual([true]);
   });
 
@@ -313,6 +315,107 @@ describe('hostile submissions: reward 0, host and server unharmed', () => {
     expect(closed.result).toEqual([-1]);
     const closedCall = await runner.run(call('import os\ndef f(x):\n    for fd in (0, 1, 2):\n        try:\n            os.close(fd)\n        except OSError:\n            pass\n    return 999', 'f', ['1', '2'], ['999', '998']));
     expect(closedCall.result).toEqual([true, false]);
+  });
+
+  it('forges no pass on its channel: a verdict, a crafted frame or garbage is its own output or no result', async () => {
+    // what a frame on descriptor 3 looks like is no secret (harness.py): a child that writes one
+    // only says what its outputs are, and a verdict is no message the grader takes
+    const frame = 'import json, os\ndef frame(m):\n    d = json.dumps(m).encode()\n    return b"%d\\n" % len(d) + d\n';
+    const verdict = await runner.run(stdio(`${frame}os.write(3, frame({"t": "verdict", "result": [True, True]}))\nos._exit(0)`, ['1', '2'], ['3', '4']));
+    expect(verdict.result).toEqual([-1, -1]);
+    const claimed = [
+      frame,
+      // (the harness has sent "ready" by the time the program runs a test)
+      'os.write(3, frame({"t": "output", "output": "999\\n", "time": 0}) + frame({"t": "output", "output": "998\\n", "time": 0}))',
+      'os._exit(0)',
+    ].join('\n');
+    const lies = await runner.run(stdio(claimed, ['1', '2'], ['3', '4']));
+    expect(lies.result).toEqual([-2]);
+    expect(lies.metadata!.output).toBe('999\n');
+    const garbage = await runner.run(stdio('import os\nos.write(3, b"12\\n{not json!!}")\nos.write(3, b"\\xff" * 4096)\nos._exit(0)', ['1'], ['1']));
+    expect(garbage.result).not.toContain(true);
+  });
+
+  it('a flood, a message too long or a child dying mid-report gives -1s; the grader serves the next run', async () => {
+    const flood = await runner.run(stdio('import os\nwhile True:\n    os.write(3, b"9" * 65536)', ['1'], ['1'], 30));
+    expect(flood.result).toEqual([-1]);
+    const huge = await runner.run(stdio('import os\nos.write(3, b"99999999999999\\n" + b"x" * 65536)\nwhile True:\n    pass', ['1'], ['1'], 30));
+    expect(huge.result).toEqual([-1]);
+    const half = await runner.run(stdio('import os\nos.write(3, b"40\\n{\\"t\\": \\"rea")\nos._exit(0)', ['1'], ['1']));
+    expect(half.result).toEqual([-1]);
+    const killed = await runner.run(stdio('import sys, os, posix\nprint(1)\nsys.stdout.flush()\nposix.kill(os.getpid(), 9)', ['1', '2'], ['1', '1']));
+    expect(killed.result).toEqual([-1, -1]);
+    expect((await runner.run(stdio('print(7)', [''], ['7']))).result).toEqual([true]);
+  });
+
+  it('reports outputs past its file-size limit: the channel is a pipe, not a file', async () => {
+    const big = 'x'.repeat(20 * 1024 * 1024); // more than maxFileSizeMib (16)
+    const { result } = await runner.run(stdio('print("x" * (20 * 1024 * 1024))', [''], [big], 30));
+    expect(result).toEqual([true]);
+  });
+
+  it('finds no expected output in its own memory while a run of the same problem is being graded', async () => {
+    // the same expected output for both: the holder's is with the grader while the scanner runs
+    const needle = `needle-7f3a-${Math.random().toString(36).slice(2)}`;
+    const scan = [
+      'import re',
+      'prefix = ("needle-" + "7f3a-").encode()',
+      'found = set()',
+      'with open("/proc/self/maps") as maps:',
+      '    ranges = [line.split()[:2] for line in maps]',
+      'with open("/proc/self/mem", "rb", 0) as mem:',
+      '    for span, perms in ranges:',
+      '        if not perms.startswith("r"): continue',
+      '        lo, hi = (int(x, 16) for x in span.split("-"))',
+      '        try:',
+      '            mem.seek(lo)',
+      '            data = mem.read(hi - lo)',
+      '        except (OSError, ValueError, OverflowError):',
+      '            continue',
+      '        for m in re.finditer(re.escape(prefix) + rb"[a-z0-9]{6,}", data):',
+      '            found.add(m.group().decode())',
+      'print(sorted(found)[0] if found else "none")',
+    ].join('\n');
+    const holding = runner.run(stdio('import time\ntime.sleep(3)\nprint("none")', [''], [needle], 10));
+    // (forked a second later: the holder's expected output has been sent by then)
+    const [holder, scanner] = await Promise.all([holding, new Promise((resolve) => setTimeout(resolve, 1000)).then(() => runner.run(stdio(scan, [''], [needle], 10)))]);
+    expect(holder.result).toEqual([-2]);
+    expect(scanner.result).toEqual([-2]);
+    expect(scanner.metadata!.output).toBe('none\n');
+    // the scan finds what its process does hold: the test's input
+    const control = await runner.run(stdio(scan, [needle], [needle], 10));
+    expect(control.result).toEqual([true]);
+  });
+
+  it('leaves no fork server or grader behind once closed', async () => {
+    const parentOf = (pid: number): number => Number(readFileSync(`/proc/${pid}/stat`, 'latin1').split(') ')[1]!.split(' ')[1]);
+    const servers = (): number[] => {
+      const pids = readdirSync('/proc').filter((name) => /^\d+$/.test(name)).map(Number);
+      const ours = (pid: number): boolean => {
+        try {
+          for (let at = pid; at > 1; at = parentOf(at)) if (at === process.pid) return true;
+        } catch {
+          return false;
+        }
+        return false;
+      };
+      return pids.filter((pid) => {
+        try {
+          return readFileSync(`/proc/${pid}/cmdline`, 'latin1').includes('rollserve_forkserver') && ours(pid);
+        } catch {
+          return false;
+        }
+      });
+    };
+    const before = new Set(servers());
+    const own = createCodeRunner({ concurrency: 2, warm: 0 });
+    expect((await own.run(stdio('print(7)', [''], ['7']))).result).toEqual([true]);
+    const started = servers().filter((pid) => !before.has(pid));
+    expect(started.length).toBeGreaterThanOrEqual(2); // the bare server and its grader
+    await own.close();
+    const alive = (): number[] => started.filter((pid) => existsSync(`/proc/${pid}`) && !readFileSync(`/proc/${pid}/stat`, 'latin1').includes(') Z '));
+    for (let i = 0; i < 200 && alive().length > 0; i++) await new Promise((resolve) => setTimeout(resolve, 25));
+    expect(alive()).toEqual([]);
   });
 
   it('runs out of memory at the limit without harming the server', async () => {

@@ -22,10 +22,11 @@ import {
   type SandboxProcess,
   type SandboxPty,
   type SandboxPtyOptions,
+  type SandboxPythonResult,
   type SandboxPythonRun,
   type SandboxStatus,
 } from '../types.ts';
-import type { KernelForkRequest, KernelForkServers } from './fork-server.ts';
+import type { ChannelAnswer, KernelForkRequest, KernelForkServers } from './fork-server.ts';
 import type { InitProcess } from './spawner.ts';
 import { buildEnterArgs, EXEC_DIR, INPUT_MOUNT, ownNamespaces, type EnterableNamespace } from './args.ts';
 
@@ -454,13 +455,13 @@ export class BwrapSandbox extends CommandSandbox {
     })();
   }
 
-  forkPython(request: SandboxPythonRun): Promise<SandboxExecResult> | undefined {
+  forkPython(request: SandboxPythonRun): Promise<SandboxPythonResult> | undefined {
     if (this.closed || this.exited || this.forkServers === undefined || this.pidNamespace === undefined) return undefined;
     const tag = this.nextTag();
     const env = this.env(request.env, tag);
     const python = this.forkServers.resolve(request.python, env);
     const server = python === undefined ? undefined : this.forkServers.get(python, true, request.preload);
-    if (server === undefined) return undefined;
+    if (server === undefined || (request.channel !== undefined && request.preload?.module?.host === undefined)) return undefined;
     const id = `f${(++this.seq).toString(36)}${randomBytes(4).toString('hex')}`;
     const input = join(this.inputDir, `${id}.in`);
     const out = join(this.execDir, id);
@@ -474,13 +475,20 @@ export class BwrapSandbox extends CommandSandbox {
       });
       const timeoutMs = request.timeoutMs ?? DEFAULT_EXEC_TIMEOUT_MS;
       let pid: number;
+      let channel: Promise<ChannelAnswer> | undefined;
       try {
-        ({ pid } = await server.fork(
+        ({ pid, channel } = await server.fork(
           {
             ...this.forkRequest(env),
             socket: '',
             plain: true,
-            run: { code: request.code, stdin: request.stdin === undefined ? undefined : `${INPUT_MOUNT}/${id}.in`, stdout: `${inside}.out`, stderr: `${inside}.err` },
+            run: {
+              code: request.code,
+              stdin: request.stdin === undefined ? undefined : `${INPUT_MOUNT}/${id}.in`,
+              stdout: `${inside}.out`,
+              stderr: `${inside}.err`,
+              ...(request.channel === undefined ? {} : { channel: request.channel }),
+            },
           },
           timeoutMs,
           (code) => resolveExit(code),
@@ -495,12 +503,23 @@ export class BwrapSandbox extends CommandSandbox {
       };
       const untrack = this.track(pid, kill);
       let timer: NodeJS.Timeout | undefined;
-      const outcome = await Promise.race([
-        exited,
-        new Promise<'timeout'>((resolve) => {
-          timer = setTimeout(() => resolve('timeout'), timeoutMs);
-        }),
-      ]);
+      const timeout = new Promise<'timeout'>((resolve) => {
+        timer = setTimeout(() => resolve('timeout'), timeoutMs);
+      });
+      // with a channel: its answer ends the run (the program has nothing more to tell), and an
+      // exit waits for it (its end comes with the last holder of the pipe's write end)
+      let answer: ChannelAnswer | undefined;
+      const answered = channel?.then((value) => {
+        answer = value;
+        return 'answered' as const;
+      });
+      let outcome = await Promise.race(answered === undefined ? [exited, timeout] : [exited, timeout, answered]);
+      if (outcome === 'answered') {
+        server.kill(pid);
+        outcome = await Promise.race([exited, timeout]);
+      } else if (answered !== undefined && outcome !== 'timeout') {
+        outcome = (await Promise.race([answered, timeout])) === 'timeout' ? 'timeout' : outcome;
+      }
       clearTimeout(timer);
       if (outcome === 'timeout') {
         kill();
@@ -511,9 +530,10 @@ export class BwrapSandbox extends CommandSandbox {
       const stdout = readCapped(`${out}.out`, cap, this.outputDev).toString('utf8');
       const stderr = readCapped(`${out}.err`, cap, this.outputDev).toString('utf8');
       for (const suffix of ['.out', '.err']) unlinkQuiet(`${out}${suffix}`);
-      if (this.closed) return { stdout, stderr: `${stderr}${this.closedMessage()}\n`, returnCode: 125, errorType: 'sandbox' as const };
-      if (outcome === 'timeout') return { stdout, stderr: `${stderr}\ncommand timed out after ${timeoutMs} ms\n`, returnCode: 125, errorType: 'timeout' as const };
-      return { stdout, stderr, returnCode: outcome };
+      const told = answer === undefined ? {} : { channel: answer };
+      if (this.closed) return { stdout, stderr: `${stderr}${this.closedMessage()}\n`, returnCode: 125, errorType: 'sandbox' as const, ...told };
+      if (outcome === 'timeout') return { stdout, stderr: `${stderr}\ncommand timed out after ${timeoutMs} ms\n`, returnCode: 125, errorType: 'timeout' as const, ...told };
+      return { stdout, stderr, returnCode: outcome as number, ...told };
     })();
   }
 
