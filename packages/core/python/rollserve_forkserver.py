@@ -693,7 +693,7 @@ def _grader(sock, requests, answers, host):
     service (`requests`), `host(data)` fed each channel's bytes as they come, one answer each on
     `answers`. A channel is graded once both its descriptor and its data are here."""
     channels = {}  # id -> {"fd", "data", "steps", "cpu"}
-    inbox = b""
+    inbox = bytearray()
     stepping = [False]
 
     def overrun(signum, frame):
@@ -767,9 +767,16 @@ def _grader(sock, requests, answers, host):
             chunk = os.read(requests, 1 << 20)
             if not chunk:
                 os._exit(0)  # the service is gone
+            # (a line of data may be megabytes: only the new chunk is searched for its end)
+            start = len(inbox)
             inbox += chunk
-            while b"\n" in inbox:
-                line, inbox = inbox.split(b"\n", 1)
+            while True:
+                end = inbox.find(b"\n", start)
+                if end < 0:
+                    break
+                line = bytes(inbox[:end])
+                del inbox[:end + 1]
+                start = 0
                 try:
                     request = json.loads(line)
                 except ValueError:

@@ -92,6 +92,8 @@ export class KernelForkServer {
   private readonly grader: { input: Writable; output: Readable } | undefined;
   private readonly answers = new Map<number, (answer: ChannelAnswer) => void>();
   private graderLine = '';
+  /** Why no answer will come any more (the grader's pipe ended). */
+  private graderEnded: string | undefined;
   /** Resolves once the server process has ended. */
   readonly ended: Promise<void>;
 
@@ -199,7 +201,10 @@ export class KernelForkServer {
       let channel: Promise<ChannelAnswer> | undefined;
       if (entry.channel !== undefined) {
         const id = message.id!;
-        channel = new Promise<ChannelAnswer>((resolve) => this.answers.set(id, resolve));
+        channel = new Promise<ChannelAnswer>((resolve) => {
+          if (this.graderEnded === undefined) this.answers.set(id, resolve);
+          else resolve({ error: this.graderEnded });
+        });
         // the program runs by now: what the grader is given is in no process it was forked from
         this.sendGrader({ id, data: entry.channel.data });
       }
@@ -227,6 +232,7 @@ export class KernelForkServer {
   }
 
   private failChannels(error: string): void {
+    this.graderEnded ??= error;
     for (const resolve of this.answers.values()) resolve({ error });
     this.answers.clear();
   }
