@@ -40,7 +40,6 @@ import os
 import select
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -803,7 +802,10 @@ def _start_grader(host):
     """Forks the grader (before any request: it holds nothing of a sandbox's) and gives it fds 4
     and 5, the service's pipes to it; returns the server's end of the socket pair. A root server's
     grader drops to nobody with no capabilities: it reads what programs send and needs no right."""
-    global _grader_pid
+    global _grader_pid, socket
+    # (imported here, by a server with a grader only: the forks of any other find no more than before)
+    import socket
+
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid == 0:
@@ -848,8 +850,9 @@ def _start_grader(host):
 _service_pidfd = None
 # the server's own pid namespace (root), which _fork_in_pidns sets back after each fork
 _own_pidns = None
-# the grader's pid, if this server has one
+# the grader's pid, if this server has one, and the socket module it was started with
 _grader_pid = None
+socket = None
 
 
 def _probe_own_pidns():
