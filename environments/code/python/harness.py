@@ -3,14 +3,25 @@
 # SIGALRM per test, comparison rules, status codes and metadata. Written for rollserve; no code
 # is taken from NeMo Gym.
 #
-# Protocol: the host writes, on stdin, a 16-digit length, the setup (harness source, code, inputs,
-# fn_name, timeout, limits) as JSON, then the secret part {outputs, key} as JSON. The harness (the
-# parent) forks the child that runs the submission BEFORE reading the secret part, so the child's
-# memory never held it; the child gets /dev/null for descriptors 0-2 and only the write end of a
-# pipe on which it reports each test's raw output. The parent compares and writes one line
-# "<hmac-sha256(key, json)> <json>" to its stdout; the key never leaves the parent, which is
-# non-dumpable (no /proc/<pid>/{mem,fd} for the child), and the payload file is unlinked first.
-# A run whose child dies or sends anything else prints nothing: the host then reports a global
+# Protocol: the host writes, on stdin, a 16-digit length and the setup (harness source, code,
+# inputs, fn_name, timeout, limits) as JSON.
+#
+# Forked by the bwrap provider (the setup says "channel"), this process is the child itself: it
+# runs the submission with /dev/null for descriptors 0-2 and reports each test's raw output on
+# descriptor 3, a pipe whose read end is with the fork server's grader on the host. There `host`
+# below grades the channel with the expected outputs, which the service gives the grader only once
+# this process runs: they are never in this process, in the sandbox, or in the fork server it was
+# forked from; the grader answers the service on a pipe of its own, so nothing here can forge it.
+#
+# Executed (no fork server: other providers, images), the setup is followed on stdin by the secret
+# part {outputs, key}, and this process is the grading parent: it forks the child that runs the
+# submission BEFORE reading the secret part, so the child's memory never held it; the child gets
+# /dev/null for descriptors 0-2 and only the write end of a pipe on which it reports as above. The
+# parent compares with the same code as `host` and writes one line "<hmac-sha256(key, json)>
+# <json>" to its stdout; the key never leaves the parent, which is non-dumpable (no
+# /proc/<pid>/{mem,fd} for the child), and the payload file is unlinked first.
+#
+# A run whose child dies or sends anything else has no verdict: the host then reports a global
 # failure, as code_gen does when its child leaves no result.
 
 import ast
