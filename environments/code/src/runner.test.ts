@@ -199,10 +199,10 @@ describe('hostile submissions: reward 0, host and server unharmed', () => {
     const parent = await runner.run(stdio('import os, posix\nposix.kill(os.getppid(), 9)\nprint(1)', [''], ['1']));
     expect(parent.result).toEqual([-1]);
     // kill(-1): every process it may signal, which the pid namespace limits to its own sandbox,
-    // where no part of the grading runs (the grader is on the host): its own answer is graded
+    // where no part of the grading runs (the grader is on the host): its own answer is graded,
+    // unless the sandbox's end (its agent killed, its init ends) cuts the run first: no reward
     const everyone = await runner.run(stdio('import posix\nposix.kill(-1, 9)\nprint(1)', [''], ['2']));
-    expect(everyone.result).toEqual([-2]);
-    expect(everyone.metadata!.output).toBe('1\n');
+    expect([[-2], [-1]]).toContainEqual(everyone.result);
     expect((await runner.run(stdio('print(7)', [''], ['7']))).result).toEqual([true]);
   });
 
