@@ -28,7 +28,7 @@ const PREVIOUS = {
     'before fewer processes per sandbox (same runs): 10.4-13.2 rollouts/s against the floor\'s 14.4-19.8/s, 0.66-0.72× (before the spawner 6.2-7.7; ' +
     'issue 28 first measured 3.4-4.2); by CPU (perf, README "Sandboxes") 76-83 ms a rollout then, 63-76 now, the floor 41-43',
   verify:
-    'before the grading parent left the sandbox (two runs alternating with this one, load 7-9): 36.8-37.8 verifications/s against 53.3-54.5; ' +
+    'before the grading parent left the sandbox (three runs alternating with this one): 36.8-37.8 verifications/s against 53.3-54.5 at load 7-9, 33.6 against 29.2 as the load rose from 7 to 11; ' +
     'perf, six pairs at load 6-11: 28.6-34.4 ms of CPU each against 22.7-30.4 (before the harness warm-up 33-43, before fewer processes per sandbox ' +
     '18.3-25.4/s, before the spawner 11.8-12.4/s; NeMo Gym code_gen 11-12/s, issue 28)',
 };
