@@ -1,4 +1,6 @@
+import { spawnSync } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { createServer, type Server } from 'node:net';
 import { afterAll, describe, expect, it } from 'vitest';
 import { createCodeRunner, globalTimeoutSecs, type Submission } from './runner.ts';
@@ -416,6 +418,35 @@ describe('hostile submissions: reward 0, host and server unharmed', () => {
     const alive = (): number[] => started.filter((pid) => existsSync(`/proc/${pid}`) && !readFileSync(`/proc/${pid}/stat`, 'latin1').includes(') Z '));
     for (let i = 0; i < 200 && alive().length > 0; i++) await new Promise((resolve) => setTimeout(resolve, 25));
     expect(alive()).toEqual([]);
+  });
+
+  it('grades the same with the service running as an unprivileged user (a fork server that forks twice)', () => {
+    if (process.getuid?.() !== 0) return; // the suite runs unprivileged already: the cases above are this one
+    const script = [
+      `import { createCodeRunner } from ${JSON.stringify(join(import.meta.dirname, 'runner.ts'))};`,
+      'const runner = createCodeRunner({ concurrency: 2, warm: 0 });',
+      'const run = (code, inputs, outputs, fnName = null) => runner.run({ code, inputs, outputs, fnName, timeoutSecs: 2 }).then((r) => r.result);',
+      'const results = [',
+      "  await run('print(int(input()) * 2)', ['2', '3'], ['4', '7']),",
+      "  await run('def f(x):\\n    return [x, (x,)]', ['1'], ['[1, [1]]'], 'f'),",
+      "  await run('import os\\nos.write(3, b\"99999999999999\\\\n\")\\nos._exit(0)', ['1'], ['1']),",
+      '];',
+      // forked every time, never run the other way (whose grading parent would be its parent in the
+      // sandbox): a short program may report before the fork that entered has written its pid
+      'const ppids = [];',
+      "for (let i = 0; i < 8; i++) ppids.push(...(await run('import os\\nprint(os.getppid())', [''], ['0'])));",
+      'results.push(ppids);',
+      'await runner.close();',
+      'console.log(JSON.stringify({ uid: process.getuid(), results }));',
+    ].join('\n');
+    const child = spawnSync('setpriv', ['--reuid=65534', '--regid=65534', '--clear-groups', process.execPath, '--import', 'tsx', '--input-type=module', '-e', script], {
+      cwd: join(import.meta.dirname, '../../..'),
+      encoding: 'utf8',
+      timeout: 120_000,
+      env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: '/tmp' },
+    });
+    expect(child.stderr).toBe('');
+    expect(JSON.parse(child.stdout.trim().split('\n').at(-1)!)).toEqual({ uid: 65534, results: [[true, -2], [true], [-1], Array(8).fill(true)] });
   });
 
   it('runs out of memory at the limit without harming the server', async () => {

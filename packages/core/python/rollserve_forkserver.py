@@ -259,6 +259,10 @@ class Server:
             done = [line for line in entry[1].split(b"\n")[:-1] if line[:1] in (b"R", b"E")]
             if not done:
                 return
+            if entry[2] is None and not any(line[:1] == b"E" for line in done):
+                # ready before its pid came: the fork that entered writes it after its own fork,
+                # and may run after the program it forked (a short one reports at once); wait for it
+                return
         del self.starting[fd]
         os.close(fd)
         channel = self.channels.pop(fd, None)
