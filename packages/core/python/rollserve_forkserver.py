@@ -678,10 +678,13 @@ def _preload(spec):
     return made if module else None
 
 
-# The grader's bounds: its address space (what it buffers or decodes of a flood ends in a
-# MemoryError, that channel's failure, not in the host's memory) and the CPU one channel's grading
-# may take (a host function fed something quadratic ends there, not in every other channel's wait).
+# The bounds of one channel's grading, each an rlimit of the process that grades it (below): its
+# address space (what it buffers or decodes of a flood ends in a MemoryError, that channel's
+# failure, not in the host's memory) and its CPU (a host function fed something quadratic, or a
+# flood's one json.loads in C, ends there: SIGPROF at the budget for an answer that says so, and
+# RLIMIT_CPU's SIGXCPU and SIGKILL past it whatever the process is doing).
 GRADER_MEMORY_BYTES = 4 << 30
+CHANNEL_MEMORY_BYTES = 2 << 30
 CHANNEL_CPU_SECONDS = 20.0
 GRADER_NOBODY = 65534
 
@@ -691,115 +694,181 @@ class _Overrun(BaseException):
     host function's own handlers do not take it)."""
 
 
+def _overrun(signum, frame):
+    raise _Overrun
+
+
+def _grade_channel(cid, fd, line, out, host):
+    """One channel's grading, in a process of its own forked by the grader: `host(data)` (data from
+    the service's request `line`) fed the channel's bytes as they come, its answer one line on `out`
+    (to the grader, which relays it whole). Nothing it does delays another channel's."""
+    import resource
+
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:
+        os._exit(0)
+    hard = int(CHANNEL_CPU_SECONDS) + 2
+    resource.setrlimit(resource.RLIMIT_CPU, (hard - 1, hard))
+    resource.setrlimit(resource.RLIMIT_AS, (CHANNEL_MEMORY_BYTES, CHANNEL_MEMORY_BYTES))
+    signal.signal(signal.SIGPROF, _overrun)
+    try:
+        try:
+            signal.setitimer(signal.ITIMER_PROF, CHANNEL_CPU_SECONDS)
+            data = json.loads(line).get("data")
+            line[:] = b""
+            steps = host(data)
+            next(steps)
+            os.set_blocking(fd, True)
+            while True:
+                try:
+                    chunk = os.read(fd, 1 << 16)
+                except OSError:
+                    chunk = b""
+                steps.send(chunk)
+                if not chunk:
+                    raise EOFError("the channel ended")
+        finally:
+            signal.setitimer(signal.ITIMER_PROF, 0)
+    except StopIteration as done:
+        message = {"result": done.value}
+    except _Overrun:
+        message = {"error": "its grading took more than %g s of CPU" % CHANNEL_CPU_SECONDS}
+    except BaseException as exc:  # noqa: B902
+        message = {"error": "%s: %s" % (type(exc).__name__, str(exc)[:200])}
+    try:
+        text = json.dumps({"id": cid, **message}, default=str)  # the id first: the grader checks it
+    except BaseException as exc:  # noqa: B902
+        text = json.dumps({"id": cid, "error": "its answer: %s: %s" % (type(exc).__name__, str(exc)[:200])})
+    data = (text + "\n").encode()
+    while data:
+        data = data[os.write(out, data):]
+
+
 def _grader(sock, requests, answers, host):
     """The grader's loop: channels' read ends from the server (`sock`), their data from the
-    service (`requests`), `host(data)` fed each channel's bytes as they come, one answer each on
-    `answers`. A channel is graded once both its descriptor and its data are here."""
-    channels = {}  # id -> {"fd", "data", "steps", "cpu"}
+    service (`requests`), one answer each on `answers`. Once a channel has both its descriptor and
+    its data, a process forked for it grades it (`_grade_channel`) and the loop goes on: however
+    long one channel's grading takes or whatever it is sent, every other channel is served. Each
+    answer comes back whole on a pipe of that process's own and is written here, so answers from
+    several channels never interleave (writes over PIPE_BUF from several writers could)."""
+    import re
+
+    request_id = re.compile(rb'\{\s*"id"\s*:\s*(\d+)\s*[,}]')
+    pending = {}  # id -> {"fd", "line"}: until both are here
+    running = {}  # the read end of a grading process's answer pipe -> {"id", "pid", "got", "dropped"}
     inbox = bytearray()
-    stepping = [False]
 
-    def overrun(signum, frame):
-        if stepping[0]:
-            raise _Overrun
-
-    signal.signal(signal.SIGPROF, overrun)
+    def drop(cid):
+        entry = pending.pop(cid, None)
+        if entry is not None:
+            if "fd" in entry:
+                os.close(entry["fd"])
+            if "line" in entry:
+                entry["line"][:] = b""
+        for child in running.values():
+            if child["id"] == cid and not child["dropped"]:
+                child["dropped"] = True
+                os.kill(child["pid"], signal.SIGKILL)
 
     def answer(cid, message):
-        entry = channels.pop(cid, None)
-        if entry is not None and entry.get("fd") is not None:
-            os.close(entry["fd"])
-        data = (json.dumps(dict(message, id=cid), default=str) + "\n").encode()
+        write((json.dumps(dict(message, id=cid)) + "\n").encode())
+
+    def write(data):
         while data:
             data = data[os.write(answers, data):]
 
-    def step(cid, chunk):
-        entry = channels[cid]
-        spent = entry["cpu"]
-        started = time.process_time()
-        try:
+    def start(cid, entry):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
             try:
-                stepping[0] = True
-                signal.setitimer(signal.ITIMER_PROF, max(CHANNEL_CPU_SECONDS - spent, 0.001))
-                if chunk is None:
-                    entry["steps"] = host(entry.pop("data"))
-                    next(entry["steps"])
-                else:
-                    entry["steps"].send(chunk)
+                # what this process holds of any other channel: nothing (descriptors closed, lines zeroed)
+                sock.close()
+                for fd in (requests, answers, r, *running):
+                    os.close(fd)
+                for other in pending.values():
+                    if "fd" in other:
+                        os.close(other["fd"])
+                    if "line" in other:
+                        other["line"][:] = b""
+                inbox[:] = b""
+                _grade_channel(cid, entry["fd"], entry["line"], w, host)
             finally:
-                stepping[0] = False
-                signal.setitimer(signal.ITIMER_PROF, 0)
-        except StopIteration as done:
-            answer(cid, {"result": done.value})
-            return
-        except _Overrun:
-            answer(cid, {"error": "its grading took more than %g s of CPU" % CHANNEL_CPU_SECONDS})
-            return
-        except BaseException as exc:  # noqa: B902
-            answer(cid, {"error": "%s: %s" % (type(exc).__name__, str(exc)[:200])})
-            return
-        entry["cpu"] = spent + time.process_time() - started
+                os._exit(0)
+        os.close(w)
+        os.close(entry["fd"])
+        entry["line"][:] = b""
+        running[r] = {"id": cid, "pid": pid, "got": bytearray(), "dropped": False}
 
-    def ready(cid):
-        entry = channels[cid]
-        if entry.get("fd") is not None and "data" in entry:
-            step(cid, None)
+    def got(cid, key, value):
+        entry = pending.setdefault(cid, {})
+        entry[key] = value
+        if "fd" in entry and "line" in entry:
+            del pending[cid]
+            start(cid, entry)
+
+    def ended(r):
+        child = running.pop(r)
+        os.close(r)
+        _, status = os.waitpid(child["pid"], 0)
+        if child["dropped"]:
+            return
+        line = bytes(child["got"])
+        prefix = request_id.match(line)
+        if line.endswith(b"\n") and line.count(b"\n") == 1 and prefix is not None and int(prefix.group(1)) == child["id"]:
+            write(line)
+        elif os.WIFSIGNALED(status) and os.WTERMSIG(status) in (signal.SIGXCPU, signal.SIGKILL):
+            answer(child["id"], {"error": "its grading took more than %g s of CPU" % CHANNEL_CPU_SECONDS})
+        else:
+            answer(child["id"], {"error": "its grading ended without an answer (status %d)" % status})
 
     while True:
-        waiting = [entry["fd"] for entry in channels.values() if entry.get("steps") is not None]
-        readable, _, _ = select.select([sock, requests, *waiting], [], [])
+        readable, _, _ = select.select([sock, requests, *running], [], [])
         if sock in readable:
             try:
                 message, fds, _, _ = socket.recv_fds(sock, 4096, 1)
             except OSError:
                 message, fds = b"", []
             if not message:
-                os._exit(0)  # the server is gone
+                os._exit(0)  # the server is gone (the grading processes die with this one)
             note = json.loads(message)
             if "drop" in note:
-                entry = channels.pop(note["drop"], None)
-                if entry is not None and entry.get("fd") is not None:
-                    os.close(entry["fd"])
+                drop(note["drop"])
             elif fds:
-                os.set_blocking(fds[0], False)
-                channels.setdefault(note["id"], {"cpu": 0.0})["fd"] = fds[0]
-                ready(note["id"])
+                got(note["id"], "fd", fds[0])
             for fd in fds[1:]:
                 os.close(fd)
         if requests in readable:
             chunk = os.read(requests, 1 << 20)
             if not chunk:
                 os._exit(0)  # the service is gone
-            # (a line of data may be megabytes: only the new chunk is searched for its end)
-            start = len(inbox)
+            # (a line of data may be megabytes: only the new chunk is searched for its end, and
+            # only its id is read here; the data is decoded by the channel's own process)
+            start_at = len(inbox)
             inbox += chunk
             while True:
-                end = inbox.find(b"\n", start)
+                end = inbox.find(b"\n", start_at)
                 if end < 0:
                     break
-                line = bytes(inbox[:end])
+                line = bytearray(inbox[:end])
                 del inbox[:end + 1]
-                start = 0
+                start_at = 0
+                prefix = request_id.match(line)
+                if prefix is not None:
+                    got(int(prefix.group(1)), "line", line)
+                    continue
                 try:
                     request = json.loads(line)
                 except ValueError:
                     continue
-                if "drop" in request:
-                    entry = channels.pop(request["drop"], None)
-                    if entry is not None and entry.get("fd") is not None:
-                        os.close(entry["fd"])
-                else:
-                    channels.setdefault(request["id"], {"cpu": 0.0})["data"] = request.get("data")
-                    ready(request["id"])
-        for cid, entry in list(channels.items()):
-            if entry.get("fd") in readable and entry.get("steps") is not None:
-                try:
-                    chunk = os.read(entry["fd"], 1 << 16)
-                except BlockingIOError:
-                    continue
-                except OSError:
-                    chunk = b""
-                step(cid, chunk)
+                if isinstance(request, dict) and "drop" in request:
+                    drop(request["drop"])
+        for r in [fd for fd in readable if fd in running]:
+            chunk = os.read(r, 1 << 16)
+            if chunk:
+                running[r]["got"] += chunk
+            else:
+                ended(r)
 
 
 def _start_grader(host):

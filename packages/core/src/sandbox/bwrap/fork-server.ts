@@ -70,10 +70,16 @@ export interface KernelForkRequest {
 /** The grader's answer for one program's channel: `host(data)`'s return value, or why there is none. */
 export type ChannelAnswer = { result: unknown } | { error: string };
 
+/** A forked program's channel: the grader's answer, once, and `drop()` for one the service stops waiting for (its grading is killed). */
+export interface ForkChannel {
+  answer: Promise<ChannelAnswer>;
+  drop(): void;
+}
+
 interface Pending {
   /** Registered as the answer is read: its exit may be the very next line. */
   onExit(code: number): void;
-  resolve(started: { pid: number; mode: string; channel?: Promise<ChannelAnswer> }): void;
+  resolve(started: { pid: number; mode: string; channel?: ForkChannel }): void;
   reject(error: Error): void;
   abandoned: boolean;
   /** The channel's data, sent to the grader once the program runs (never before: see the server's header). */
@@ -198,13 +204,17 @@ export class KernelForkServer {
       if (entry.channel !== undefined) this.sendGrader({ drop: message.id });
     } else {
       this.exits.set(message.pid, entry.onExit);
-      let channel: Promise<ChannelAnswer> | undefined;
+      let channel: ForkChannel | undefined;
       if (entry.channel !== undefined) {
         const id = message.id!;
-        channel = new Promise<ChannelAnswer>((resolve) => {
+        const answer = new Promise<ChannelAnswer>((resolve) => {
           if (this.graderEnded === undefined) this.answers.set(id, resolve);
           else resolve({ error: this.graderEnded });
         });
+        const drop = (): void => {
+          if (this.answers.delete(id)) this.sendGrader({ drop: id });
+        };
+        channel = { answer, drop };
         // the program runs by now: what the grader is given is in no process it was forked from
         this.sendGrader({ id, data: entry.channel.data });
       }
@@ -250,7 +260,7 @@ export class KernelForkServer {
     request: KernelForkRequest,
     timeoutMs: number,
     onExit: (code: number) => void,
-  ): Promise<{ pid: number; mode: string; channel?: Promise<ChannelAnswer> }> {
+  ): Promise<{ pid: number; mode: string; channel?: ForkChannel }> {
     await this.ready;
     if (this.dead) throw new RolloutError({ code: 'SANDBOX', message: 'the kernel fork server ended', retryable: true });
     const channel = request.run?.channel;
@@ -259,7 +269,7 @@ export class KernelForkServer {
     }
     const id = ++this.seq;
     const entry: Pending = { onExit, resolve: () => {}, reject: () => {}, abandoned: false, ...(channel === undefined ? {} : { channel }) };
-    const started = new Promise<{ pid: number; mode: string; channel?: Promise<ChannelAnswer> }>((resolve, reject) => {
+    const started = new Promise<{ pid: number; mode: string; channel?: ForkChannel }>((resolve, reject) => {
       entry.resolve = resolve;
       entry.reject = reject;
     });

@@ -26,7 +26,7 @@ import {
   type SandboxPythonRun,
   type SandboxStatus,
 } from '../types.ts';
-import type { ChannelAnswer, KernelForkRequest, KernelForkServers } from './fork-server.ts';
+import type { ChannelAnswer, ForkChannel, KernelForkRequest, KernelForkServers } from './fork-server.ts';
 import type { InitProcess } from './spawner.ts';
 import { buildEnterArgs, EXEC_DIR, INPUT_MOUNT, ownNamespaces, type EnterableNamespace } from './args.ts';
 
@@ -136,6 +136,13 @@ const AGENT_LINE = /^x[0-9a-z]+ \d{1,3}$/;
 const LIMIT_CHECK_MS = 1000;
 /** How long after a shell's or kernel's end its tag sweep waits for the sandbox's own end (see `sweep`). */
 const SWEEP_DELAY_MS = 50;
+/**
+ * How long a forked program's channel answer is awaited once the program has ended within its own
+ * time limit. The grader answers within its CPU budget (20 s, an rlimit of the channel's process);
+ * wall time above that is a loaded host's. Only a channel whose write end outlives the program
+ * (a leftover process of the sandbox holds it) waits this long, and fails that run alone.
+ */
+const CHANNEL_GRACE_MS = 120_000;
 
 export class BwrapSandbox extends CommandSandbox {
   readonly provider = 'bwrap';
@@ -475,7 +482,7 @@ export class BwrapSandbox extends CommandSandbox {
       });
       const timeoutMs = request.timeoutMs ?? DEFAULT_EXEC_TIMEOUT_MS;
       let pid: number;
-      let channel: Promise<ChannelAnswer> | undefined;
+      let channel: ForkChannel | undefined;
       try {
         ({ pid, channel } = await server.fork(
           {
@@ -509,7 +516,7 @@ export class BwrapSandbox extends CommandSandbox {
       // with a channel: its answer ends the run (the program has nothing more to tell), and an
       // exit waits for it (its end comes with the last holder of the pipe's write end)
       let answer: ChannelAnswer | undefined;
-      const answered = channel?.then((value) => {
+      const answered = channel?.answer.then((value) => {
         answer = value;
         return 'answered' as const;
       });
@@ -518,9 +525,20 @@ export class BwrapSandbox extends CommandSandbox {
         server.kill(pid);
         outcome = await Promise.race([exited, timeout]);
       } else if (answered !== undefined && outcome !== 'timeout') {
-        outcome = (await Promise.race([answered, timeout])) === 'timeout' ? 'timeout' : outcome;
+        // The program has ended within its time: the grading of what it sent is not its time.
+        // The grader answers within its CPU budget (an rlimit of the channel's own process);
+        // this bound only ends the wait for a channel whose write end a leftover process of the
+        // sandbox still holds, which is that run's failure alone.
+        clearTimeout(timer);
+        let graceTimer: NodeJS.Timeout | undefined;
+        const grace = new Promise<'timeout'>((resolve) => {
+          graceTimer = setTimeout(() => resolve('timeout'), CHANNEL_GRACE_MS);
+        });
+        if ((await Promise.race([answered, grace])) === 'timeout') channel!.drop();
+        clearTimeout(graceTimer);
       }
       clearTimeout(timer);
+      if (outcome === 'timeout') channel?.drop();
       if (outcome === 'timeout') {
         kill();
         await Promise.race([exited, new Promise((resolve) => setTimeout(resolve, 1000))]);
