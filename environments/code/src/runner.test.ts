@@ -24,6 +24,27 @@ const call = (code: string, fnName: string, inputs: string[], outputs: string[])
   timeoutSecs: 1,
 });
 
+/** This process's fork servers, their graders and the graders' channel processes (alive or not yet reaped). */
+function forkServers(): number[] {
+  const parentOf = (pid: number): number => Number(readFileSync(`/proc/${pid}/stat`, 'latin1').split(') ')[1]!.split(' ')[1]);
+  const pids = readdirSync('/proc').filter((name) => /^\d+$/.test(name)).map(Number);
+  const ours = (pid: number): boolean => {
+    try {
+      for (let at = pid; at > 1; at = parentOf(at)) if (at === process.pid) return true;
+    } catch {
+      return false;
+    }
+    return false;
+  };
+  return pids.filter((pid) => {
+    try {
+      return readFileSync(`/proc/${pid}/cmdline`, 'latin1').includes('rollserve_forkserver') && ours(pid);
+    } catch {
+      return false;
+    }
+  });
+}
+
 describe('grading as code_gen does it (stdin/stdout)', () => {
   it('passes on stripped-line equality and stops at the first failure with its metadata', async () => {
     const code = 'n = int(input())\nprint(n * 2, "  ")';
@@ -389,30 +410,51 @@ describe('hostile submissions: reward 0, host and server unharmed', () => {
     expect(control.result).toEqual([true]);
   });
 
+  it("a flood near the cap held in its grading delays no other run's verdict: innocent runs beside it are graded right, it gets -1s, nothing is left", async () => {
+    const before = new Set(forkServers());
+    const own = createCodeRunner({ concurrency: 8, warm: 0 });
+    // (the harness has sent "ready" by the time the program runs) one message just under the
+    // grader's cap (256 MiB + 16x the largest expected), read, copied and decoded on the host:
+    // 125 million zeros, a list where an output was due
+    const flood = [
+      'import os',
+      'def put(data):',
+      '    while data:',
+      '        data = data[os.write(3, data):]',
+      'size = 250_000_000',
+      "head = b'['",
+      'put(b"%d\\n" % size + head)',
+      'chunk = b"0," * 32768',
+      'left = size - len(head) - 1',
+      'while left > len(chunk):',
+      '    put(chunk)',
+      '    left -= len(chunk)',
+      'put(b"0" + b" " * (left - 1) + b"]")',
+      'import time',
+      'time.sleep(60)',
+    ].join('\n');
+    const hostile = own.run(stdio(flood, ['1'], ['1'], 30));
+    const innocent = (round: number): Promise<Array<Array<boolean | number>>> =>
+      Promise.all([
+        own.run(stdio('print(int(input()) * 2)', ['2', '3'], ['4', '6'])).then((r) => r.result),
+        own.run(stdio('print(int(input()) * 2)', ['2', String(round)], ['4', '0'])).then((r) => r.result),
+        own.run(call('def f(x):\n    return [x, (x,)]', 'f', [String(round)], [`[${round}, [${round}]]`])).then((r) => r.result),
+      ]);
+    // innocent runs beside the hostile one, round after round while its grading goes on
+    const rounds: Array<Array<Array<boolean | number>>> = [];
+    for (let round = 1; round <= 6; round++) rounds.push(await innocent(round));
+    expect(rounds).toEqual(Array.from({ length: 6 }, () => [[true, true], [true, -2], [true]]));
+    expect((await hostile).result).toEqual([-1]);
+    // every channel's process has ended with its answer: the server and its grader are all that run
+    expect(forkServers().filter((pid) => !before.has(pid))).toHaveLength(2);
+    await own.close();
+  });
+
   it('leaves no fork server or grader behind once closed', async () => {
-    const parentOf = (pid: number): number => Number(readFileSync(`/proc/${pid}/stat`, 'latin1').split(') ')[1]!.split(' ')[1]);
-    const servers = (): number[] => {
-      const pids = readdirSync('/proc').filter((name) => /^\d+$/.test(name)).map(Number);
-      const ours = (pid: number): boolean => {
-        try {
-          for (let at = pid; at > 1; at = parentOf(at)) if (at === process.pid) return true;
-        } catch {
-          return false;
-        }
-        return false;
-      };
-      return pids.filter((pid) => {
-        try {
-          return readFileSync(`/proc/${pid}/cmdline`, 'latin1').includes('rollserve_forkserver') && ours(pid);
-        } catch {
-          return false;
-        }
-      });
-    };
-    const before = new Set(servers());
+    const before = new Set(forkServers());
     const own = createCodeRunner({ concurrency: 2, warm: 0 });
     expect((await own.run(stdio('print(7)', [''], ['7']))).result).toEqual([true]);
-    const started = servers().filter((pid) => !before.has(pid));
+    const started = forkServers().filter((pid) => !before.has(pid));
     expect(started.length).toBeGreaterThanOrEqual(2); // the bare server and its grader
     await own.close();
     const alive = (): number[] => started.filter((pid) => existsSync(`/proc/${pid}`) && !readFileSync(`/proc/${pid}/stat`, 'latin1').includes(') Z '));
