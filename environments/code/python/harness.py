@@ -12,6 +12,10 @@
 # below grades the channel with the expected outputs, which the service gives the grader only once
 # this process runs: they are never in this process, in the sandbox, or in the fork server it was
 # forked from; the grader answers the service on a pipe of its own, so nothing here can forge it.
+# Each channel is graded in a process of its own, forked by the grader for it (as the grader: nobody
+# without capabilities under a root service, non-dumpable; 20 s of CPU and 2 GiB of address space
+# as its own rlimits): what this process sends, however large or slow to compare, delays no other
+# run's verdict.
 #
 # Executed (no fork server: other providers, images), the setup is followed on stdin by the secret
 # part {outputs, key}, and this process is the grading parent: it forks the child that runs the

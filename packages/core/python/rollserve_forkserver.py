@@ -23,14 +23,21 @@ only: the fork takes the master from the service with pidfd_getfd, which needs C
 
 A bare server whose preload module names a `host` function has a grader: a process forked from
 the server before any request (so it holds nothing of any sandbox's), which stays on the host and
-forks nothing, so what it is given never reaches a sandbox. A program request with "channel": true
-gets the write end of a pipe at its descriptor 3; the read end goes to the grader (SCM_RIGHTS over
-a socket pair), never through the server's own memory. The service then sends the grader, on a
-pipe of its own (the server's fds 4 and 5, which the grader keeps and the server closes):
+never enters a sandbox, so what it is given never reaches one. A program request with
+"channel": true gets the write end of a pipe at its descriptor 3; the read end goes to the grader
+(SCM_RIGHTS over a socket pair), never through the server's own memory. The service then sends the
+grader, on a pipe of its own (the server's fds 4 and 5, which the grader keeps and the server
+closes):
   -> {"id": 1, "data": ...}     what `host(data)` grades the channel with (a generator sent the
                                 channel's bytes as they come, returning the answer)
   <- {"id": 1, "result": ...}   or {"id": 1, "error": "..."}: its answer, once
-  -> {"drop": 1}                a channel the service will send nothing for
+  -> {"drop": 1}                a channel the service will send nothing for, or no longer waits for
+The grader grades nothing itself: once it has a channel's descriptor and data it forks a process
+for that channel alone (holding no other channel's descriptor or data; the data is decoded there,
+the grader reads only its id), which grades it under its own CPU and address-space rlimits and
+hands its answer back whole on a pipe of its own, for the grader to write on: one channel's grading
+(a flood's decoding, a slow comparison) never delays another's answer, and answers never
+interleave.
 """
 
 import ctypes
