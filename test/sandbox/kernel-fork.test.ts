@@ -332,6 +332,31 @@ describe.skipIf(skip !== undefined)('kernels forked from one fork server', () =>
     expect(sandbox.forkPython!({ python: 'python3', code: 'pass', channel: { data: 1 } })).toBeUndefined();
   });
 
+  it("waits for a channel's answer past the program's time limit once the program has ended within it", async () => {
+    const sandbox = await provider.create();
+    open.push({ sandbox });
+    // its grading takes 2.5 s of CPU after the channel's end (so at least that long), the
+    // program's whole time limit 1 s: the grading of what it sent is not the program's time
+    const source = [
+      'import time',
+      'def host(data):',
+      '    got = b""',
+      '    while True:',
+      '        chunk = yield',
+      '        if not chunk:',
+      '            break',
+      '        got += chunk',
+      '    start = time.process_time()',
+      '    while time.process_time() - start < 2.5:',
+      '        pass',
+      '    return {"got": got.decode(), "data": data}',
+    ].join('\n');
+    const preload = { module: { name: 'rs_slow_host', source, host: 'host' } };
+    const run = await sandbox.forkPython!({ python: 'python3', code: 'import os\nos.write(3, b"done")', preload, channel: { data: 7 }, timeoutMs: 1000 })!;
+    expect(run).toMatchObject({ returnCode: 0, channel: { result: { got: 'done', data: 7 } } });
+    expect(run.errorType).toBeUndefined();
+  });
+
   it('forks programs from a server per preload: its modules and module there in each, changes to them in one fork seen by no other, random drawn anew', async () => {
     const sandbox = await provider.create();
     open.push({ sandbox });
