@@ -705,15 +705,15 @@ def _overrun(signum, frame):
     raise _Overrun
 
 
-def _grade_channel(cid, fd, line, out, host):
+def _grade_channel(cid, fd, line, out, host, grader):
     """One channel's grading, in a process of its own forked by the grader: `host(data)` (data from
     the service's request `line`) fed the channel's bytes as they come, its answer one line on `out`
     (to the grader, which relays it whole). Nothing it does delays another channel's."""
     import resource
 
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() == 1:
-        os._exit(0)
+    if os.getppid() != grader:
+        os._exit(0)  # the grader ended before the line above (its orphans go to the server, a subreaper)
     hard = int(CHANNEL_CPU_SECONDS) + 2
     resource.setrlimit(resource.RLIMIT_CPU, (hard - 1, hard))
     resource.setrlimit(resource.RLIMIT_AS, (CHANNEL_MEMORY_BYTES, CHANNEL_MEMORY_BYTES))
@@ -786,6 +786,7 @@ def _grader(sock, requests, answers, host):
 
     def start(cid, entry):
         r, w = os.pipe()
+        grader = os.getpid()
         pid = os.fork()
         if pid == 0:
             try:
@@ -799,7 +800,7 @@ def _grader(sock, requests, answers, host):
                     if "line" in other:
                         other["line"][:] = b""
                 inbox[:] = b""
-                _grade_channel(cid, entry["fd"], entry["line"], w, host)
+                _grade_channel(cid, entry["fd"], entry["line"], w, host, grader)
             finally:
                 os._exit(0)
         os.close(w)
