@@ -138,11 +138,12 @@ const LIMIT_CHECK_MS = 1000;
 const SWEEP_DELAY_MS = 50;
 /**
  * How long a forked program's channel answer is awaited once the program has ended within its own
- * time limit. The grader answers within its CPU budget (20 s, an rlimit of the channel's process);
- * wall time above that is a loaded host's. Only a channel whose write end outlives the program
- * (a leftover process of the sandbox holds it) waits this long, and fails that run alone.
+ * time limit, at least (or the program's own limit, if longer): the grader's CPU budget for one
+ * channel (20 s, an rlimit of the channel's process) and a margin. A submission's grading takes
+ * milliseconds; only a grading made slow on purpose, or a channel whose write end outlives the
+ * program (a leftover process of the sandbox holds it), waits this long, and fails that run alone.
  */
-const CHANNEL_GRACE_MS = 120_000;
+const CHANNEL_GRACE_MS = 30_000;
 
 export class BwrapSandbox extends CommandSandbox {
   readonly provider = 'bwrap';
@@ -532,7 +533,7 @@ export class BwrapSandbox extends CommandSandbox {
         clearTimeout(timer);
         let graceTimer: NodeJS.Timeout | undefined;
         const grace = new Promise<'timeout'>((resolve) => {
-          graceTimer = setTimeout(() => resolve('timeout'), CHANNEL_GRACE_MS);
+          graceTimer = setTimeout(() => resolve('timeout'), Math.max(timeoutMs, CHANNEL_GRACE_MS));
         });
         if ((await Promise.race([answered, grace])) === 'timeout') channel!.drop();
         clearTimeout(graceTimer);
