@@ -40,10 +40,10 @@ export function problem(tests: number): Submission {
 
 /** NeMo Gym code_gen's verifications/s on this machine (issue 28: 11-12/s; it cannot be installed here to run beside). */
 const CODE_GEN_PER_S = 11.5;
-/** This bench before the harness's warm-up in the fork server and its cuts (README, "Code verification, where its CPU goes"). */
+/** This bench before the grading parent left the sandbox (README, "Code verification, where its CPU goes"). */
 const PREVIOUS =
-  'before (two sets of three runs alternating with this one, load 10-13): 19.0-29.8 submissions/s; ' +
-  'perf: 33-43 ms of CPU per verification against 31-40 now (README, "Code verification, where its CPU goes")';
+  'before (three runs alternating with this one, load 8-13): 22.5-31.4 submissions/s against 26.8-37.1; ' +
+  'perf (six pairs, load 6-11): 28.6-34.4 ms of CPU per verification against 22.7-30.4 now';
 
 async function throughput(runner: CodeRunner, submission: Submission, count: number, concurrency: number) {
   const latencies: number[] = [];

@@ -29,8 +29,9 @@ const PREVIOUS = {
     '(nearly idle before: 22.6/s, 0.67×; before fewer processes per sandbox 10.4-13.2/s; issue 28 first measured 3.4-4.2); by CPU (perf, README ' +
     '"Sandboxes", load 5) 57-63 ms a rollout then, 56-63 now, the floor 45-46',
   verify:
-    'before the harness warm-up and the fork server\'s cuts (three sets of three runs alternating with this one, load 7-17): ' +
-    '17.3-45.0 verifications/s, 33-43 ms of CPU each by perf (before fewer processes per sandbox 18.3-25.4/s, before the spawner 11.8-12.4/s; NeMo Gym code_gen 11-12/s, issue 28)',
+    'before the grading parent left the sandbox (three runs alternating with this one): 36.8-37.8 verifications/s against 53.3-54.5 at load 7-9, 33.6 against 29.2 as the load rose from 7 to 11; ' +
+    'perf, six pairs at load 6-11: 28.6-34.4 ms of CPU each against 22.7-30.4 (before the harness warm-up 33-43, before fewer processes per sandbox ' +
+    '18.3-25.4/s, before the spawner 11.8-12.4/s; NeMo Gym code_gen 11-12/s, issue 28)',
 };
 /** NeMo Gym code_gen's verifications/s here (issue 28; it cannot be installed on this machine to run beside). */
 const CODE_GEN_PER_S = 11.5;

@@ -1,5 +1,5 @@
 import { spawn, spawnSync } from 'node:child_process';
-import { readdirSync, readFileSync } from 'node:fs';
+import { readdirSync, readFileSync, readlinkSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { bwrapAvailable, createBwrapProvider, PythonKernel, removeStaleSandboxDirs, type Sandbox, type SandboxSpec } from '@rollserve/core/sandbox';
@@ -298,6 +298,63 @@ describe.skipIf(skip !== undefined)('kernels forked from one fork server', () =>
     const slow = await sandbox.forkPython!({ python: 'python3', code: 'import time\ntime.sleep(30)', timeoutMs: 300 })!;
     expect(slow).toMatchObject({ returnCode: 125, errorType: 'timeout' });
     expect((await sandbox.exec('ps -e -o comm= | grep -c python3 || true')).stdout).toBe('0\n');
+  });
+
+  it('gives a program a channel to the host function of its preload, outside the sandbox: data only once it runs, the answer ends it', async () => {
+    const sandbox = await provider.create();
+    open.push({ sandbox });
+    const source = [
+      'import os, sys',
+      'def host(data):',
+      '    got = b""',
+      '    while not got.endswith(b"."):',
+      '        chunk = yield',
+      '        if not chunk:',
+      '            raise EOFError("the channel ended")',
+      '        got += chunk',
+      // the grader is no process of the sandbox's: its own pid namespace and uid, no capability
+      '    status = open("/proc/self/status").read()',
+      '    caps = all(line.split()[1] == "0" * 16 for line in status.splitlines() if line.startswith(("CapPrm", "CapEff")))',
+      '    return {"echo": got.decode(), "data": data, "uid": os.getuid(), "caps": caps, "pidns": os.readlink("/proc/self/ns/pid")}',
+    ].join('\n');
+    const preload = { module: { name: 'rs_channel_host', source, host: 'host' } };
+    // the program writes in two parts, then waits: the answer cuts it short
+    const program = 'import os, time\nos.write(3, b"hello, ")\nos.write(3, b"host.")\ntime.sleep(60)';
+    const run = await sandbox.forkPython!({ python: 'python3', code: program, preload, channel: { data: { k: [1, 2] } } })!;
+    const uid = process.getuid?.() === 0 ? 65534 : process.getuid?.();
+    expect(run.channel).toEqual({ result: { echo: 'hello, host.', data: { k: [1, 2] }, uid, caps: true, pidns: readlinkSync('/proc/self/ns/pid') } });
+    expect(run.returnCode).toBe(137); // ended at the answer, not after its 60 s
+    // a channel that ends early: no result, the host function's error
+    const closed = await sandbox.forkPython!({ python: 'python3', code: 'import os\nos.write(3, b"half")\nos.close(3)', preload, channel: { data: null } })!;
+    // (its answer may come before the program's exit, which it then ends: 0 or 137)
+    expect(closed.channel).toEqual({ error: expect.stringContaining('the channel ended') });
+    // no host function to take it: no fork (the caller runs it otherwise)
+    expect(sandbox.forkPython!({ python: 'python3', code: 'pass', channel: { data: 1 } })).toBeUndefined();
+  });
+
+  it("waits for a channel's answer past the program's time limit once the program has ended within it", async () => {
+    const sandbox = await provider.create();
+    open.push({ sandbox });
+    // its grading takes 2.5 s of CPU after the channel's end (so at least that long), the
+    // program's whole time limit 1 s: the grading of what it sent is not the program's time
+    const source = [
+      'import time',
+      'def host(data):',
+      '    got = b""',
+      '    while True:',
+      '        chunk = yield',
+      '        if not chunk:',
+      '            break',
+      '        got += chunk',
+      '    start = time.process_time()',
+      '    while time.process_time() - start < 2.5:',
+      '        pass',
+      '    return {"got": got.decode(), "data": data}',
+    ].join('\n');
+    const preload = { module: { name: 'rs_slow_host', source, host: 'host' } };
+    const run = await sandbox.forkPython!({ python: 'python3', code: 'import os\nos.write(3, b"done")', preload, channel: { data: 7 }, timeoutMs: 1000 })!;
+    expect(run).toMatchObject({ returnCode: 0, channel: { result: { got: 'done', data: 7 } } });
+    expect(run.errorType).toBeUndefined();
   });
 
   it('forks programs from a server per preload: its modules and module there in each, changes to them in one fork seen by no other, random drawn anew', async () => {

@@ -3,14 +3,29 @@
 # SIGALRM per test, comparison rules, status codes and metadata. Written for rollserve; no code
 # is taken from NeMo Gym.
 #
-# Protocol: the host writes, on stdin, a 16-digit length, the setup (harness source, code, inputs,
-# fn_name, timeout, limits) as JSON, then the secret part {outputs, key} as JSON. The harness (the
-# parent) forks the child that runs the submission BEFORE reading the secret part, so the child's
-# memory never held it; the child gets /dev/null for descriptors 0-2 and only the write end of a
-# pipe on which it reports each test's raw output. The parent compares and writes one line
-# "<hmac-sha256(key, json)> <json>" to its stdout; the key never leaves the parent, which is
-# non-dumpable (no /proc/<pid>/{mem,fd} for the child), and the payload file is unlinked first.
-# A run whose child dies or sends anything else prints nothing: the host then reports a global
+# Protocol: the host writes, on stdin, a 16-digit length and the setup (harness source, code,
+# inputs, fn_name, timeout, limits) as JSON.
+#
+# Forked by the bwrap provider (the setup says "channel"), this process is the child itself: it
+# runs the submission with /dev/null for descriptors 0-2 and reports each test's raw output on
+# descriptor 3, a pipe whose read end is with the fork server's grader on the host. There `host`
+# below grades the channel with the expected outputs, which the service gives the grader only once
+# this process runs: they are never in this process, in the sandbox, or in the fork server it was
+# forked from; the grader answers the service on a pipe of its own, so nothing here can forge it.
+# Each channel is graded in a process of its own, forked by the grader for it (as the grader: nobody
+# without capabilities under a root service, non-dumpable; 20 s of CPU and 2 GiB of address space
+# as its own rlimits): what this process sends, however large or slow to compare, delays no other
+# run's verdict.
+#
+# Executed (no fork server: other providers, images), the setup is followed on stdin by the secret
+# part {outputs, key}, and this process is the grading parent: it forks the child that runs the
+# submission BEFORE reading the secret part, so the child's memory never held it; the child gets
+# /dev/null for descriptors 0-2 and only the write end of a pipe on which it reports as above. The
+# parent compares with the same code as `host` and writes one line "<hmac-sha256(key, json)>
+# <json>" to its stdout; the key never leaves the parent, which is non-dumpable (no
+# /proc/<pid>/{mem,fd} for the child), and the payload file is unlinked first.
+#
+# A run whose child dies or sends anything else has no verdict: the host then reports a global
 # failure, as code_gen does when its child leaves no result.
 
 import ast
@@ -305,9 +320,13 @@ def classify(error):
 # the child sends is data to compare; a child that lies only gets its own outputs wrong.
 
 
-def send(fd, message):
+def frame(message):
     data = json.dumps(message).encode('ascii')
-    data = b'%d\n' % len(data) + data
+    return b'%d\n' % len(data) + data
+
+
+def send(fd, message):
+    data = frame(message)
     while data:
         data = data[os.write(fd, data):]
 
@@ -496,14 +515,18 @@ class ProtocolError(Exception):
 
 
 class Reader:
-    """Length-prefixed JSON messages from the child's pipe; anything else ends the run unreported."""
+    """Length-prefixed JSON messages from the child's channel; anything else ends the run unreported.
+    A generator reader: `message = yield from reader.next(kinds)` yields whenever it needs more of
+    the channel and is sent the next chunk (b'' at its end), so the same grading runs under a
+    blocking loop (the parent in the sandbox, `drive`) or in a host-side grader serving many
+    channels at once (`host`). A message longer than `limit` bytes is a flood: no result."""
 
-    def __init__(self, fd):
-        self.fd = fd
+    def __init__(self, limit=None):
         self.buffer = bytearray()
+        self.limit = limit
 
     def _fill(self):
-        chunk = os.read(self.fd, 1 << 20)
+        chunk = yield
         if not chunk:
             raise EOFError
         self.buffer += chunk
@@ -512,20 +535,32 @@ class Reader:
         while b'\n' not in self.buffer[:24]:
             if len(self.buffer) > 24:
                 raise ProtocolError('bad frame')
-            self._fill()
+            yield from self._fill()
         head, _, _ = bytes(self.buffer[:24]).partition(b'\n')
         if not head.isdigit():
             raise ProtocolError('bad frame')
         size = int(head)
+        if self.limit is not None and size > self.limit:
+            raise ProtocolError('message too long')
         need = len(head) + 1 + size
         while len(self.buffer) < need:
-            self._fill()
+            yield from self._fill()
         data = bytes(self.buffer[len(head) + 1:need])
         del self.buffer[:need]
         message = json.loads(data)
         if not isinstance(message, dict) or message.get('t') not in kinds:
             raise ProtocolError('unexpected message')
         return message
+
+
+def drive(steps, fd):
+    """Runs a generator of `Reader` steps on a blocking descriptor; returns what it returns."""
+    try:
+        next(steps)
+        while True:
+            steps.send(os.read(fd, 1 << 20))
+    except StopIteration as done:
+        return done.value
 
 
 def number(value):
@@ -560,7 +595,7 @@ def grade_call_based(reader, all_inputs, all_outputs):
     elapsed = 0
     results = []
     for args, expected in zip(all_inputs, all_outputs):
-        message = reader.next(('value', 'error'))
+        message = yield from reader.next(('value', 'error'))
         if message['t'] == 'error':
             code_, meta = error_metadata(message, args, expected)
             meta['inputs'] = reported_inputs(message, args)
@@ -603,7 +638,7 @@ def grade_stdio(reader, all_inputs, all_outputs):
     results = []
     elapsed = 0
     for test_input, expected in zip(all_inputs, all_outputs):
-        message = reader.next(('output', 'error'))
+        message = yield from reader.next(('output', 'error'))
         if message['t'] == 'error':
             code_, meta = error_metadata(message, test_input, expected)
             results.append(code_)
@@ -641,14 +676,15 @@ def grade_stdio(reader, all_inputs, all_outputs):
 
 def grade(reader, setup, outputs):
     """The parent's run_test: the child's setup outcome, then one comparison per test."""
-    message = reader.next(('ready', 'setup_error'))
+    message = yield from reader.next(('ready', 'setup_error'))
     try:
         if message['t'] == 'setup_error':
             raise RuntimeError(text(message.get('message')))
         if setup.get('fn_name') is not None:
-            return grade_call_based(reader, setup['inputs'], outputs)
-        return grade_stdio(reader, setup['inputs'], outputs)
-    except (ProtocolError, EOFError):
+            return (yield from grade_call_based(reader, setup['inputs'], outputs))
+        return (yield from grade_stdio(reader, setup['inputs'], outputs))
+    except (ProtocolError, EOFError, MemoryError):
+        # no result: a child that sent no outputs, or a grader out of memory, is no test's failure
         raise
     except Exception as error:
         return [-4], {'error_code': -4, 'error_message': f'Error during testing: {error}'}
@@ -764,9 +800,9 @@ def read_all(fd):
         chunks.append(chunk)
 
 
-def main(setup):
-    """`setup` (code, inputs, fn_name, timeout, limits) has been read; the rest of stdin is the secret
-    part (expected outputs and the result key), read only after the child exists."""
+def limit_process(setup):
+    """What the submission's process gets before it runs anything: the run's limits, code_gen's
+    integer-string limit and environment, and no payload file left behind."""
     limits = setup.get('limits') or {}
     for kind, key in ((resource.RLIMIT_NPROC, 'processes'), (resource.RLIMIT_FSIZE, 'file_bytes'),
                       (resource.RLIMIT_CPU, 'cpu_seconds'), (resource.RLIMIT_AS, 'memory_bytes')):
@@ -775,6 +811,36 @@ def main(setup):
     sys.set_int_max_str_digits(50000)
     os.environ['TOKENIZERS_PARALLELISM'] = 'false'
     forget_stdin_file()
+
+
+def isolate_child(channel):
+    """Descriptors 0-2 of /dev/null, the channel's write end at 3 and nothing else."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    if channel != 3:
+        os.dup2(channel, 3)
+        os.close(channel)
+    os.closerange(4, 1 << 16)
+    sys.stdin = open(os.devnull)
+
+
+def main(setup):
+    """`setup` (code, inputs, fn_name, timeout, limits) has been read. With `channel` set, this
+    process is the child itself and descriptor 3 its channel to a grader on the host (`host`),
+    which alone ever holds the expected outputs. Otherwise the rest of stdin is the secret part
+    (expected outputs and the result key), read only after the child exists: this process is the
+    grading parent."""
+    limit_process(setup)
+    if setup.get('channel'):
+        status = 1
+        try:
+            isolate_child(3)
+            child(3, setup)
+            status = 0
+        finally:
+            # Threads or atexit hooks the program left behind cannot send anything more.
+            os._exit(status)
     if not set_dumpable(False) and sys.platform.startswith('linux'):
         # Dumpable, the parent's memory and descriptors (the payload) would be open to the child.
         os._exit(3)
@@ -786,14 +852,7 @@ def main(setup):
             os.close(read_end)
             # What the program writes to descriptors 1 and 2 is dropped, its descriptor 0 is empty,
             # and it holds no descriptor of the parent's (the payload, the result channel).
-            null = os.open(os.devnull, os.O_RDWR)
-            for fd in (0, 1, 2):
-                os.dup2(null, fd)
-            if write_end != 3:
-                os.dup2(write_end, 3)
-                os.close(write_end)
-            os.closerange(4, 1 << 16)
-            sys.stdin = open(os.devnull)
+            isolate_child(write_end)
             set_dumpable(True)
             child(3, setup)
             status = 0
@@ -809,7 +868,7 @@ def main(setup):
     key = secret['key'].encode('ascii')
     sys.setrecursionlimit(20000)  # nested returned values, decoded here
     try:
-        results, metadata = grade(Reader(read_end), setup, secret['outputs'])
+        results, metadata = drive(grade(Reader(), setup, secret['outputs']), read_end)
     except Exception:
         # The child died, stopped or sent something else than its outputs: no result, as code_gen
         # reports when its worker leaves none.
@@ -828,6 +887,31 @@ def main(setup):
     while data:
         data = data[write(1, data):]
     exit_now(0)
+
+
+# The host side's bounds on one channel: a message longer than this is a flood (no result), as
+# is a run whose grading takes more CPU than CHANNEL_CPU_SECONDS (`rollserve_forkserver`'s
+# grader). A stdio test's output is sent as JSON (non-ASCII escaped: up to 6 bytes a character,
+# a returned value tagged: up to ≈ 12 bytes an element), hence the multiple of the largest
+# expected output; the floor keeps any answer a real program prints (100 MB of it is a wrong answer).
+MESSAGE_FLOOR = 256 * 1024 * 1024
+MESSAGE_PER_EXPECTED = 16
+
+
+def host(data):
+    """The grader of one child's channel, run on the host by the fork server's grader process
+    (never in a sandbox, never in a process a sandbox's program is forked from): `data` is what
+    the service sent it after the child was forked (inputs, fn_name and the expected outputs);
+    the generator is sent the channel's bytes as they come and returns the verdict, with the same
+    comparisons as the grading parent's. Raising (the child died, stopped early, sent anything
+    else or too much) is no verdict: the run's global failure."""
+    sys.setrecursionlimit(20000)  # nested returned values, decoded here (as in the parent)
+    sys.set_int_max_str_digits(50000)
+    outputs = data['outputs']
+    largest = max((len(o) for o in outputs), default=0)
+    reader = Reader(MESSAGE_FLOOR + MESSAGE_PER_EXPECTED * largest)
+    results, metadata = yield from grade(reader, data, outputs)
+    return {'result': [plain(r) for r in results], 'metadata': metadata}
 
 
 def prepare():
@@ -856,6 +940,18 @@ def prepare():
                     ok_p, p_numbers = to_decimals(p)
                     decimal_lines_match(e.split(), p.split(), e_numbers, p_numbers)
         close_floats(1.0, 1.0000001)
+        # the host side's grading of a channel, fed a child's messages in two chunks
+        stream = frame({'t': 'ready'}) + frame({'t': 'output', 'output': '6 [1.5, (2, "a")]\n', 'time': 0.001})
+        for fn_name, inputs, outputs, data in ((None, ['3\n1 2 3\n'], ['6 [1.5, (2, "a")]\n'], stream),
+                                               ('f', ['[1, 2]'], ['[1, 2]'], frame({'t': 'ready'}) + frame(dict(message, time=0.001)))):
+            steps = host({'inputs': inputs, 'fn_name': fn_name, 'outputs': outputs})
+            try:
+                next(steps)
+                steps.send(data[:7])
+                steps.send(data[7:])
+                steps.send(b'')
+            except (StopIteration, EOFError, ProtocolError):
+                pass
         shorten('x' * 400)
         hmac_sha256(b'k' * 64, json.dumps({'result': [True], 'metadata': setup}, default=str).encode())
 

@@ -1,4 +1,6 @@
-import { existsSync } from 'node:fs';
+import { spawnSync } from 'node:child_process';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { createServer, type Server } from 'node:net';
 import { afterAll, describe, expect, it } from 'vitest';
 import { createCodeRunner, globalTimeoutSecs, type Submission } from './runner.ts';
@@ -21,6 +23,27 @@ const call = (code: string, fnName: string, inputs: string[], outputs: string[])
   fnName,
   timeoutSecs: 1,
 });
+
+/** This process's fork servers, their graders and the graders' channel processes (alive or not yet reaped). */
+function forkServers(): number[] {
+  const parentOf = (pid: number): number => Number(readFileSync(`/proc/${pid}/stat`, 'latin1').split(') ')[1]!.split(' ')[1]);
+  const pids = readdirSync('/proc').filter((name) => /^\d+$/.test(name)).map(Number);
+  const ours = (pid: number): boolean => {
+    try {
+      for (let at = pid; at > 1; at = parentOf(at)) if (at === process.pid) return true;
+    } catch {
+      return false;
+    }
+    return false;
+  };
+  return pids.filter((pid) => {
+    try {
+      return readFileSync(`/proc/${pid}/cmdline`, 'latin1').includes('rollserve_forkserver') && ours(pid);
+    } catch {
+      return false;
+    }
+  });
+}
 
 describe('grading as code_gen does it (stdin/stdout)', () => {
   it('passes on stripped-line equality and stops at the first failure with its metadata', async () => {
@@ -193,14 +216,16 @@ describe('hostile submissions: reward 0, host and server unharmed', () => {
     expect(String(file.metadata!.error)).toContain('File too large');
   });
 
-  it('killing its parent or every process it can gives -1s, quickly', async () => {
+  it('killing its parent gives -1s, quickly; killing every process it can reaches nothing of the grading', async () => {
     const guarded = await runner.run(stdio('import os\nos.kill(os.getppid(), 9)', [''], ['']));
     expect(guarded.result).toEqual([-4]); // os.kill is None, as in code_gen's reliability_guard
     const parent = await runner.run(stdio('import os, posix\nposix.kill(os.getppid(), 9)\nprint(1)', [''], ['1']));
     expect(parent.result).toEqual([-1]);
-    // kill(-1): every process it may signal, which the pid namespace limits to its own sandbox
-    const everyone = await runner.run(stdio('import posix\nposix.kill(-1, 9)\nprint(1)', [''], ['1']));
-    expect(everyone.result).toEqual([-1]);
+    // kill(-1): every process it may signal, which the pid namespace limits to its own sandbox,
+    // where no part of the grading runs (the grader is on the host): its own answer is graded,
+    // unless the sandbox's end (its agent killed, its init ends) cuts the run first: no reward
+    const everyone = await runner.run(stdio('import posix\nposix.kill(-1, 9)\nprint(1)', [''], ['2']));
+    expect([[-2], [-1]]).toContainEqual(everyone.result);
     expect((await runner.run(stdio('print(7)', [''], ['7']))).result).toEqual([true]);
   });
 
@@ -313,6 +338,157 @@ describe('hostile submissions: reward 0, host and server unharmed', () => {
     expect(closed.result).toEqual([-1]);
     const closedCall = await runner.run(call('import os\ndef f(x):\n    for fd in (0, 1, 2):\n        try:\n            os.close(fd)\n        except OSError:\n            pass\n    return 999', 'f', ['1', '2'], ['999', '998']));
     expect(closedCall.result).toEqual([true, false]);
+  });
+
+  it('forges no pass on its channel: a verdict, a crafted frame or garbage is its own output or no result', async () => {
+    // what a frame on descriptor 3 looks like is no secret (harness.py): a child that writes one
+    // only says what its outputs are, and a verdict is no message the grader takes
+    const frame = 'import json, os\ndef frame(m):\n    d = json.dumps(m).encode()\n    return b"%d\\n" % len(d) + d\n';
+    const verdict = await runner.run(stdio(`${frame}os.write(3, frame({"t": "verdict", "result": [True, True]}))\nos._exit(0)`, ['1', '2'], ['3', '4']));
+    expect(verdict.result).toEqual([-1, -1]);
+    const claimed = [
+      frame,
+      // (the harness has sent "ready" by the time the program runs a test)
+      'os.write(3, frame({"t": "output", "output": "999\\n", "time": 0}) + frame({"t": "output", "output": "998\\n", "time": 0}))',
+      'os._exit(0)',
+    ].join('\n');
+    const lies = await runner.run(stdio(claimed, ['1', '2'], ['3', '4']));
+    expect(lies.result).toEqual([-2]);
+    expect(lies.metadata!.output).toBe('999\n');
+    const garbage = await runner.run(stdio('import os\nos.write(3, b"12\\n{not json!!}")\nos.write(3, b"\\xff" * 4096)\nos._exit(0)', ['1'], ['1']));
+    expect(garbage.result).not.toContain(true);
+  });
+
+  it('a flood, a message too long or a child dying mid-report gives -1s; the grader serves the next run', async () => {
+    const flood = await runner.run(stdio('import os\nwhile True:\n    os.write(3, b"9" * 65536)', ['1'], ['1'], 30));
+    expect(flood.result).toEqual([-1]);
+    const huge = await runner.run(stdio('import os\nos.write(3, b"99999999999999\\n" + b"x" * 65536)\nwhile True:\n    pass', ['1'], ['1'], 30));
+    expect(huge.result).toEqual([-1]);
+    const half = await runner.run(stdio('import os\nos.write(3, b"40\\n{\\"t\\": \\"rea")\nos._exit(0)', ['1'], ['1']));
+    expect(half.result).toEqual([-1]);
+    const killed = await runner.run(stdio('import sys, os, posix\nprint(1)\nsys.stdout.flush()\nposix.kill(os.getpid(), 9)', ['1', '2'], ['1', '1']));
+    expect(killed.result).toEqual([-1, -1]);
+    expect((await runner.run(stdio('print(7)', [''], ['7']))).result).toEqual([true]);
+  });
+
+  it('reports outputs past its file-size limit: the channel is a pipe, not a file', async () => {
+    const big = 'x'.repeat(20 * 1024 * 1024); // more than maxFileSizeMib (16)
+    const { result } = await runner.run(stdio('print("x" * (20 * 1024 * 1024))', [''], [big], 30));
+    expect(result).toEqual([true]);
+  });
+
+  it('finds no expected output in its own memory while a run of the same problem is being graded', async () => {
+    // the same expected output for both: the holder's is with the grader while the scanner runs
+    const needle = `needle-7f3a-${Math.random().toString(36).slice(2)}`;
+    const scan = [
+      'import re',
+      'prefix = ("needle-" + "7f3a-").encode()',
+      'found = set()',
+      'with open("/proc/self/maps") as maps:',
+      '    ranges = [line.split()[:2] for line in maps]',
+      'with open("/proc/self/mem", "rb", 0) as mem:',
+      '    for span, perms in ranges:',
+      '        if not perms.startswith("r"): continue',
+      '        lo, hi = (int(x, 16) for x in span.split("-"))',
+      '        try:',
+      '            mem.seek(lo)',
+      '            data = mem.read(hi - lo)',
+      '        except (OSError, ValueError, OverflowError):',
+      '            continue',
+      '        for m in re.finditer(re.escape(prefix) + rb"[a-z0-9]{6,}", data):',
+      '            found.add(m.group().decode())',
+      'print(sorted(found)[0] if found else "none")',
+    ].join('\n');
+    const holding = runner.run(stdio('import time\ntime.sleep(3)\nprint("none")', [''], [needle], 10));
+    // (forked a second later: the holder's expected output has been sent by then)
+    const [holder, scanner] = await Promise.all([holding, new Promise((resolve) => setTimeout(resolve, 1000)).then(() => runner.run(stdio(scan, [''], [needle], 10)))]);
+    expect(holder.result).toEqual([-2]);
+    expect(scanner.result).toEqual([-2]);
+    expect(scanner.metadata!.output).toBe('none\n');
+    // the scan finds what its process does hold: the test's input
+    const control = await runner.run(stdio(scan, [needle], [needle], 10));
+    expect(control.result).toEqual([true]);
+  });
+
+  it("a flood near the cap held in its grading delays no other run's verdict: innocent runs beside it are graded right, it gets -1s, nothing is left", async () => {
+    const before = new Set(forkServers());
+    const own = createCodeRunner({ concurrency: 8, warm: 0 });
+    // (the harness has sent "ready" by the time the program runs) one message just under the
+    // grader's cap (256 MiB + 16x the largest expected), read, copied and decoded on the host:
+    // 125 million zeros, a list where an output was due
+    const flood = [
+      'import os',
+      'def put(data):',
+      '    while data:',
+      '        data = data[os.write(3, data):]',
+      'size = 250_000_000',
+      "head = b'['",
+      'put(b"%d\\n" % size + head)',
+      'chunk = b"0," * 32768',
+      'left = size - len(head) - 1',
+      'while left > len(chunk):',
+      '    put(chunk)',
+      '    left -= len(chunk)',
+      'put(b"0" + b" " * (left - 1) + b"]")',
+      'import time',
+      'time.sleep(60)',
+    ].join('\n');
+    const hostile = own.run(stdio(flood, ['1'], ['1'], 30));
+    const innocent = (round: number): Promise<Array<Array<boolean | number>>> =>
+      Promise.all([
+        own.run(stdio('print(int(input()) * 2)', ['2', '3'], ['4', '6'])).then((r) => r.result),
+        own.run(stdio('print(int(input()) * 2)', ['2', String(round)], ['4', '0'])).then((r) => r.result),
+        own.run(call('def f(x):\n    return [x, (x,)]', 'f', [String(round)], [`[${round}, [${round}]]`])).then((r) => r.result),
+      ]);
+    // innocent runs beside the hostile one, round after round while its grading goes on
+    const rounds: Array<Array<Array<boolean | number>>> = [];
+    for (let round = 1; round <= 6; round++) rounds.push(await innocent(round));
+    expect(rounds).toEqual(Array.from({ length: 6 }, () => [[true, true], [true, -2], [true]]));
+    expect((await hostile).result).toEqual([-1]);
+    // every channel's process has ended with its answer: the server and its grader are all that run
+    expect(forkServers().filter((pid) => !before.has(pid))).toHaveLength(2);
+    await own.close();
+  });
+
+  it('leaves no fork server or grader behind once closed', async () => {
+    const before = new Set(forkServers());
+    const own = createCodeRunner({ concurrency: 2, warm: 0 });
+    expect((await own.run(stdio('print(7)', [''], ['7']))).result).toEqual([true]);
+    const started = forkServers().filter((pid) => !before.has(pid));
+    expect(started.length).toBeGreaterThanOrEqual(2); // the bare server and its grader
+    await own.close();
+    const alive = (): number[] => started.filter((pid) => existsSync(`/proc/${pid}`) && !readFileSync(`/proc/${pid}/stat`, 'latin1').includes(') Z '));
+    for (let i = 0; i < 200 && alive().length > 0; i++) await new Promise((resolve) => setTimeout(resolve, 25));
+    expect(alive()).toEqual([]);
+  });
+
+  it('grades the same with the service running as an unprivileged user (a fork server that forks twice)', () => {
+    if (process.getuid?.() !== 0) return; // the suite runs unprivileged already: the cases above are this one
+    const script = [
+      `import { createCodeRunner } from ${JSON.stringify(join(import.meta.dirname, 'runner.ts'))};`,
+      'const runner = createCodeRunner({ concurrency: 2, warm: 0 });',
+      'const run = (code, inputs, outputs, fnName = null) => runner.run({ code, inputs, outputs, fnName, timeoutSecs: 2 }).then((r) => r.result);',
+      'const results = [',
+      "  await run('print(int(input()) * 2)', ['2', '3'], ['4', '7']),",
+      "  await run('def f(x):\\n    return [x, (x,)]', ['1'], ['[1, [1]]'], 'f'),",
+      "  await run('import os\\nos.write(3, b\"99999999999999\\\\n\")\\nos._exit(0)', ['1'], ['1']),",
+      '];',
+      // forked every time, never run the other way (whose grading parent would be its parent in the
+      // sandbox): a short program may report before the fork that entered has written its pid
+      'const ppids = [];',
+      "for (let i = 0; i < 8; i++) ppids.push(...(await run('import os\\nprint(os.getppid())', [''], ['0'])));",
+      'results.push(ppids);',
+      'await runner.close();',
+      'console.log(JSON.stringify({ uid: process.getuid(), results }));',
+    ].join('\n');
+    const child = spawnSync('setpriv', ['--reuid=65534', '--regid=65534', '--clear-groups', process.execPath, '--import', 'tsx', '--input-type=module', '-e', script], {
+      cwd: join(import.meta.dirname, '../../..'),
+      encoding: 'utf8',
+      timeout: 120_000,
+      env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: '/tmp' },
+    });
+    expect(child.stderr).toBe('');
+    expect(JSON.parse(child.stdout.trim().split('\n').at(-1)!)).toEqual({ uid: 65534, results: [[true, -2], [true], [-1], Array(8).fill(true)] });
   });
 
   it('runs out of memory at the limit without harming the server', async () => {

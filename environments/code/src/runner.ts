@@ -2,6 +2,7 @@
 
 import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
 import { readFileSync } from 'node:fs';
+import { z } from 'zod';
 import { createSandboxProvider, DEFAULT_RESOURCES, shQuote, type SandboxProvider, type SandboxPythonRun, type SandboxSpec } from '@rollserve/core/sandbox';
 
 /** One submission and its tests, in LiveCodeBench's format. */
@@ -62,11 +63,13 @@ function harness(): string {
   return (harnessSource ??= readFileSync(HARNESS_URL, 'utf8'));
 }
 
-// Reads the setup (16-digit length, JSON), then hands it to the harness, which forks the child
-// that runs the submission before it reads the rest of stdin (expected outputs, result key).
-// Nothing of the submission is on disk once the harness runs (it unlinks the stdin file). A
-// forked interpreter has the harness made already (PRELOAD); it leaves sys.modules as the
-// program starts, where a new interpreter never had it.
+// Reads the setup (16-digit length, JSON), then hands it to the harness. Forked with a channel,
+// the harness is the child that runs the submission and reports raw outputs on descriptor 3 to
+// the fork server's grader on the host (`host` in harness.py), which alone is given the expected
+// outputs. Executed, it forks that child before it reads the rest of stdin (expected outputs,
+// result key), compares and signs the verdict. Nothing of the submission is on disk once the
+// harness runs (it unlinks the stdin file). A forked interpreter has the harness made already
+// (PRELOAD); it leaves sys.modules as the program starts, where a new interpreter never had it.
 const BOOT = [
   'import os,json,sys',
   'def r(n):',
@@ -105,7 +108,7 @@ let preloadSpec: Preload | undefined;
 function preload(): Preload {
   return (preloadSpec ??= {
     modules: PRELOAD_MODULES,
-    module: { name: 'rollserve_harness', source: harness(), file: 'harness.py', prepare: 'prepare' },
+    module: { name: 'rollserve_harness', source: harness(), file: 'harness.py', prepare: 'prepare', host: 'host' },
   });
 }
 
@@ -140,11 +143,20 @@ function globalFailure(tests: number): Omit<RunOutcome, 'seconds'> {
   return { result: Array.from({ length: tests }, () => -1), metadata: null };
 }
 
+/** What the grader on the host answers for a channel (harness.py's `host`). */
+const verdictSchema = z.object({
+  result: z.array(z.union([z.boolean(), z.number()])),
+  metadata: z.record(z.string(), z.unknown()).nullable(),
+});
+
 /**
  * Creates the runner. The sandbox gives isolation (no network, read-only root, own pid space) and
- * the limits; the harness inside reproduces code_gen's grading. The submission runs in a child
- * process that holds only its code and the test inputs and reports raw outputs; the harness parent
- * keeps the expected outputs and the HMAC key of the result line, compares, and reports.
+ * the limits; the harness reproduces code_gen's grading. The submission runs in a process that
+ * holds only its code and the test inputs and reports raw outputs: forked, to the fork server's
+ * grader on the host, which the service gives the expected outputs once that process runs and
+ * which answers the service directly; executed (no fork server), to the harness parent in the
+ * sandbox, which reads the expected outputs and the HMAC key of the result line after forking it,
+ * compares, and reports.
  *
  * @example
  * const runner = createCodeRunner({ concurrency: 8 });
@@ -182,10 +194,11 @@ export function createCodeRunner(options: CodeRunnerOptions = {}): CodeRunner {
     const tests = submission.inputs.length;
     const limitSecs = globalTimeoutSecs(submission.timeoutSecs, tests);
     const key = randomBytes(32).toString('hex');
-    const payload = (withHarness: boolean): Buffer => {
+    const payload = (withHarness: boolean, channel = false): Buffer => {
       const setup = Buffer.from(
         JSON.stringify({
           ...(withHarness ? { harness: harness() } : {}),
+          ...(channel ? { channel: true } : {}),
           code: submission.code,
           inputs: submission.inputs,
           fn_name: submission.fnName,
@@ -198,6 +211,8 @@ export function createCodeRunner(options: CodeRunnerOptions = {}): CodeRunner {
           },
         }),
       );
+      // With a channel the expected outputs never enter the sandbox.
+      if (channel) return Buffer.concat([Buffer.from(String(setup.length).padStart(16, '0')), setup]);
       // The secret part comes last: the harness reads it only after forking the submission's process.
       return Buffer.concat([
         Buffer.from(String(setup.length).padStart(16, '0')),
@@ -209,12 +224,18 @@ export function createCodeRunner(options: CodeRunnerOptions = {}): CodeRunner {
     try {
       const run = { timeoutMs: limitSecs * 1000, maxOutputBytes: 16 * 1024 * 1024 };
       // A fork of the provider's prepared interpreter where it has one (bwrap: no interpreter
-      // start per submission, the harness made once), else a new one. exec'd: no shell keeps
-      // the payload file open for the submission to read through /proc.
-      const forked = sandbox.forkPython?.({ python, code: BOOT, stdin: payload(false), preload: preload(), ...run });
-      const executed =
-        (forked === undefined ? undefined : await forked.catch(() => undefined)) ??
-        (await sandbox.exec(`exec ${shQuote(python)} -I -c ${shQuote(BOOT)}`, { stdin: payload(true), ...run }));
+      // start per submission, the harness made once, graded on the host), else a new one.
+      // exec'd: no shell keeps the payload file open for the submission to read through /proc.
+      const channel = { data: { inputs: submission.inputs, fn_name: submission.fnName, outputs: submission.outputs } };
+      const forked = sandbox.forkPython?.({ python, code: BOOT, stdin: payload(false, true), preload: preload(), channel, ...run });
+      const graded = forked === undefined ? undefined : await forked.catch(() => undefined);
+      if (graded !== undefined) {
+        // the grader's answer is the verdict; none (the program died, stopped early, sent
+        // anything else or too much, or ran out of time or sandbox) is code_gen's global failure
+        const verdict = graded.channel !== undefined && 'result' in graded.channel ? verdictSchema.safeParse(graded.channel.result) : undefined;
+        return verdict?.success === true ? { result: verdict.data.result, metadata: verdict.data.metadata } : globalFailure(tests);
+      }
+      const executed = await sandbox.exec(`exec ${shQuote(python)} -I -c ${shQuote(BOOT)}`, { stdin: payload(true), ...run });
       // A result counts when the harness exited cleanly (or was cut at the global limit after
       // writing it); a killed harness or sandbox does not.
       if (executed.errorType === 'sandbox' || (executed.errorType === undefined && executed.returnCode !== 0)) {

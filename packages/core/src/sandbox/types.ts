@@ -240,9 +240,27 @@ export interface SandboxPythonRun {
        * it makes and specialises no program's fork makes or copies again); its errors are ignored.
        */
       prepare?: string;
+      /**
+       * A generator function of the module that reads programs' channels on the host side (see
+       * `channel`): called with a channel's `data`, sent each chunk of what the program writes to
+       * its descriptor 3 (b'' at its end), its return value is the run's `channel.result`.
+       */
+      host?: string;
     };
   };
+  /**
+   * A channel from the program to `preload.module.host`, run outside every sandbox in a process
+   * no program is forked from: the program's descriptor 3 is a pipe's write end (neither a file
+   * nor under its file-size limit) and `data` goes to `host` only once the program runs, so no
+   * program's memory ever held it. The run ends once `host` has answered (the program is ended
+   * then) or the program has exited and its channel closed. Where forked programs have no such
+   * host, `forkPython` is undefined for a request with a channel.
+   */
+  channel?: { data: unknown };
 }
+
+/** `forkPython`'s answer: `exec`'s, and with a channel, `host`'s return value or why there is none. */
+export type SandboxPythonResult = SandboxExecResult & { channel?: { result: unknown } | { error: string } };
 
 export interface Sandbox {
   readonly id: string;
@@ -279,7 +297,7 @@ export interface Sandbox {
    * server without IPython, whose programs find an interpreter close to a new one), with `exec`'s
    * answer; undefined where there is none: `exec` it then.
    */
-  forkPython?(request: SandboxPythonRun): Promise<SandboxExecResult> | undefined;
+  forkPython?(request: SandboxPythonRun): Promise<SandboxPythonResult> | undefined;
   /**
    * Puts a file of the service's (a script, a kernel's source) where the sandbox can read it but
    * nothing inside can change it or swap the path; returns its path inside the sandbox.

@@ -2,7 +2,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { accessSync, constants, readFileSync, statSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
-import type { Writable } from 'node:stream';
+import type { Readable, Writable } from 'node:stream';
 import { RolloutError } from '../../errors.ts';
 import { BASE_ENV, type SandboxPythonRun } from '../types.ts';
 
@@ -54,8 +54,12 @@ export interface KernelForkRequest {
   /** The kernel's socket, a path inside the sandbox. */
   socket: string;
   plain: boolean;
-  /** Instead of a kernel: a program run as `python -I -c`, stdin from `stdin`, output to `stdout`, `stderr` (paths inside). */
-  run?: { code: string; stdin: string | undefined; stdout: string; stderr: string };
+  /**
+   * Instead of a kernel: a program run as `python -I -c`, stdin from `stdin`, output to `stdout`, `stderr` (paths inside).
+   * `channel`: its descriptor 3 is a pipe to the server's grader (a server whose preload module names `host`), which
+   * grades it with `data`, sent once the program runs (`SandboxPythonRun.channel`).
+   */
+  run?: { code: string; stdin: string | undefined; stdout: string; stderr: string; channel?: { data: unknown } };
   /**
    * Instead of a kernel: `argv` exec'd on the terminal whose master is this process's descriptor
    * `tty.fd` (taken by the fork with pidfd_getfd: a root service only), as its controlling terminal.
@@ -63,12 +67,23 @@ export interface KernelForkRequest {
   exec?: { argv: string[]; tty: { fd: number; cols: number; rows: number; plain?: boolean } };
 }
 
+/** The grader's answer for one program's channel: `host(data)`'s return value, or why there is none. */
+export type ChannelAnswer = { result: unknown } | { error: string };
+
+/** A forked program's channel: the grader's answer, once, and `drop()` for one the service stops waiting for (its grading is killed). */
+export interface ForkChannel {
+  answer: Promise<ChannelAnswer>;
+  drop(): void;
+}
+
 interface Pending {
   /** Registered as the answer is read: its exit may be the very next line. */
   onExit(code: number): void;
-  resolve(started: { pid: number; mode: string }): void;
+  resolve(started: { pid: number; mode: string; channel?: ForkChannel }): void;
   reject(error: Error): void;
   abandoned: boolean;
+  /** The channel's data, sent to the grader once the program runs (never before: see the server's header). */
+  channel?: { data: unknown };
 }
 
 export class KernelForkServer {
@@ -79,6 +94,12 @@ export class KernelForkServer {
   private seq = 0;
   private line = '';
   private dead = false;
+  /** The grader's pipes (a server whose preload module names `host`), and the channels it owes an answer. */
+  private readonly grader: { input: Writable; output: Readable } | undefined;
+  private readonly answers = new Map<number, (answer: ChannelAnswer) => void>();
+  private graderLine = '';
+  /** Why no answer will come any more (the grader's pipe ended). */
+  private graderEnded: string | undefined;
   /** Resolves once the server process has ended. */
   readonly ended: Promise<void>;
 
@@ -92,15 +113,26 @@ export class KernelForkServer {
     readonly bare = false,
     preload?: ForkServerPreload,
   ) {
+    const graded = bare && preload?.module?.host !== undefined;
     this.child = spawn(python, ['-s', '-c', LOADER, ...(bare ? ['bare'] : [])], {
       env: { ...BASE_ENV, PYTHONUNBUFFERED: '1', PYTHONDONTWRITEBYTECODE: '1' },
       cwd: '/',
-      stdio: ['pipe', 'pipe', 'pipe', 'pipe'],
+      stdio: ['pipe', 'pipe', 'pipe', 'pipe', ...(graded ? (['pipe', 'pipe'] as const) : [])],
     });
+    const stdio = this.child.stdio as unknown as Array<Writable | Readable | null>;
+    if (graded) {
+      this.grader = { input: stdio[4] as Writable, output: stdio[5] as Readable };
+      this.grader.input.on('error', () => {});
+      this.grader.output.on('data', (chunk: Buffer) => this.onGraderData(chunk));
+      // its end (the grader died; the server ends as well): no answer will come
+      this.grader.output.on('close', () => this.failChannels('the grader ended'));
+    }
     // an idle server keeps no service alive (one that forgot its provider exits as before)
     this.child.unref();
-    for (const stream of [this.child.stdin, this.child.stdout, this.child.stderr]) (stream as unknown as { unref?(): void } | null)?.unref?.();
-    const sources = (this.child.stdio as unknown as Array<Writable | null>)[3]!;
+    for (const stream of [this.child.stdin, this.child.stdout, this.child.stderr, this.grader?.input, this.grader?.output]) {
+      (stream as unknown as { unref?(): void } | null | undefined)?.unref?.();
+    }
+    const sources = stdio[3] as Writable;
     sources.on('error', () => {});
     sources.end(
       Buffer.concat([readFileSync(KERNEL_SOURCE), Buffer.from([0]), readFileSync(SERVER_SOURCE), Buffer.from([0]), Buffer.from(JSON.stringify(preload ?? {}))]),
@@ -118,6 +150,7 @@ export class KernelForkServer {
       const error = new RolloutError({ code: 'SANDBOX', message: `the kernel fork server ended: ${stderr.trim()}`, retryable: true });
       for (const entry of this.pending.values()) entry.reject(error);
       this.pending.clear();
+      this.failChannels('the kernel fork server ended');
     });
     this.ready = new Promise<string>((resolve, reject) => {
       this.child.stdout!.on('data', (chunk: Buffer) => {
@@ -168,22 +201,75 @@ export class KernelForkServer {
       entry.reject(new RolloutError({ code: 'SANDBOX', message: `kernel fork: ${message.error ?? 'no pid'}`, retryable: true }));
     } else if (entry.abandoned) {
       this.kill(message.pid);
+      if (entry.channel !== undefined) this.sendGrader({ drop: message.id });
     } else {
       this.exits.set(message.pid, entry.onExit);
-      entry.resolve({ pid: message.pid, mode: message.mode ?? 'plain' });
+      let channel: ForkChannel | undefined;
+      if (entry.channel !== undefined) {
+        const id = message.id!;
+        const answer = new Promise<ChannelAnswer>((resolve) => {
+          if (this.graderEnded === undefined) this.answers.set(id, resolve);
+          else resolve({ error: this.graderEnded });
+        });
+        const drop = (): void => {
+          if (this.answers.delete(id)) this.sendGrader({ drop: id });
+        };
+        channel = { answer, drop };
+        // the program runs by now: what the grader is given is in no process it was forked from
+        this.sendGrader({ id, data: entry.channel.data });
+      }
+      entry.resolve({ pid: message.pid, mode: message.mode ?? 'plain', ...(channel === undefined ? {} : { channel }) });
     }
+  }
+
+  private onGraderData(chunk: Buffer): void {
+    this.graderLine += chunk.toString('utf8');
+    for (let newline = this.graderLine.indexOf('\n'); newline >= 0; newline = this.graderLine.indexOf('\n')) {
+      const text = this.graderLine.slice(0, newline);
+      this.graderLine = this.graderLine.slice(newline + 1);
+      let message: { id?: unknown; result?: unknown; error?: unknown };
+      try {
+        message = JSON.parse(text) as typeof message;
+      } catch {
+        continue;
+      }
+      if (typeof message.id !== 'number') continue;
+      const resolve = this.answers.get(message.id);
+      if (resolve === undefined) continue;
+      this.answers.delete(message.id);
+      resolve('result' in message ? { result: message.result } : { error: String(message.error ?? 'no answer') });
+    }
+  }
+
+  private failChannels(error: string): void {
+    this.graderEnded ??= error;
+    for (const resolve of this.answers.values()) resolve({ error });
+    this.answers.clear();
+  }
+
+  private sendGrader(message: object): void {
+    if (this.dead || this.grader === undefined) return;
+    this.grader.input.write(`${JSON.stringify(message)}\n`);
   }
 
   /**
    * Forks a kernel into the sandbox; resolves once it listens on its socket. `onExit` is called
    * with its exit code when the server reaps it.
    */
-  async fork(request: KernelForkRequest, timeoutMs: number, onExit: (code: number) => void): Promise<{ pid: number; mode: string }> {
+  async fork(
+    request: KernelForkRequest,
+    timeoutMs: number,
+    onExit: (code: number) => void,
+  ): Promise<{ pid: number; mode: string; channel?: ForkChannel }> {
     await this.ready;
     if (this.dead) throw new RolloutError({ code: 'SANDBOX', message: 'the kernel fork server ended', retryable: true });
+    const channel = request.run?.channel;
+    if (channel !== undefined && this.grader === undefined) {
+      throw new RolloutError({ code: 'SANDBOX', message: 'a channel needs a fork server whose preload names a host function' });
+    }
     const id = ++this.seq;
-    const entry: Pending = { onExit, resolve: () => {}, reject: () => {}, abandoned: false };
-    const started = new Promise<{ pid: number; mode: string }>((resolve, reject) => {
+    const entry: Pending = { onExit, resolve: () => {}, reject: () => {}, abandoned: false, ...(channel === undefined ? {} : { channel }) };
+    const started = new Promise<{ pid: number; mode: string; channel?: ForkChannel }>((resolve, reject) => {
       entry.resolve = resolve;
       entry.reject = reject;
     });
@@ -201,6 +287,7 @@ export class KernelForkServer {
       socket: request.socket,
       plain: request.plain,
       ...(request.run === undefined ? {} : { run: request.run.code, stdin: request.run.stdin ?? null, stdout: request.run.stdout, stderr: request.run.stderr }),
+      ...(channel === undefined ? {} : { channel: true }),
       ...(request.exec === undefined ? {} : { exec: request.exec.argv, tty: request.exec.tty }),
     });
     let timer: NodeJS.Timeout | undefined;
@@ -310,9 +397,10 @@ export class KernelForkServers {
       const names = [...(prepared.modules ?? []), ...(prepared.module === undefined ? [] : [prepared.module.name])];
       const bad = names.find((name) => !MODULE_NAME.test(name));
       if (bad !== undefined) throw new RolloutError({ code: 'SANDBOX', message: `bad module name to preload: ${JSON.stringify(bad)}` });
-      const prepare = prepared.module?.prepare;
-      if (prepare !== undefined && !/^[A-Za-z_]\w*$/.test(prepare)) {
-        throw new RolloutError({ code: 'SANDBOX', message: `bad function name to prepare: ${JSON.stringify(prepare)}` });
+      for (const [what, name] of [['prepare', prepared.module?.prepare], ['host', prepared.module?.host]] as const) {
+        if (name !== undefined && !/^[A-Za-z_]\w*$/.test(name)) {
+          throw new RolloutError({ code: 'SANDBOX', message: `bad function name to ${what}: ${JSON.stringify(name)}` });
+        }
       }
       digest = createHash('sha256').update(JSON.stringify(prepared)).digest('hex');
       // (a caller that passes the same object each time, as the code runner does, hashes its source once)

@@ -22,10 +22,11 @@ import {
   type SandboxProcess,
   type SandboxPty,
   type SandboxPtyOptions,
+  type SandboxPythonResult,
   type SandboxPythonRun,
   type SandboxStatus,
 } from '../types.ts';
-import type { KernelForkRequest, KernelForkServers } from './fork-server.ts';
+import type { ChannelAnswer, ForkChannel, KernelForkRequest, KernelForkServers } from './fork-server.ts';
 import type { InitProcess, Spawner } from './spawner.ts';
 import { buildEnterArgs, EXEC_DIR, INPUT_MOUNT, ownNamespaces, type EnterableNamespace } from './args.ts';
 
@@ -135,6 +136,14 @@ const AGENT_LINE = /^x[0-9a-z]+ \d{1,3}$/;
 const LIMIT_CHECK_MS = 1000;
 /** How long after a shell's or kernel's end its tag sweep waits for the sandbox's own end (see `sweep`). */
 const SWEEP_DELAY_MS = 50;
+/**
+ * How long a forked program's channel answer is awaited once the program has ended within its own
+ * time limit, at least (or the program's own limit, if longer): the grader's CPU budget for one
+ * channel (20 s, an rlimit of the channel's process) and a margin. A submission's grading takes
+ * milliseconds; only a grading made slow on purpose, or a channel whose write end outlives the
+ * program (a leftover process of the sandbox holds it), waits this long, and fails that run alone.
+ */
+const CHANNEL_GRACE_MS = 30_000;
 
 export class BwrapSandbox extends CommandSandbox {
   readonly provider = 'bwrap';
@@ -456,13 +465,13 @@ export class BwrapSandbox extends CommandSandbox {
     })();
   }
 
-  forkPython(request: SandboxPythonRun): Promise<SandboxExecResult> | undefined {
+  forkPython(request: SandboxPythonRun): Promise<SandboxPythonResult> | undefined {
     if (this.closed || this.exited || this.forkServers === undefined || this.pidNamespace === undefined) return undefined;
     const tag = this.nextTag();
     const env = this.env(request.env, tag);
     const python = this.forkServers.resolve(request.python, env);
     const server = python === undefined ? undefined : this.forkServers.get(python, true, request.preload);
-    if (server === undefined) return undefined;
+    if (server === undefined || (request.channel !== undefined && request.preload?.module?.host === undefined)) return undefined;
     const id = `f${(++this.seq).toString(36)}${randomBytes(4).toString('hex')}`;
     const input = join(this.inputDir, `${id}.in`);
     const out = join(this.execDir, id);
@@ -476,13 +485,20 @@ export class BwrapSandbox extends CommandSandbox {
       });
       const timeoutMs = request.timeoutMs ?? DEFAULT_EXEC_TIMEOUT_MS;
       let pid: number;
+      let channel: ForkChannel | undefined;
       try {
-        ({ pid } = await server.fork(
+        ({ pid, channel } = await server.fork(
           {
             ...this.forkRequest(env),
             socket: '',
             plain: true,
-            run: { code: request.code, stdin: request.stdin === undefined ? undefined : `${INPUT_MOUNT}/${id}.in`, stdout: `${inside}.out`, stderr: `${inside}.err` },
+            run: {
+              code: request.code,
+              stdin: request.stdin === undefined ? undefined : `${INPUT_MOUNT}/${id}.in`,
+              stdout: `${inside}.out`,
+              stderr: `${inside}.err`,
+              ...(request.channel === undefined ? {} : { channel: request.channel }),
+            },
           },
           timeoutMs,
           (code) => resolveExit(code),
@@ -497,13 +513,35 @@ export class BwrapSandbox extends CommandSandbox {
       };
       const untrack = this.track(pid, kill);
       let timer: NodeJS.Timeout | undefined;
-      const outcome = await Promise.race([
-        exited,
-        new Promise<'timeout'>((resolve) => {
-          timer = setTimeout(() => resolve('timeout'), timeoutMs);
-        }),
-      ]);
+      const timeout = new Promise<'timeout'>((resolve) => {
+        timer = setTimeout(() => resolve('timeout'), timeoutMs);
+      });
+      // with a channel: its answer ends the run (the program has nothing more to tell), and an
+      // exit waits for it (its end comes with the last holder of the pipe's write end)
+      let answer: ChannelAnswer | undefined;
+      const answered = channel?.answer.then((value) => {
+        answer = value;
+        return 'answered' as const;
+      });
+      let outcome = await Promise.race(answered === undefined ? [exited, timeout] : [exited, timeout, answered]);
+      if (outcome === 'answered') {
+        server.kill(pid);
+        outcome = await Promise.race([exited, timeout]);
+      } else if (answered !== undefined && outcome !== 'timeout') {
+        // The program has ended within its time: the grading of what it sent is not its time.
+        // The grader answers within its CPU budget (an rlimit of the channel's own process);
+        // this bound only ends the wait for a channel whose write end a leftover process of the
+        // sandbox still holds, which is that run's failure alone.
+        clearTimeout(timer);
+        let graceTimer: NodeJS.Timeout | undefined;
+        const grace = new Promise<'timeout'>((resolve) => {
+          graceTimer = setTimeout(() => resolve('timeout'), Math.max(timeoutMs, CHANNEL_GRACE_MS));
+        });
+        if ((await Promise.race([answered, grace])) === 'timeout') channel!.drop();
+        clearTimeout(graceTimer);
+      }
       clearTimeout(timer);
+      if (outcome === 'timeout') channel?.drop();
       if (outcome === 'timeout') {
         kill();
         await Promise.race([exited, new Promise((resolve) => setTimeout(resolve, 1000))]);
@@ -513,9 +551,10 @@ export class BwrapSandbox extends CommandSandbox {
       const stdout = readCapped(`${out}.out`, cap, this.outputDev).toString('utf8');
       const stderr = readCapped(`${out}.err`, cap, this.outputDev).toString('utf8');
       for (const suffix of ['.out', '.err']) unlinkQuiet(`${out}${suffix}`);
-      if (this.closed) return { stdout, stderr: `${stderr}${this.closedMessage()}\n`, returnCode: 125, errorType: 'sandbox' as const };
-      if (outcome === 'timeout') return { stdout, stderr: `${stderr}\ncommand timed out after ${timeoutMs} ms\n`, returnCode: 125, errorType: 'timeout' as const };
-      return { stdout, stderr, returnCode: outcome };
+      const told = answer === undefined ? {} : { channel: answer };
+      if (this.closed) return { stdout, stderr: `${stderr}${this.closedMessage()}\n`, returnCode: 125, errorType: 'sandbox' as const, ...told };
+      if (outcome === 'timeout') return { stdout, stderr: `${stderr}\ncommand timed out after ${timeoutMs} ms\n`, returnCode: 125, errorType: 'timeout' as const, ...told };
+      return { stdout, stderr, returnCode: outcome as number, ...told };
     })();
   }
 
