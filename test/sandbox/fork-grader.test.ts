@@ -10,11 +10,13 @@ import { describe, expect, it } from 'vitest';
 
 const SERVER = fileURLToPath(new URL('../../packages/core/python/rollserve_forkserver.py', import.meta.url));
 
-const SCRIPT = `
+// Both scripts: the fork server's module loaded, a host function ("spin" never ends, else the
+// channel's bytes up to a '.'), and its grader forked with the script holding the other ends.
+const grader = (budget: number) => `
 import json, os, socket, sys
 g = {"__name__": "rollserve_forkserver"}
 exec(compile(open(sys.argv[1]).read(), "rollserve_forkserver.py", "exec"), g)
-g["CHANNEL_CPU_SECONDS"] = 0.3
+g["CHANNEL_CPU_SECONDS"] = ${budget.toFixed(1)}
 g["socket"] = socket
 
 def host(data):
@@ -41,7 +43,10 @@ if pid == 0:
     finally:
         os._exit(1)
 theirs.close(); os.close(requests_r); os.close(answers_w)
-writers = {}
+`;
+
+const SCRIPT = `
+${grader(0.3)}writers = {}
 for cid in (1, 2, 3):
     r, w = os.pipe()
     socket.send_fds(ours, [json.dumps({"id": cid}).encode()], [r])
@@ -107,38 +112,9 @@ describe('the fork server grader', () => {
 // grader's subreaper, so any grading process that outlived its grader would be reaped (and
 // counted) here.
 const HELD = `
-import ctypes, json, os, signal, socket, sys
+import ctypes
 ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-g = {"__name__": "rollserve_forkserver"}
-exec(compile(open(sys.argv[1]).read(), "rollserve_forkserver.py", "exec"), g)
-g["CHANNEL_CPU_SECONDS"] = 100000.0
-g["socket"] = socket
-
-def host(data):
-    got = b""
-    while True:
-        chunk = yield
-        if not chunk:
-            raise EOFError("the channel ended")
-        got += chunk
-        if data == "spin":
-            while True:
-                pass
-        if got.endswith(b"."):
-            return {"got": got.decode(), "data": data}
-
-ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-requests_r, requests_w = os.pipe()
-answers_r, answers_w = os.pipe()
-pid = os.fork()
-if pid == 0:
-    ours.close(); os.close(requests_w); os.close(answers_r)
-    try:
-        g["_grader"](theirs, requests_r, answers_w, host)
-    finally:
-        os._exit(1)
-theirs.close(); os.close(requests_r); os.close(answers_w)
-writers = {}
+${grader(100000.0)}writers = {}
 def channel(cid, data):
     r, w = os.pipe()
     socket.send_fds(ours, [json.dumps({"id": cid}).encode()], [r])
