@@ -43,6 +43,22 @@ if pid == 0:
     finally:
         os._exit(1)
 theirs.close(); os.close(requests_r); os.close(answers_w)
+
+def read_answers(count):
+    """The grader's answers by channel id, until count came or the pipe ended; and what is left unread of a line."""
+    answers = {}
+    buffer = b""
+    while len(answers) < count:
+        chunk = os.read(answers_r, 65536)
+        if not chunk:
+            break
+        buffer += chunk
+        while b"\\n" in buffer:
+            line, buffer = buffer.split(b"\\n", 1)
+            message = json.loads(line)
+            answers[message.pop("id")] = message
+    return answers, buffer
+
 `;
 
 const SCRIPT = `
@@ -59,17 +75,7 @@ os.write(writers[1], b"x")
 os.write(writers[2], b"hello")
 os.write(writers[2], b", grader.")
 os.close(writers[3])
-answers = {}
-buffer = b""
-while len(answers) < 3:
-    chunk = os.read(answers_r, 65536)
-    if not chunk:
-        break
-    buffer += chunk
-    while b"\\n" in buffer:
-        line, buffer = buffer.split(b"\\n", 1)
-        message = json.loads(line)
-        answers[message.pop("id")] = message
+answers, buffer = read_answers(3)
 os.close(requests_w)
 _, status = os.waitpid(pid, 0)
 print(json.dumps({"answers": answers, "exit": os.waitstatus_to_exitcode(status)}))
@@ -130,17 +136,7 @@ os.write(writers[3], b"thr")
 os.write(writers[3], b"ee.")
 os.close(writers[4])
 os.write(writers[5], b"five.")
-answers = {}
-buffer = b""
-while len(answers) < 4:
-    chunk = os.read(answers_r, 65536)
-    if not chunk:
-        break
-    buffer += chunk
-    while b"\\n" in buffer:
-        line, buffer = buffer.split(b"\\n", 1)
-        message = json.loads(line)
-        answers[message.pop("id")] = message
+answers, buffer = read_answers(4)
 # channel 1 is still being graded: the grader's one child
 with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
     held = [int(p) for p in f.read().split()]

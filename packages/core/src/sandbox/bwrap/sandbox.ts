@@ -541,8 +541,8 @@ export class BwrapSandbox extends CommandSandbox {
         clearTimeout(graceTimer);
       }
       clearTimeout(timer);
-      if (outcome === 'timeout') channel?.drop();
       if (outcome === 'timeout') {
+        channel?.drop();
         kill();
         await Promise.race([exited, new Promise((resolve) => setTimeout(resolve, 1000))]);
       }
