@@ -1,5 +1,5 @@
 import { readFileSync } from 'node:fs';
-import { afterAll, afterEach, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, describe, expect, it, vi } from 'vitest';
 import { BashSession, bwrapAvailable, createBwrapProvider, type Sandbox, type SandboxSpec } from '@rollserve/core/sandbox';
 
 // The bash tool's shell forked into its sandbox by the provider's spawner of shells (a root service:
@@ -149,9 +149,14 @@ describe.skipIf(skip !== undefined)('bash shells forked into their sandboxes', (
     await ended(spawner);
     await ended(pid);
     expect(alive(pid)).toBe(false);
+    // its end reaches the session through the spawner's pipe and the terminal, after the process is gone
+    await vi.waitFor(() => expect((bash as unknown as { exited?: unknown }).exited).toBeDefined(), { timeout: 30_000, interval: 20 });
     expect((await bash.run('echo again')).output).toMatch(/new shell\.\]\nagain\n$/);
     expect(parentOf(await pidOf(bash))).not.toBe(spawner);
     expect(parentOf(await pidOf(bash))).toBe(shellSpawnerOf(sandbox));
     expect((await sandbox.exec('echo alive')).stdout).toBe('alive\n');
+    // a shell killed during a command: the model is told how it ended
+    expect((await bash.run('kill -9 $$')).output).toMatch(/\[The shell was killed by SIGKILL; the next command starts a new shell\.\]$/);
+    expect((await bash.run('echo back')).output).toMatch(/new shell\.\]\nback\n$/);
   });
 });

@@ -1,4 +1,5 @@
 import { randomBytes } from 'node:crypto';
+import { constants } from 'node:os';
 import { RolloutError } from '../errors.ts';
 import type { Sandbox, SandboxPty } from '../sandbox/types.ts';
 import { endSandboxForChannel } from './channel-limit.ts';
@@ -128,7 +129,7 @@ export class BashSession {
   private buffer = '';
   private waiter: ((data: string) => void) | undefined;
   private queue: Promise<unknown> = Promise.resolve();
-  private exited: { code: number } | undefined;
+  private exited: { code: number; signal?: number } | undefined;
   private closed = false;
   private readonly maxOutputChars: number;
   private readonly defaultTimeoutMs: number;
@@ -180,9 +181,9 @@ export class BashSession {
         if (this.buffer.length > 2 * keep) this.buffer = this.buffer.slice(-keep);
       }
     });
-    pty.onExit(({ exitCode }) => {
+    pty.onExit(({ exitCode, signal }) => {
       if (this.pty !== pty) return;
-      this.exited = { code: exitCode };
+      this.exited = signal ? { code: exitCode, signal } : { code: exitCode };
       this.waiter?.('');
     });
     const seq = ++this.seq;
@@ -284,7 +285,9 @@ export class BashSession {
       return this.result(`${restarted}${first.output}\n[The command's output passed what the terminal may carry; the sandbox was ended (${this.limit}).]`, null, false, collector);
     }
     if (first.kind === 'exit') {
-      const notice = `\n[The shell exited with code ${first.code}; the next command starts a new shell.]`;
+      const signal = this.exited?.signal;
+      const how = signal ? `was killed by ${signalName(signal)}` : `exited with code ${first.code}`;
+      const notice = `\n[The shell ${how}; the next command starts a new shell.]`;
       return this.result(restarted + first.output + notice, null, false, collector);
     }
     // time limit: Ctrl-C, then a fresh marker proves the shell is back at its prompt
@@ -353,4 +356,9 @@ export class BashSession {
 function formatSeconds(ms: number): string {
   const s = ms / 1000;
   return `${Number.isInteger(s) ? s : s.toFixed(1)} seconds`;
+}
+
+/** `SIGKILL` for 9; the number where the platform has no name for it. */
+function signalName(signal: number): string {
+  return Object.entries(constants.signals).find(([, value]) => value === signal)?.[0] ?? `signal ${signal}`;
 }
