@@ -87,6 +87,10 @@ class IPythonShell:
         hook = self.shell.displayhook
         hook.write_output_prompt = lambda: None
         hook.write_format_data = lambda *args, **kwargs: None
+        # A cell's value is answered as its repr (run, below). IPython's formatters would compute
+        # every MIME type of it for nothing, calling the object's _repr_html_, _repr_latex_, ...
+        # (half of a short cell's time: ≈ 0.5 ms); `display()` still formats as it did.
+        hook.compute_format_data = lambda result: ({}, {})
 
         def record(*args, **kwargs):
             etype, value, tb = sys.exc_info()
@@ -107,6 +111,8 @@ class IPythonShell:
         value = None
         if error is None and result.result is not None:
             value = repr(result.result)
+            # what the formatters would have logged, for `%history -o`
+            self.shell.history_manager.output_hist_reprs[result.execution_count] = value
         return value, error
 
 

@@ -40,6 +40,16 @@ describe.skipIf(skip !== undefined).each(shells)('PythonKernel in a bwrap sandbo
     expect((await kernel.run('None')).result).toBeNull();
   });
 
+  it("answers a cell's value by its repr, without running the object's rich formatters", async () => {
+    const kernel = await start();
+    const cell = await kernel.run(
+      "class A:\n    def _repr_html_(self):\n        print('html formatter ran')\n        return '<b>A</b>'\n    def __repr__(self):\n        return 'A()'\nA()",
+    );
+    expect(cell).toEqual({ status: 'ok', stdout: '', stderr: '', result: 'A()', error: null });
+    // the value is still the shell's last result
+    expect((await kernel.run(shell === 'auto' ? '_' : 'None')).result).toBe(shell === 'auto' ? 'A()' : null);
+  });
+
   it('captures output of subprocesses too', async () => {
     const kernel = await start();
     const result = await kernel.run('import os\n_ = os.system("echo from-a-child")');
