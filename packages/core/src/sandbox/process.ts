@@ -1,5 +1,6 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { readdirSync, readFileSync, readlinkSync } from 'node:fs';
+import { constants as osConstants } from 'node:os';
 
 /** Quotes a string for POSIX sh. */
 export function shQuote(value: string): string {
@@ -275,4 +276,13 @@ export function runProcess(argv: string[], options: RunOptions): Promise<RunResu
     if (options.stdin !== undefined) child.stdin!.end(options.stdin);
     else child.stdin!.end();
   });
+}
+
+const SIGNAL_NAMES = new Map<number, NodeJS.Signals>(
+  Object.entries(osConstants.signals).map(([name, number]) => [number as number, name as NodeJS.Signals]),
+);
+
+/** A signal's name (`SIGKILL` for 9), undefined for a number the platform has no name for. */
+export function signalName(signal: number): NodeJS.Signals | undefined {
+  return SIGNAL_NAMES.get(signal);
 }

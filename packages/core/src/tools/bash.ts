@@ -1,6 +1,6 @@
 import { randomBytes } from 'node:crypto';
-import { constants } from 'node:os';
 import { RolloutError } from '../errors.ts';
+import { signalName } from '../sandbox/process.ts';
 import type { Sandbox, SandboxPty } from '../sandbox/types.ts';
 import { endSandboxForChannel } from './channel-limit.ts';
 
@@ -286,7 +286,7 @@ export class BashSession {
     }
     if (first.kind === 'exit') {
       const signal = this.exited?.signal;
-      const how = signal ? `was killed by ${signalName(signal)}` : `exited with code ${first.code}`;
+      const how = signal ? `was killed by ${signalName(signal) ?? `signal ${signal}`}` : `exited with code ${first.code}`;
       const notice = `\n[The shell ${how}; the next command starts a new shell.]`;
       return this.result(restarted + first.output + notice, null, false, collector);
     }
@@ -356,9 +356,4 @@ export class BashSession {
 function formatSeconds(ms: number): string {
   const s = ms / 1000;
   return `${Number.isInteger(s) ? s : s.toFixed(1)} seconds`;
-}
-
-/** `SIGKILL` for 9; the number where the platform has no name for it. */
-function signalName(signal: number): string {
-  return Object.entries(constants.signals).find(([, value]) => value === signal)?.[0] ?? `signal ${signal}`;
 }

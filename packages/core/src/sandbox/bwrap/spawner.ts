@@ -5,6 +5,7 @@ import { Socket } from 'node:net';
 import { constants as osConstants } from 'node:os';
 import type { Readable, Writable } from 'node:stream';
 import { RolloutError } from '../../errors.ts';
+import { signalName } from '../process.ts';
 import { BASE_ENV } from '../types.ts';
 import { SYSCALLS, tmpfsSetupSource, type Syscalls } from './mounts.ts';
 
@@ -289,10 +290,6 @@ export interface InitProcess extends EventEmitter {
   kill(signal?: NodeJS.Signals): boolean;
 }
 
-const SIGNAL_NAMES = new Map<number, NodeJS.Signals>(
-  Object.entries(osConstants.signals).map(([name, number]) => [number as number, name as NodeJS.Signals]),
-);
-
 class SpawnedProcess extends EventEmitter implements InitProcess {
   /** Why it is not in the cgroup it was to join (`SpawnRequest.cgroupProcs`), if it is not. */
   cgroupError: string | undefined;
@@ -476,7 +473,7 @@ export class Spawner {
       this.children.delete(pid);
       this.refresh();
       const value = Number(rest[1]);
-      if (rest[0] === 's') spawned.ended(null, SIGNAL_NAMES.get(value) ?? 'SIGKILL');
+      if (rest[0] === 's') spawned.ended(null, signalName(value) ?? 'SIGKILL');
       else spawned.ended(value, null);
       return;
     }
