@@ -252,7 +252,7 @@ export default async function bench(): Promise<void> {
 
     // where a rollout's CPU goes: each start and its close, alone
     {
-      const n = 20;
+      const n = 60;
       // every helper started first (the kernel fork server, the spawner, which reaps the bash
       // tool's shells), so that what each reaps is counted from the first measure on
       const probe = await forked.create();
@@ -273,13 +273,21 @@ export default async function bench(): Promise<void> {
         await (await PythonKernel.start(sandbox)).close();
         await sandbox.close();
       });
+      await measure('sandbox + kernel with 4 cells', async () => {
+        const sandbox = await forked.create();
+        const kernel = await PythonKernel.start(sandbox);
+        for (let turn = 1; turn < 9; turn += 2) await kernel.run(`x = ${turn} * 2\nprint(x)\nx + 1`);
+        await kernel.close();
+        await sandbox.close();
+      });
       await measure('sandbox + bash', async () => {
         const sandbox = await forked.create();
         await (await BashSession.start(sandbox)).close();
         await sandbox.close();
       });
       console.log(
-        `  CPU of each start with its close: sandbox ${parts.sandbox!.toFixed(1)} ms, kernel ${(parts['sandbox + kernel']! - parts.sandbox!).toFixed(1)} ms, ` +
+        `  CPU of each start with its close: sandbox ${parts.sandbox!.toFixed(1)} ms, kernel ${(parts['sandbox + kernel']! - parts.sandbox!).toFixed(1)} ms ` +
+          `(with the ten-turn rollout's 4 cells ${(parts['sandbox + kernel with 4 cells']! - parts.sandbox!).toFixed(1)} ms), ` +
           `bash ${(parts['sandbox + bash']! - parts.sandbox!).toFixed(1)} ms`,
       );
     }

@@ -80,6 +80,48 @@ describe.skipIf(skip !== undefined).each(shells)('PythonKernel in a bwrap sandbo
     expect((await kernel.run('kept')).result).toBe("'yes'");
   });
 
+  it('interrupts a cell that never makes a system call, and one that waits for a child', async () => {
+    const kernel = await start();
+    await kernel.run('kept = 7');
+    const busy = await kernel.run('n = 0\nwhile True:\n    n += 1', { timeoutMs: 300 });
+    expect(busy).toMatchObject({ status: 'timeout', error: { ename: 'KeyboardInterrupt' } });
+    expect(busy.notice).toContain('variables are kept');
+    expect(Number((await kernel.run('n')).result)).toBeGreaterThan(0);
+    const waiting = await kernel.run('import subprocess\nsubprocess.run(["sleep", "30"])', { timeoutMs: 300 });
+    expect(waiting).toMatchObject({ status: 'timeout', error: { ename: 'KeyboardInterrupt' } });
+    expect((await kernel.run('kept * 6')).result).toBe('42');
+  });
+
+  it("serves the service's connection alone: a process in the sandbox cannot reach the kernel", async () => {
+    const kernel = await start();
+    await kernel.run('secret = 42');
+    // every kernel socket of the sandbox, this one's included
+    const probe = await sandbox.exec(
+      [
+        'python3 - <<"EOF"',
+        'import glob, json, socket',
+        `paths = glob.glob("${sandbox.socketDir.sandbox}/py-*.sock")`,
+        'print(len(paths), "sockets")',
+        'for path in paths:',
+        '    s = socket.socket(socket.AF_UNIX)',
+        '    s.settimeout(2)',
+        '    try:',
+        '        s.connect(path)',
+        '        s.sendall(json.dumps({"id": 1, "code": "secret"}).encode() + b"\\n")',
+        '        print("answered", s.recv(65536))',
+        '    except OSError as e:',
+        '        print("refused", type(e).__name__)',
+        'EOF',
+      ].join('\n'),
+    );
+    expect(probe).toMatchObject({ returnCode: 0, stderr: '' });
+    expect(probe.stdout).toMatch(/^[1-9]\d* sockets\n/);
+    expect(probe.stdout).not.toContain('answered');
+    expect(probe.stdout).toContain('refused');
+    // and the service's connection still works
+    expect((await kernel.run('secret + 1')).result).toBe('43');
+  });
+
   it('restarts a kernel that swallows KeyboardInterrupt, and says the state is gone', async () => {
     const kernel = await start();
     await kernel.run('lost = 1');
