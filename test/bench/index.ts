@@ -24,6 +24,7 @@ const BENCHES: Record<string, () => Promise<{ default: () => Promise<void> }>> =
   weights: () => import('./weights.ts'),
   'cold-start': () => import('./cold-start.ts'),
   'tool-overhead': () => import('./tool-overhead.ts'),
+  sweep: () => import('./sweep.ts'),
 };
 
 const chosen = process.argv.slice(2);

@@ -321,6 +321,31 @@ describe.skipIf(skip !== undefined)('bwrap sandbox security', () => {
     }
   });
 
+  it("ends what a closed shell and kernel left behind, setsid'd, while the sandbox and its other sessions live on", async () => {
+    const sandbox = await create();
+    const ns = namespaceOf(sandbox);
+    const sleepers = () => pidsInNamespace(ns).map(cmdline).filter((c) => c.startsWith('sleep')).sort();
+    const closing = await BashSession.start(sandbox);
+    const staying = await BashSession.start(sandbox);
+    const kernel = await PythonKernel.start(sandbox);
+    try {
+      // out of their process groups and sessions: only the tag their environment carries finds them
+      await closing.run('setsid sleep 401 >/dev/null 2>&1 < /dev/null &');
+      await kernel.run('import subprocess\n_ = subprocess.Popen(["sleep", "402"], start_new_session=True)');
+      await staying.run('setsid sleep 403 >/dev/null 2>&1 < /dev/null &');
+      await sandbox.exec('setsid sleep 404 >/dev/null 2>&1 < /dev/null &');
+      expect(await until(() => sleepers().length === 4, 1000)).toBe(true);
+      await closing.close();
+      await kernel.close();
+      // (the sweep runs a moment after each end)
+      expect(await until(() => sleepers().length === 2, 1000)).toBe(true);
+      expect(sleepers()).toEqual(['sleep 403 ', 'sleep 404 ']);
+      expect((await staying.run('echo still here')).output).toBe('still here\n');
+    } finally {
+      await staying.close();
+    }
+  });
+
   it('leaves no process and no temporary directory behind after close', async () => {
     const before = childrenOfTest().length;
     const sandbox = await create();

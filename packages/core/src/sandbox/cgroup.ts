@@ -28,6 +28,11 @@ export interface SandboxCgroup {
   readonly procsFiles: string[];
   /** Moves a running process (its thread group) in. */
   join(pid: number): void;
+  /**
+   * The host pids of every process in it (its first `cgroup.procs`), or undefined when it cannot
+   * be read (removed): what a sweep of the sandbox's processes looks at, rather than all of /proc.
+   */
+  pids(): number[] | undefined;
   /** Why the sandbox ran out of something, once it did; undefined while within its limits. */
   exceeded(): string | undefined;
   /** Removes the group (once its processes are gone; retried by the caller). */
@@ -174,6 +179,17 @@ export function createSandboxCgroup(name: string, limits: CgroupLimits): Sandbox
     procsFiles,
     join(pid: number) {
       for (const file of procsFiles) writeFileSync(file, String(pid));
+    },
+    pids() {
+      let text: string;
+      try {
+        text = readFileSync(procsFiles[0]!, 'latin1');
+      } catch {
+        return undefined;
+      }
+      const pids: number[] = [];
+      for (const line of text.split('\n')) if (line !== '') pids.push(Number(line));
+      return pids;
     },
     exceeded() {
       const oomKills =

@@ -50,6 +50,12 @@ export interface KillTreeOptions {
   envTag?: string;
   /** Only processes in this pid namespace are matched by `envTag`. */
   pidNamespace?: string;
+  /**
+   * The processes `envTag` may be found in (the sandbox's cgroup), read again each round; where
+   * undefined or answering undefined, every process of the host is looked at: a sweep then costs
+   * a read per process of the host, not of the sandbox.
+   */
+  candidates?: () => number[] | undefined;
 }
 
 /**
@@ -69,7 +75,7 @@ export function killTree(leader: number | undefined, options: KillTreeOptions = 
   const innerTag = tag === undefined ? undefined : Buffer.concat([Buffer.from('\0'), tag]);
   for (let round = 0; round < 4; round++) {
     let found = 0;
-    for (const pid of listPids()) {
+    for (const pid of (leader === undefined ? options.candidates?.() : undefined) ?? listPids()) {
       if (pid === process.pid) continue;
       // (a process's stat is read only to match a leader: with a tag alone, a scan of a machine
       // running many sandboxes spent most of its time opening stat files it did not need)

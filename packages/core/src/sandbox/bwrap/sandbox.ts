@@ -723,7 +723,14 @@ export class BwrapSandbox extends CommandSandbox {
   }
 
   protected override killOptions(tag: string): KillTreeOptions {
-    return { envTag: tag, ...(this.pidNamespace === undefined ? {} : { pidNamespace: this.pidNamespace }) };
+    return {
+      envTag: tag,
+      ...(this.pidNamespace === undefined ? {} : { pidNamespace: this.pidNamespace }),
+      // every process of the sandbox is in its cgroup (bwrap joins it before it forks, an
+      // entering process before it enters), which nothing inside can leave: a sweep reads the
+      // sandbox's processes rather than the host's
+      candidates: () => this.cgroup?.pids(),
+    };
   }
 
   protected override killEntered(leader: number, tag: string, running: () => boolean): void {
