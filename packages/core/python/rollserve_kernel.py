@@ -232,6 +232,8 @@ class _Connection:
 
     def __init__(self, conn):
         self.conn = conn
+        # a cell's fork that returns from the cell is not the kernel: it must not serve
+        self.pid = os.getpid()
         self.buffer = b""
         self.requests = collections.deque()
         self.closed = False
@@ -278,7 +280,7 @@ class _Connection:
         return interrupted
 
     def on_sigio(self, signum, frame):
-        if self.busy:
+        if self.busy or os.getpid() != self.pid:
             return
         self.busy = True
         try:
@@ -351,6 +353,9 @@ def serve(path, shell, ready=_say_ready):
         except KeyboardInterrupt as exc:
             # landed before the cell began or between its end and the flag being cleared
             error = _error(exc, with_traceback=False)
+        if os.getpid() != connection.pid:
+            # the cell forked and this is the fork, back from the cell: the kernel answers, not it
+            os._exit(0)
         stdout, stderr = getattr(capture, "text", ("", ""))
         try:
             connection.send(

@@ -122,6 +122,15 @@ describe.skipIf(skip !== undefined).each(shells)('PythonKernel in a bwrap sandbo
     expect((await kernel.run('secret + 1')).result).toBe('43');
   });
 
+  it("answers once for a cell that forks: the fork, back from the cell, neither answers nor serves", async () => {
+    const kernel = await start();
+    const forked = await kernel.run('import os\npid = os.fork()\n"child" if pid == 0 else "parent"');
+    expect(forked).toMatchObject({ status: 'ok', result: "'parent'" });
+    // every later cell is the kernel's, answered once, in order
+    for (let i = 0; i < 5; i++) expect((await kernel.run(`${i} * 10`)).result).toBe(String(i * 10));
+    expect((await kernel.run('os.waitpid(pid, 0)[1]')).result).toBe('0');
+  });
+
   it('restarts a kernel that swallows KeyboardInterrupt, and says the state is gone', async () => {
     const kernel = await start();
     await kernel.run('lost = 1');
