@@ -1,9 +1,12 @@
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { defineEnvironment } from '@rollserve/core';
 import { startRolloutServer, type RolloutServer } from '@rollserve/core/service';
 import { call } from '@rollserve/testing';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { post } from '../gym/post-body.ts';
+import { BodyTooLargeError, readNodeBody } from '../../packages/core/src/server/read-body.ts';
 
 // Every face of the rollout service caps request bodies: its own API (/v1, the node routes),
 // ProRL's (/process) and the NeMo Gym agent's (/run) answer 413 in their own error shape, before
@@ -102,5 +105,30 @@ describe('the rollout service caps request bodies', () => {
       expect(sent.cut).toBe(true);
     }
     expect((await call(server.url, 'GET', '/health')).status).toBe(200);
+  });
+});
+
+describe('a refused body', () => {
+  it('leaves the client the whole linger after the 413, however late the answer comes: not cut before it', async () => {
+    // a server slower to answer than the linger (a loaded host): the 413 comes 2.5 s after the refusal
+    const server = createServer((request, response) => {
+      readNodeBody(request, 1024).catch(async (error: unknown) => {
+        const refused = error instanceof BodyTooLargeError;
+        await new Promise((resolve) => setTimeout(resolve, 2_500));
+        const body = refused ? 'too large' : String(error);
+        response.writeHead(refused ? 413 : 500, { 'content-type': 'text/plain', 'content-length': Buffer.byteLength(body), connection: 'close' });
+        response.end(body);
+      });
+    });
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    try {
+      const { port } = server.address() as AddressInfo;
+      // a client that keeps writing (a flood, or curl with a large file) until it has an answer
+      const sent = await post(`http://127.0.0.1:${port}`, '/', { total: 1024 ** 3, declared: 2 * 1024 ** 3, hold: true });
+      expect(sent).toMatchObject({ status: 413, body: 'too large' });
+    } finally {
+      server.closeAllConnections();
+      await new Promise((resolve) => server.close(resolve));
+    }
   });
 });

@@ -214,13 +214,17 @@ export class BodyTooLargeError extends Error {
  */
 const DISCARD_BYTES = 8 * 1024 * 1024;
 const DISCARD_MS = 2_000;
+/** How long a refused body's connection is kept for an answer that does not come (a stuck handler). */
+const ANSWER_MS = 10_000;
 
 /**
  * Drops what comes of a refused body. Past DISCARD_BYTES the request is paused (the client's
- * writes then wait on TCP), and after DISCARD_MS the connection is cut. Closing it any sooner
- * (destroying the socket at once, or Node closing a `Connection: close` exchange right after the
- * answer) resets the connection under a client still writing, whose kernel may then drop the 413
- * before it is read: the close lingers, as nginx's does.
+ * writes then wait on TCP), and DISCARD_MS after the answer is written the connection is cut (or
+ * ANSWER_MS after the refusal, if no answer is). Closing it any sooner (destroying the socket at
+ * once, or Node closing a `Connection: close` exchange right after the answer) resets the
+ * connection under a client still writing, whose kernel may then drop the 413 before it is read:
+ * the close lingers, as nginx's does. Counted from the answer, not the refusal: a service slow to
+ * answer (a loaded host) still leaves the client the whole linger to read it.
  */
 function discardRest(incoming: IncomingMessage): void {
   const socket = incoming.socket;
@@ -228,15 +232,21 @@ function discardRest(incoming: IncomingMessage): void {
   let dropped = 0;
   let ended = false;
   let closing = false;
+  const cut = (): void => {
+    if (closing || !ended) socket.destroy();
+  };
+  let timer = setTimeout(cut, ANSWER_MS);
+  timer.unref();
   socket.destroySoon = function lingeringClose(this: typeof socket) {
     closing = true;
     if (this.writable) this.end();
     if (ended) this.destroy();
+    else {
+      clearTimeout(timer);
+      timer = setTimeout(cut, DISCARD_MS);
+      timer.unref();
+    }
   };
-  const timer = setTimeout(() => {
-    if (closing || !ended) socket.destroy();
-  }, DISCARD_MS);
-  timer.unref();
   incoming.removeAllListeners('data');
   incoming.on('data', (chunk: Buffer) => {
     dropped += chunk.length;
