@@ -25,6 +25,7 @@ const PREVIOUS = {
     "p50 38.5 ms; createBwrapProvider({ warm: 'auto' }) p50 22.5 ms. Warm by default, three runs at load 7-15: default spec p50 25.7-31.6 ms, " +
     '34-40 ms CPU; explicit resources p50 26.4-32.2 ms, 30-39 ms CPU; warm 0 p50 34.9-57.7 ms; floor 12.1-21.0 ms',
   rollouts:
+    'before the kernel lost its threads (2026-11-28 08:03, load 1-4, one run): 24.6-25.6/s against the floor\'s 35.5-37.5 beside them (0.68-0.70×); ' +
     'before IPython\'s formatters were skipped and the rounds alternated with the floor (2026-11-28, nearly idle, warm: 0, ours then the floor): ' +
     '23.0-31.1/s against the floor\'s 38.1-47.5, 0.54-0.76×; ' +
     'before shells from the spawner (nine runs alternating with it, load 5-10): 13.0-37.8 rollouts/s at 0.58-0.97× the floor beside them ' +
