@@ -310,6 +310,18 @@ class _Connection:
         self.conn.sendall(_encode(message, max_bytes))
 
 
+def _end_fork():
+    """The cell forked and this is the fork, back from the cell: what it printed goes to the
+    cell's output (flushed), and it ends before it touches the capture files it shares with the
+    kernel (their offsets are shared too) or the socket: the kernel answers the cell, not it."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(0)
+
+
 def serve(path, shell, ready=_say_ready):
     """Serves `shell` on the Unix socket `path` until the process ends; `ready(mode)` once it
     listens (the fork server, rollserve_forkserver.py, calls this in each forked kernel). The
@@ -350,12 +362,11 @@ def serve(path, shell, ready=_say_ready):
                     result, error = shell.run(code)
                 finally:
                     _running[0] = False
+                    if os.getpid() != connection.pid:
+                        _end_fork()
         except KeyboardInterrupt as exc:
             # landed before the cell began or between its end and the flag being cleared
             error = _error(exc, with_traceback=False)
-        if os.getpid() != connection.pid:
-            # the cell forked and this is the fork, back from the cell: the kernel answers, not it
-            os._exit(0)
         stdout, stderr = getattr(capture, "text", ("", ""))
         try:
             connection.send(
