@@ -1,8 +1,9 @@
-import { spawn, spawnSync } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import { readdirSync, readFileSync, readlinkSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { bwrapAvailable, createBwrapProvider, PythonKernel, removeStaleSandboxDirs, type Sandbox, type SandboxSpec } from '@rollserve/core/sandbox';
+import { runScriptAsNobody } from '@rollserve/testing';
 import type { KernelForkServer, KernelForkServers } from '../../packages/core/src/sandbox/bwrap/fork-server.ts';
 
 // Python kernels forked from the provider's fork server (sandbox/bwrap/fork-server.ts): two
@@ -262,12 +263,7 @@ describe.skipIf(skip !== undefined)('kernels forked from one fork server', () =>
       'await ka.close(); await kb.close(); await a.close(); await b.close(); await provider.close();',
       'console.log(JSON.stringify({ uid: process.getuid(), forked, mode: ka.mode, seen: seen.result }));',
     ].join('\n');
-    const child = spawnSync('setpriv', ['--reuid=65534', '--regid=65534', '--clear-groups', process.execPath, '--import', 'tsx', '--input-type=module', '-e', script], {
-      cwd: join(import.meta.dirname, '../..'),
-      encoding: 'utf8',
-      timeout: 60_000,
-      env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: '/tmp' },
-    });
+    const child = runScriptAsNobody(script);
     expect(child.stderr).toBe('');
     const out = JSON.parse(child.stdout.trim().split('\n').at(-1)!) as { uid: number; forked: boolean; mode: string; seen: string };
     // nothing of the other kernel; CapInh, CapPrm, CapEff, CapBnd and CapAmb all zero

@@ -1,7 +1,7 @@
-import { spawnSync } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { createServer, type Server } from 'node:net';
+import { runScriptAsNobody } from '@rollserve/testing';
 import { afterAll, describe, expect, it } from 'vitest';
 import { createCodeRunner, globalTimeoutSecs, type Submission } from './runner.ts';
 
@@ -481,12 +481,7 @@ describe('hostile submissions: reward 0, host and server unharmed', () => {
       'await runner.close();',
       'console.log(JSON.stringify({ uid: process.getuid(), results }));',
     ].join('\n');
-    const child = spawnSync('setpriv', ['--reuid=65534', '--regid=65534', '--clear-groups', process.execPath, '--import', 'tsx', '--input-type=module', '-e', script], {
-      cwd: join(import.meta.dirname, '../../..'),
-      encoding: 'utf8',
-      timeout: 120_000,
-      env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: '/tmp' },
-    });
+    const child = runScriptAsNobody(script, 120_000);
     expect(child.stderr).toBe('');
     expect(JSON.parse(child.stdout.trim().split('\n').at(-1)!)).toEqual({ uid: 65534, results: [[true, -2], [true], [-1], Array(8).fill(true)] });
   });

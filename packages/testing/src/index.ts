@@ -11,3 +11,4 @@ export * from './postgres.ts';
 export * from './slurm.ts';
 export * from './shell-environment.ts';
 export * from './store-suite.ts';
+export * from './as-nobody.ts';

@@ -53,7 +53,8 @@ export interface KillTreeOptions {
   /**
    * The processes `envTag` may be found in (the sandbox's cgroup), read again each round; where
    * undefined or answering undefined, every process of the host is looked at: a sweep then costs
-   * a read per process of the host, not of the sandbox.
+   * a read per process of the host, not of the sandbox. (With a leader, its process group and
+   * session are looked for among every process of the host.)
    */
   candidates?: () => number[] | undefined;
 }
