@@ -5,6 +5,7 @@ import { performance } from 'node:perf_hooks';
 import { BashSession, bwrapAvailable, createBwrapProvider, createSandboxProvider, PythonKernel, type Sandbox, type SandboxProvider, type SandboxSpec } from '@rollserve/core/sandbox';
 import type { KernelForkServers } from '../../packages/core/src/sandbox/bwrap/fork-server.ts';
 import { createCodeRunner } from '@rollserve/env-code';
+import { codeKernelStart } from '@rollserve/env-math';
 import { problem } from './code-verify.ts';
 import { heading, latencyLine, percentile } from './stats.ts';
 import { childrenOf } from '../../packages/core/src/sandbox/process.ts';
@@ -114,15 +115,36 @@ function forkFloor(n: number): { p50: number; cpuMs: number } {
   return { p50: parsed.p50, cpuMs: parsed.cpu };
 }
 
+/** How a kernel is started: by default as the bash-and-Python rollouts start theirs. */
+type KernelStart = (sandbox: Sandbox) => Promise<PythonKernel>;
+
+/**
+ * math_with_code's kernel (environments/math, its `execute_python`): its modules preloaded and
+ * its prelude run, as the environment starts it; or, as before, the prelude importing them.
+ */
+const mathKernel =
+  (preloaded: boolean): KernelStart =>
+  async (sandbox) => {
+    const kernel = await PythonKernel.start(sandbox, preloaded ? { preload: codeKernelStart.preload } : {});
+    const prelude = await kernel.run(codeKernelStart.prelude);
+    if (prelude.status !== 'ok') throw new Error(`the prelude answered ${JSON.stringify(prelude)}`);
+    return kernel;
+  };
+
 /** From nothing to a kernel's first result: sandbox, kernel, `1 + 1`. */
-async function sandboxAndKernel(provider: SandboxProvider, n: number, spec: SandboxSpec = {}): Promise<{ latencies: number[]; cpuMs: number; mode: string }> {
+async function sandboxAndKernel(
+  provider: SandboxProvider,
+  n: number,
+  spec: SandboxSpec = {},
+  start: KernelStart = (sandbox) => PythonKernel.start(sandbox),
+): Promise<{ latencies: number[]; cpuMs: number; mode: string }> {
   const latencies: number[] = [];
   let mode = '';
   let servers: number[] = [];
   // one start first so the fork server exists (and is counted from here on)
   {
     const sandbox = await provider.create(spec);
-    const kernel = await PythonKernel.start(sandbox);
+    const kernel = await start(sandbox);
     await kernel.run('1 + 1');
     servers = serverPids(provider, sandbox);
     await kernel.close();
@@ -132,7 +154,7 @@ async function sandboxAndKernel(provider: SandboxProvider, n: number, spec: Sand
   for (let i = 0; i < n; i++) {
     const t0 = performance.now();
     const sandbox = await provider.create(spec);
-    const kernel = await PythonKernel.start(sandbox);
+    const kernel = await start(sandbox);
     const result = await kernel.run('1 + 1');
     latencies.push(performance.now() - t0);
     if (result.result !== '2') throw new Error(`kernel answered ${JSON.stringify(result)}`);
@@ -227,6 +249,13 @@ export default async function bench(): Promise<void> {
       console.log(`    explicit resources                   ${latencyLine(unpooledExplicit.latencies)}  ${unpooledExplicit.cpuMs.toFixed(1)} ms CPU each`);
       console.log(`  spawned kernel (${before.mode}), as before     ${latencyLine(before.latencies)}  ${before.cpuMs.toFixed(1)} ms CPU each`);
       console.log(`  previous figure: ${PREVIOUS.ready}`);
+      // an environment's kernel as it starts it: math_with_code's prelude puts numpy, scipy and
+      // pandas (where installed) in the namespace, and the agent's first result comes after it
+      const mathPreloaded = await sandboxAndKernel(usersGet, 40, {}, mathKernel(true));
+      const mathImporting = await sandboxAndKernel(usersGet, 20, {}, mathKernel(false));
+      console.log(`  math_with_code's kernel (environments/math: ${codeKernelStart.preload.join(', ')} in its namespace), default provider:`);
+      console.log(`    preloaded by its fork server         ${latencyLine(mathPreloaded.latencies)}  ${mathPreloaded.cpuMs.toFixed(1)} ms CPU each ${target(mathPreloaded)}`);
+      console.log(`    imported in each kernel (before)     ${latencyLine(mathImporting.latencies)}  ${mathImporting.cpuMs.toFixed(1)} ms CPU each`);
 
       // an idle pool: emptied IDLE_MS (10 s) after its last use, checked every 5 s; its cost is
       // its spares' ends (in the spawner's CPU, which reaps them) and the idle check

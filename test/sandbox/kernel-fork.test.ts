@@ -45,7 +45,7 @@ const alive = (pid: number): boolean => {
 describe.skipIf(skip !== undefined)('kernels forked from one fork server', () => {
   const provider = createBwrapProvider();
   const open: Array<{ kernel?: PythonKernel; sandbox: Sandbox }> = [];
-  const start = async (spec: SandboxSpec = {}, options: { shell?: 'plain' } = {}) => {
+  const start = async (spec: SandboxSpec = {}, options: { shell?: 'plain'; preload?: string[] } = {}) => {
     const sandbox = await provider.create(spec);
     const entry: { kernel?: PythonKernel; sandbox: Sandbox } = { sandbox };
     open.push(entry);
@@ -413,5 +413,66 @@ describe.skipIf(skip !== undefined)('kernels forked from one fork server', () =>
     const tokyo = await start({ env: { TZ: 'Asia/Tokyo' } });
     expect(parentOf(pidOf(tokyo.kernel))).toBe(server(tokyo.sandbox).pid);
     expect((await tokyo.kernel.run('import time\ntime.strftime("%Z", time.localtime(0))')).result).toBe("'JST'");
+  });
+
+  it('forks kernels that ask for preloaded modules from a server per list: imported in each, numpy drawing anew in each fork, in no other kernel', async () => {
+    const preload = ['numpy', 'statistics', 'no_such_module_here'];
+    const a = await start({}, { preload });
+    const b = await start({}, { preload });
+    const other = await start();
+    // (neither IPython nor the kernel imports statistics or numpy)
+    const probe = 'import sys\n[name in sys.modules for name in ("numpy", "statistics", "no_such_module_here")]';
+    expect((await a.kernel.run(probe)).result).toBe('[True, True, False]');
+    expect((await other.kernel.run(probe)).result).toBe('[False, False, False]');
+    // one server for the two, forked from it; the kernel without the list from another
+    const kernelServers = serversOf(a.sandbox).running().filter((server) => !server.bare);
+    expect(kernelServers).toHaveLength(2);
+    expect(parentOf(pidOf(a.kernel))).toBe(parentOf(pidOf(b.kernel)));
+    expect(parentOf(pidOf(other.kernel))).not.toBe(parentOf(pidOf(a.kernel)));
+    expect(kernelServers.map((server) => server.pid)).toContain(parentOf(pidOf(a.kernel)));
+    // numpy's global generator was seeded once, in the server: each fork draws its own numbers,
+    // as a new interpreter would (and so does `random`)
+    const draw = 'import numpy, random\n(numpy.random.rand(), numpy.random.randint(1 << 30), random.random())';
+    const [drawnA, drawnB] = [(await a.kernel.run(draw)).result, (await b.kernel.run(draw)).result];
+    expect(drawnA).toMatch(/^\(0\.\d+, \d+, 0\.\d+\)$/);
+    expect(drawnA).not.toBe(drawnB);
+    const [na, nb] = [drawnA, drawnB].map((text) => text!.slice(1, -1).split(', '));
+    expect(na![0]).not.toBe(nb![0]);
+    expect(na![1]).not.toBe(nb![1]);
+    // the list is checked before anything starts
+    await expect(PythonKernel.start(a.sandbox, { preload: ['os; import evil'] })).rejects.toThrow(/not a module name to preload/);
+  });
+
+  it("leaves a kernel whose environment sets a numerical library's thread count to import its preload itself, as it loads them", async () => {
+    const preloaded = await start({}, { preload: ['numpy'] });
+    const own = await start({ env: { OPENBLAS_NUM_THREADS: '1', OMP_NUM_THREADS: '1' } }, { preload: ['numpy'] });
+    // forked from the server without the list, which imports nothing for it
+    expect(parentOf(pidOf(own.kernel))).not.toBe(parentOf(pidOf(preloaded.kernel)));
+    const probe = 'import os, sys\n("numpy" in sys.modules, "ROLLSERVE_PYTHON_PRELOAD" in os.environ, os.environ["OPENBLAS_NUM_THREADS"])';
+    expect((await own.kernel.run(probe)).result).toBe("(True, False, '1')");
+    // OpenBLAS sized its threads by the kernel's environment: one thread in all after a product
+    // (the server's numpy, loaded without the variable, would start one per core)
+    const threads = 'import numpy, os\na = numpy.ones((300, 300))\n_ = a @ a\nlen(os.listdir("/proc/self/task"))';
+    expect((await own.kernel.run(threads)).result).toBe('1');
+  });
+
+  it('imports the preloaded modules in a spawned kernel as it starts, out of its environment before the first cell', async () => {
+    const spawnedProvider = createBwrapProvider({ kernelForkServer: false });
+    try {
+      const sandbox = await spawnedProvider.create();
+      try {
+        const kernel = await PythonKernel.start(sandbox, { preload: ['statistics', 'no_such_module_here'] });
+        try {
+          const seen = await kernel.run('import os, sys\n("statistics" in sys.modules, "no_such_module_here" in sys.modules, "ROLLSERVE_PYTHON_PRELOAD" in os.environ)');
+          expect(seen.result).toBe('(True, False, False)');
+        } finally {
+          await kernel.close();
+        }
+      } finally {
+        await sandbox.close();
+      }
+    } finally {
+      await spawnedProvider.close?.();
+    }
   });
 });

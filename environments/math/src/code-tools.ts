@@ -21,7 +21,9 @@ export interface CodeToolsConfig {
 }
 
 // Python math_with_code keeps numpy, scipy and pandas in the namespace; a module this sandbox's
-// Python lacks is left out rather than failing the session.
+// Python lacks is left out rather than failing the session. The kernel finds them imported
+// (PRELOAD: a forked kernel's server imported them once), and the prelude binds the names.
+const PRELOAD = ['numpy', 'scipy', 'pandas'];
 const PRELUDE = [
   'for __rs_name, __rs_alias in (("numpy", "np"), ("scipy", None), ("pandas", "pd")):',
   '    try:',
@@ -88,9 +90,12 @@ export function executePythonOutcome(response: ExecutePythonResponse): ToolExecu
   return outcomes.get(response) ?? { exitCode: null, timedOut: false, exception: response.success ? null : response.error_message ?? 'error' };
 }
 
+/** What math_with_code's kernel starts with: the modules it finds imported, and the prelude run in it first. */
+export const codeKernelStart: { readonly preload: readonly string[]; readonly prelude: string } = { preload: PRELOAD, prelude: PRELUDE };
+
 /** The session's kernel as math_with_code's calls use it (the rollout service starts it in INIT). */
 function codeKernel(tools: SessionTools, config: CodeToolsConfig) {
-  return tools.python({ defaultTimeoutMs: config.max_execution_time * 1000, maxOutputChars: 1_000_000, prelude: PRELUDE });
+  return tools.python({ defaultTimeoutMs: config.max_execution_time * 1000, maxOutputChars: 1_000_000, ...codeKernelStart });
 }
 
 /**

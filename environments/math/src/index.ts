@@ -19,7 +19,7 @@ export { JudgeError, judgeEquivalence, judgeSaysEqual } from './judge.ts';
 export { extractBoxedContent, normalizeAnswerLatex } from './latex-normalize.ts';
 export { print as sympyStr } from './sympy/index.ts';
 export type { CodeToolsConfig, ExecutePythonResponse } from './code-tools.ts';
-export { createEndSessionTool, createExecutePythonTool, executePython, resultLine } from './code-tools.ts';
+export { codeKernelStart, createEndSessionTool, createExecutePythonTool, executePython, resultLine } from './code-tools.ts';
 export type { MathWithCodeVerdict, MathWithCodeVerifier } from './math-with-code.ts';
 export {
   codeAnswersMatch,

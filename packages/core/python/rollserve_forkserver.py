@@ -576,6 +576,9 @@ def _become_kernel(request, status, kernel, ipython, channel=None):
         resource.setrlimit(limit, (value, value))
     os.environ.clear()
     os.environ.update(request["env"])
+    if request.get("run") is None and kernel is not None:
+        # a kernel's preload its server could not import for it (rollserve_kernel._import_preload)
+        kernel._import_preload(os.environ.pop("ROLLSERVE_PYTHON_PRELOAD", ""))
     import time
 
     time.tzset()  # a TZ of the sandbox's
@@ -653,19 +656,35 @@ def _report(fd, line):
         pass
 
 
+def _reseed_numpy():
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        try:
+            numpy_random.seed()
+        except Exception:
+            pass
+
+
+def _import_modules(names):
+    """Modules every fork finds imported (a preload's), each once here rather than in every fork.
+    A module missing from this interpreter is left out: what wants it finds out as it would anyway."""
+    import importlib
+
+    for name in names or []:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+
+
 def _preload(spec):
     """A bare server's preload (SandboxPythonRun.preload): standard modules imported, and the
     caller's module made from its source (and its `prepare` function run), before any fork, so
     that no program pays for them.
-    `random` reseeds itself in every fork (os.register_at_fork)."""
-    import importlib
+    `random` reseeds itself in every fork (os.register_at_fork), numpy's as main sets."""
     import types
 
-    for name in spec.get("modules") or []:
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            pass  # not in this interpreter: a program that wants it finds out as it would anyway
+    _import_modules(spec.get("modules"))
     module = spec.get("module")
     if module:
         made = types.ModuleType(module["name"])
@@ -970,6 +989,10 @@ def main(kernel_source, plain=False, preload=""):
     # nor what it imports (sockets, queues, compressors), as a new interpreter would not, and
     # each fork copies the page tables of a smaller process
     kernel = None if plain else _load_kernel(kernel_source)
+    if not plain and preload:
+        # the modules a kernel's caller asked for (PythonKernelOptions.preload), before the shell
+        # is made and warmed: what they make is frozen with it below, shared by every kernel
+        _import_modules(json.loads(preload).get("modules"))
     grader = None
     if plain and preload:
         spec = json.loads(preload)
@@ -984,6 +1007,11 @@ def main(kernel_source, plain=False, preload=""):
         # collection. (A plain server, for programs, keeps a fresh interpreter's collector.)
         gc.collect()
         gc.freeze()
+    if "numpy.random" in sys.modules:
+        # numpy's global generator (np.random.rand and the like) is seeded from the OS when it is
+        # imported, here, once: every fork would draw the same numbers, where a new interpreter
+        # draws its own. Each fork reseeds it, as `random` reseeds itself (os.register_at_fork).
+        os.register_at_fork(after_in_child=_reseed_numpy)
     os.write(1, ("READY %s\n" % ("ipython" if ipython is not None else "plain")).encode())
     server = Server(kernel, ipython)
     server.grader = grader

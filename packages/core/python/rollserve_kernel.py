@@ -215,7 +215,21 @@ class Capture:
         return False
 
 
+def _import_preload(names):
+    """PythonKernelOptions.preload in a spawned kernel: imported before the first cell (a forked
+    kernel's server imported them); a module this interpreter lacks is left out."""
+    import importlib
+
+    for name in names.split(","):
+        if name:
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                pass
+
+
 def main():
+    _import_preload(os.environ.pop("ROLLSERVE_PYTHON_PRELOAD", ""))
     serve(sys.argv[1], _make_shell())
 
 

@@ -204,6 +204,8 @@ export interface SandboxKernelFork {
   env?: Record<string, string>;
   /** Plain exec rather than IPython's InteractiveShell. */
   plain: boolean;
+  /** Modules the kernel finds imported (`PythonKernelOptions.preload`): its server imported them once. */
+  preload?: readonly string[];
   /** How long to wait for the kernel to listen. */
   timeoutMs: number;
 }

@@ -106,7 +106,8 @@ export class KernelForkServer {
   /**
    * `bare`: without IPython or the kernel, for programs (`forkPython`) and shells: what a
    * program finds in the interpreter is close to a new one's, plus `preload` (imported and made
-   * once, before any fork).
+   * once, before any fork). A kernel server takes `preload.modules` alone, imported before its
+   * shell is made (`PythonKernelOptions.preload`).
    */
   constructor(
     readonly python: string,
@@ -343,6 +344,12 @@ export class KernelForkServer {
 
 /** Variables that change what an interpreter is (its path, its libraries): a fork of another cannot honour them. */
 const INTERPRETER_VARS = /^(PYTHON|LD_)/;
+/**
+ * Variables numerical libraries read as they are loaded (thread counts of BLAS and OpenMP, numpy's
+ * own): a module a kernel's server preloaded read the server's. A kernel whose environment sets
+ * one imports its preload itself (PythonKernelOptions.preload).
+ */
+export const IMPORT_TIME_VARS = /^(OPENBLAS_|GOTO_|OMP_|KMP_|MKL_|BLIS_|VECLIB_|NUMEXPR_|NPY_|NUMPY_)/;
 /** The locale the fork server starts with (BASE_ENV's). */
 const LOCALE_VARS = ['LANG', 'LC_ALL', 'LC_CTYPE'];
 /** The kernel's own, which the fork server has as well. */
@@ -387,11 +394,19 @@ export class KernelForkServers {
 
   /**
    * The running server for the interpreter at `hostPath` (a new one if it has none or it ended);
-   * `bare` and `preload`: see KernelForkServer (a bare server per distinct preload).
+   * `bare` and `preload`: see KernelForkServer (a bare server per distinct preload; a kernel
+   * server per distinct list of modules, which is all of a preload a kernel's server takes).
    */
   get(hostPath: string, bare = false, preload?: ForkServerPreload): KernelForkServer | undefined {
     if (this.closed) return undefined;
-    const prepared = bare && preload !== undefined && (preload.modules?.length || preload.module !== undefined) ? preload : undefined;
+    if (!bare) {
+      const modules = preload?.modules ?? [];
+      const bad = modules.find((name) => !MODULE_NAME.test(name));
+      if (bad !== undefined) throw new RolloutError({ code: 'SANDBOX', message: `bad module name to preload: ${JSON.stringify(bad)}` });
+      // (validated names hold no comma)
+      return this.serverOf(`kernel:${hostPath}${modules.length === 0 ? '' : `:${modules.join(',')}`}`, () => new KernelForkServer(hostPath, false, modules.length === 0 ? undefined : { modules }));
+    }
+    const prepared = preload !== undefined && (preload.modules?.length || preload.module !== undefined) ? preload : undefined;
     let digest = prepared === undefined ? undefined : this.digests.get(prepared);
     if (prepared !== undefined && digest === undefined) {
       const names = [...(prepared.modules ?? []), ...(prepared.module === undefined ? [] : [prepared.module.name])];
@@ -406,10 +421,14 @@ export class KernelForkServers {
       // (a caller that passes the same object each time, as the code runner does, hashes its source once)
       this.digests.set(prepared, digest);
     }
-    const key = `${bare ? 'bare' : 'kernel'}:${hostPath}${digest === undefined ? '' : `:${digest}`}`;
+    return this.serverOf(`bare:${hostPath}${digest === undefined ? '' : `:${digest}`}`, () => new KernelForkServer(hostPath, true, prepared));
+  }
+
+  /** The server of `key`, started (again, if it ended) by `start`. */
+  private serverOf(key: string, start: () => KernelForkServer): KernelForkServer {
     let server = this.servers.get(key);
     if (server === undefined || !server.alive()) {
-      server = new KernelForkServer(hostPath, bare, prepared);
+      server = start();
       this.servers.set(key, server);
     }
     return server;

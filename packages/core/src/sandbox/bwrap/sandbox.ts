@@ -26,7 +26,7 @@ import {
   type SandboxPythonRun,
   type SandboxStatus,
 } from '../types.ts';
-import type { ChannelAnswer, ForkChannel, KernelForkRequest, KernelForkServers } from './fork-server.ts';
+import { IMPORT_TIME_VARS, type ChannelAnswer, type ForkChannel, type KernelForkRequest, type KernelForkServers } from './fork-server.ts';
 import type { InitProcess, Spawner } from './spawner.ts';
 import { buildEnterArgs, EXEC_DIR, INPUT_MOUNT, ownNamespaces, type EnterableNamespace } from './args.ts';
 
@@ -416,7 +416,12 @@ export class BwrapSandbox extends CommandSandbox {
     const tag = this.nextTag();
     const env = this.env({ PYTHONUNBUFFERED: '1', PYTHONDONTWRITEBYTECODE: '1', ...request.env }, tag);
     const python = this.forkServers.resolve(request.python, env);
-    const server = python === undefined ? undefined : this.forkServers.get(python);
+    // a preload is imported by the kernel's server, unless the kernel's environment sets what
+    // such modules read as they load (then the kernel imports it, forked from the server without)
+    const preload = request.preload ?? [];
+    const ownImports = preload.length > 0 && Object.keys(env).some((name) => IMPORT_TIME_VARS.test(name));
+    if (ownImports) env.ROLLSERVE_PYTHON_PRELOAD = preload.join(',');
+    const server = python === undefined ? undefined : this.forkServers.get(python, false, preload.length > 0 && !ownImports ? { modules: [...preload] } : undefined);
     if (server === undefined) return undefined;
     const killOptions = this.killOptions(`ROLLSERVE_SANDBOX=${tag}`);
     let resolveExit: (code: number) => void = () => {};
