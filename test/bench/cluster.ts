@@ -4,6 +4,7 @@ import { loadavg } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Agent, request } from 'undici';
+import { childrenOf } from '../../packages/core/src/sandbox/process.ts';
 
 // What the service-memory, nodes and node-loss benches share: `rollserve start` and `rollserve node`
 // as child processes (the way users run them), tasks over HTTP, results from the NDJSON stream, and
@@ -136,6 +137,27 @@ export async function cpuSeconds(pid: number, children = false): Promise<number>
   const fields = (await readFile(`/proc/${pid}/stat`, 'latin1')).split(') ')[1]!.split(' ');
   const own = Number(fields[11]) + Number(fields[12]); // utime, stime
   return (children ? own + Number(fields[13]) + Number(fields[14]) : own) / TICKS_PER_S; // cutime, cstime
+}
+
+/**
+ * CPU seconds of a process and of everything under it that lives on: each live descendant's own
+ * and its waited-for children's. A service's sandboxes are reaped by helpers that live as long as
+ * it does (its kernel fork servers, its spawners), so `cpuSeconds(pid, true)` sees their CPU only
+ * once those end; this sees it as it is spent (the processes of sandboxes still running included).
+ */
+export async function treeCpuSeconds(pid: number): Promise<number> {
+  let total = 0;
+  const queue = [pid];
+  while (queue.length > 0) {
+    const next = queue.pop()!;
+    try {
+      total += await cpuSeconds(next, true);
+    } catch {
+      continue; // ended meanwhile: its parent's waited-for children hold it (or will)
+    }
+    queue.push(...childrenOf(next));
+  }
+  return total;
 }
 
 /** Resident memory of a process in bytes (VmRSS in /proc/PID/status). */

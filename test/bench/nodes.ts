@@ -3,7 +3,7 @@ import { cpus, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { nemoGymFixture, readJsonl } from '@rollserve/testing';
 import { startPolicyProcess } from './policy-process.ts';
-import { adopt, cpuSeconds, dispatcher, load, machineTicks, mathTask, runBatch, startNode, startService, stop, stopAll, type NodeProcess, type ServiceProcess, type WireResult } from './cluster.ts';
+import { adopt, cpuSeconds, dispatcher, load, machineTicks, mathTask, runBatch, startNode, startService, stop, stopAll, treeCpuSeconds, type NodeProcess, type ServiceProcess, type WireResult } from './cluster.ts';
 import { heading } from './stats.ts';
 
 // `pnpm bench nodes`: rollouts/s of the central service (`rollserve start --run-locally never`)
@@ -13,9 +13,10 @@ import { heading } from './stats.ts';
 // and the service alone (`--run-locally auto`, no node) as the baseline, in the same run, against
 // the same scripted policy (no latency) in its own process. Each set-up has its own service and
 // store and a warm-up; all are up at once and their measured rounds interleaved. The CPU per
-// rollout of the service, the nodes, the policy and this client comes from /proc (a process's
-// children, its sandboxes, counted when they end); the machine's busy time from /proc/stat (the
-// cores are shared by all of them, and by whatever else runs here). Two workloads: single-turn math, and
+// rollout of the service, the nodes, the policy and this client comes from /proc (the service's
+// and a node's with every process under them, their sandboxes included: treeCpuSeconds); the
+// machine's busy time from /proc/stat (the cores are shared by all of them, and by whatever else
+// runs here). Two workloads: single-turn math, and
 // a multi-turn one with sandboxes (math_with_code: two `execute_python` calls in the rollout's
 // bwrap sandbox and Python kernel, then the answer). NODES_BENCH_WORKLOADS=single|multi picks one.
 
@@ -125,10 +126,16 @@ async function startSetup(work: Workload, policyUrl: string, policyPid: number, 
     await close();
     throw error;
   }
-  const sum = async (pids: number[]) => (await Promise.all(pids.map((pid) => cpuSeconds(pid, true)))).reduce((a, b) => a + b, 0);
+  const sum = async (pids: number[], cpu: (pid: number) => Promise<number>) => (await Promise.all(pids.map(cpu))).reduce((a, b) => a + b, 0);
   const cpuOf = async () => {
     const own = process.cpuUsage();
-    return { service: await sum([service.pid]), nodes: await sum(nodes.map((n) => n.pid)), policy: await sum([policyPid]), client: (own.user + own.system) / 1e6 };
+    // (the service's and the nodes' with their sandboxes: their fork servers and spawners reap them)
+    return {
+      service: await sum([service.pid], treeCpuSeconds),
+      nodes: await sum(nodes.map((n) => n.pid), treeCpuSeconds),
+      policy: await sum([policyPid], (pid) => cpuSeconds(pid, true)),
+      client: (own.user + own.system) / 1e6,
+    };
   };
   const rates: number[] = [];
   const cpu = { service: 0, nodes: 0, policy: 0, client: 0 };
@@ -182,6 +189,12 @@ function describe(label: string, m: Measured): string {
 
 const median = (values: number[]) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!;
 
+/**
+ * Rollouts/s over all the measured rounds (equal rounds: the harmonic mean of their rates), the
+ * rate the CPU per rollout, summed over the same rounds, turns into cores busy.
+ */
+const overallRate = (m: Measured): number => m.rates.length / m.rates.reduce((sum, rate) => sum + 1 / rate, 0);
+
 function summary(measured: Measured[]): void {
   const cores = cpus().length;
   const name = (m: Measured) => (m.nodes === 0 ? 'alone' : `${m.nodes} node${m.nodes > 1 ? 's' : ''}${m.direct ? ' direct' : ''}`);
@@ -191,7 +204,7 @@ function summary(measured: Measured[]): void {
   );
   const perRollout = (m: Measured) => m.cpu.service + m.cpu.nodes + m.cpu.policy + m.cpu.client;
   for (const m of measured) {
-    const busy = (ms: number) => ((ms * median(m.rates)) / 1000).toFixed(2); // CPU ms per rollout × rollouts/s = cores busy
+    const busy = (ms: number) => ((ms * overallRate(m)) / 1000).toFixed(2); // CPU ms per rollout × rollouts/s = cores busy
     console.log(
       `  ${name(m).padEnd(14)} cores busy: service ${busy(m.cpu.service)}, nodes ${busy(m.cpu.nodes)}, policy ${busy(m.cpu.policy)}, client ${busy(m.cpu.client)} ` +
         `= ${busy(perRollout(m))} of ${cores}; the whole machine ${(m.machineBusy * cores).toFixed(2)} of ${cores} (the rest: other processes on this host)`,
@@ -200,7 +213,7 @@ function summary(measured: Measured[]): void {
   const leastBusy = Math.min(...measured.map((m) => m.machineBusy));
   const growing = measured.length > 1 && measured.every((m, i) => i === 0 || perRollout(m) >= perRollout(measured[i - 1]!) * 0.95);
   const withNodes = measured.filter((m) => m.nodes > 0);
-  const serviceCores = Math.max(...withNodes.map((m) => (m.cpu.service * median(m.rates)) / 1000));
+  const serviceCores = Math.max(...withNodes.map((m) => (m.cpu.service * overallRate(m)) / 1000));
   console.log(
     `bound: ${leastBusy > 0.9 ? `CPU — the machine's ${cores} cores were ≥${(leastBusy * 100).toFixed(0)}% busy in every set-up (other processes on this host included)` : `not CPU alone — the machine was only ${(leastBusy * 100).toFixed(0)}% busy in one set-up`}; ` +
       `CPU per rollout (service + nodes and their sandboxes + policy + client): ${measured.map((m) => `${name(m)} ${perRollout(m).toFixed(2)} ms`).join(', ')}${growing ? ', growing with the node count' : ''}; ` +

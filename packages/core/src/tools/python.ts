@@ -37,11 +37,13 @@ export interface PythonKernelOptions {
   /**
    * Modules the kernel finds imported before its first cell (a prelude's `import numpy` is then a
    * lookup). Where kernels are forked (bwrap on the host's root) they come from a fork server that
-   * imported them once, one server per distinct list: a kernel pays nothing for them (numpy and
-   * scipy: ≈ 90 ms of CPU each kernel otherwise). A spawned kernel imports them as it starts. A
-   * module the interpreter lacks is left out. For modules whose import reads nothing of the
-   * sandbox and writes nothing: a forked kernel's were imported on the host, in the server's
-   * environment (BASE_ENV), not the kernel's. numpy's global generator is reseeded in every fork.
+   * imported them once, one server per distinct list: a kernel pays nothing for them
+   * (math_with_code's kernel, numpy and scipy in its prelude: ≈ 200 ms of CPU to start, ≈ 30
+   * preloaded; `pnpm bench kernel`). A spawned kernel imports them as it starts. A module the
+   * interpreter lacks is left out. For modules whose import reads nothing of the sandbox and writes
+   * nothing: a forked kernel's were imported on the host, in the server's environment (BASE_ENV);
+   * a kernel whose environment sets what numerical libraries read as they load (IMPORT_TIME_VARS:
+   * OPENBLAS_NUM_THREADS, ...) imports them itself. numpy's global generator is reseeded in every fork.
    * @example ['numpy', 'scipy']
    */
   preload?: readonly string[];
