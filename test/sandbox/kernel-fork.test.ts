@@ -45,8 +45,10 @@ const alive = (pid: number): boolean => {
 describe.skipIf(skip !== undefined)('kernels forked from one fork server', () => {
   const provider = createBwrapProvider();
   const open: Array<{ kernel?: PythonKernel; sandbox: Sandbox }> = [];
-  const start = async (spec: SandboxSpec = {}, options: { shell?: 'plain'; preload?: string[] } = {}) => {
-    const sandbox = await provider.create(spec);
+  // (kernels with preloaded modules: a provider of their own, whose kernel servers are theirs)
+  const preloading = createBwrapProvider();
+  const start = async (spec: SandboxSpec = {}, options: { shell?: 'plain'; preload?: string[] } = {}, from = provider) => {
+    const sandbox = await from.create(spec);
     const entry: { kernel?: PythonKernel; sandbox: Sandbox } = { sandbox };
     open.push(entry);
     entry.kernel = await PythonKernel.start(sandbox, options);
@@ -65,6 +67,7 @@ describe.skipIf(skip !== undefined)('kernels forked from one fork server', () =>
   });
   afterAll(async () => {
     await provider.close?.();
+    await preloading.close?.();
   });
 
   it('forks IPython kernels that keep magics and rich tracebacks, as a spawned kernel has them', async () => {
@@ -417,9 +420,9 @@ describe.skipIf(skip !== undefined)('kernels forked from one fork server', () =>
 
   it('forks kernels that ask for preloaded modules from a server per list: imported in each, numpy drawing anew in each fork, in no other kernel', async () => {
     const preload = ['numpy', 'statistics', 'no_such_module_here'];
-    const a = await start({}, { preload });
-    const b = await start({}, { preload });
-    const other = await start();
+    const a = await start({}, { preload }, preloading);
+    const b = await start({}, { preload }, preloading);
+    const other = await start({}, {}, preloading);
     // (neither IPython nor the kernel imports statistics or numpy)
     const probe = 'import sys\n[name in sys.modules for name in ("numpy", "statistics", "no_such_module_here")]';
     expect((await a.kernel.run(probe)).result).toBe('[True, True, False]');
@@ -444,8 +447,8 @@ describe.skipIf(skip !== undefined)('kernels forked from one fork server', () =>
   });
 
   it("leaves a kernel whose environment sets a numerical library's thread count to import its preload itself, as it loads them", async () => {
-    const preloaded = await start({}, { preload: ['numpy'] });
-    const own = await start({ env: { OPENBLAS_NUM_THREADS: '1', OMP_NUM_THREADS: '1' } }, { preload: ['numpy'] });
+    const preloaded = await start({}, { preload: ['numpy'] }, preloading);
+    const own = await start({ env: { OPENBLAS_NUM_THREADS: '1', OMP_NUM_THREADS: '1' } }, { preload: ['numpy'] }, preloading);
     // forked from the server without the list, which imports nothing for it
     expect(parentOf(pidOf(own.kernel))).not.toBe(parentOf(pidOf(preloaded.kernel)));
     const probe = 'import os, sys\n("numpy" in sys.modules, "ROLLSERVE_PYTHON_PRELOAD" in os.environ, os.environ["OPENBLAS_NUM_THREADS"])';
