@@ -198,6 +198,19 @@ describe('execute_python and end_session over HTTP (persistent kernel in a bwrap
     expect((await run('x', cookies)).json).toMatchObject({ success: true, result: '41' });
   }, 60_000);
 
+  it("gives each session's numpy random numbers of its own, as a new interpreter's (the kernels are forks of one that imported numpy)", async () => {
+    const draw = 'print(np.random.rand(), np.random.randint(1 << 30), random.random())';
+    const first = await run(`import random\n${draw}`);
+    const second = await run(`import random\n${draw}`);
+    for (const answer of [first, second]) expect(answer.json).toMatchObject({ success: true, stdout: expect.stringMatching(/^0\.\d+ \d+ 0\.\d+\n$/) });
+    const [a, b] = [first, second].map((answer) => String((answer.json as { stdout: string }).stdout).split(' '));
+    expect(a![0]).not.toBe(b![0]);
+    expect(a![1]).not.toBe(b![1]);
+    // and a session's stream goes on from call to call
+    const again = await run(draw, first.setCookies);
+    expect((again.json as { stdout: string }).stdout).not.toBe((first.json as { stdout: string }).stdout);
+  }, 60_000);
+
   it('interrupts a call at max_execution_time and keeps the session usable', async () => {
     const first = await run('z = 7');
     const cookies = first.setCookies;
