@@ -168,10 +168,10 @@ async function sandboxAndKernel(
 }
 
 /** One sandboxed ten-turn rollout: a fresh sandbox, 5 bash calls and 4 Python calls, alternating. */
-async function rollout(provider: SandboxProvider): Promise<void> {
+async function rollout(provider: SandboxProvider, kernel: { shell?: 'plain' } = {}): Promise<void> {
   const sandbox = await provider.create();
   try {
-    const [bash, python] = await Promise.all([BashSession.start(sandbox), PythonKernel.start(sandbox)]);
+    const [bash, python] = await Promise.all([BashSession.start(sandbox), PythonKernel.start(sandbox, kernel)]);
     try {
       for (let turn = 0; turn < 9; turn++) {
         if (turn % 2 === 0) {
@@ -332,11 +332,13 @@ export default async function bench(): Promise<void> {
     const tenProvider = createSandboxProvider();
     try {
       const first = await closedLoop(concurrency, 60, () => rollout(tenProvider));
-      const rounds: Array<{ ours: number; floor: number }> = [];
+      const rounds: Array<{ ours: number; plain: number; floor: number }> = [];
       for (let round = 0; round < 3; round++) {
         const ours = await closedLoop(concurrency, 60, () => rollout(tenProvider));
+        // the same with kernels without IPython (PythonKernelOptions.shell 'plain'): what IPython costs a rollout
+        const plain = await closedLoop(concurrency, 60, () => rollout(tenProvider, { shell: 'plain' }));
         const floor = await closedLoop(concurrency, 60, floorRollout);
-        rounds.push({ ours: ours.perS, floor: floor.perS });
+        rounds.push({ ours: ours.perS, plain: plain.perS, floor: floor.perS });
       }
       const unpooled = await closedLoop(concurrency, 60, () => rollout(forked));
       const tenBefore = await closedLoop(concurrency, 8, () => rollout(spawned));
@@ -347,6 +349,11 @@ export default async function bench(): Promise<void> {
       console.log(
         `  default provider, then (3 rounds)     ${range(rounds.map((r) => r.ours))} rollouts/s; ` +
           `the floor beside each ${range(rounds.map((r) => r.floor))}; ours ${ratios.map((x) => x.toFixed(2)).join(', ')}× the floor (median ${median(ratios).toFixed(2)}×; target ≥ 1×, ≥ 37/s)`,
+      );
+      const plainRatios = rounds.map((r) => r.plain / r.floor);
+      console.log(
+        `  plain kernels (no IPython), beside    ${range(rounds.map((r) => r.plain))} rollouts/s; ` +
+          `${plainRatios.map((x) => x.toFixed(2)).join(', ')}× the floor (median ${median(plainRatios).toFixed(2)}×)`,
       );
       console.log(`  no warm sandboxes (warm: 0)           ${unpooled.perS.toFixed(1)} rollouts/s`);
       console.log(`  spawned kernels (before)              ${tenBefore.perS.toFixed(1)} rollouts/s`);

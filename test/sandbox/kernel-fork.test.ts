@@ -96,6 +96,21 @@ describe.skipIf(skip !== undefined)('kernels forked from one fork server', () =>
     }
   });
 
+  it("keeps the server's anonymous memory in huge pages where the host has them: a fork copies one page-table entry per 2 MiB of it", async (context) => {
+    let thp = '';
+    try {
+      thp = readFileSync('/sys/kernel/mm/transparent_hugepage/enabled', 'utf8');
+    } catch {
+      // no transparent huge pages in this kernel
+    }
+    if (thp === '' || thp.includes('[never]')) return context.skip();
+    const { sandbox, kernel } = await start();
+    expect((await kernel.run('1 + 1')).result).toBe('2');
+    const huge = (pid: number): number => Number(/^AnonHugePages:\s+(\d+) kB/m.exec(readFileSync(`/proc/${pid}/smaps_rollup`, 'utf8'))?.[1] ?? 0);
+    // (the server's own writes since, a request's handling among them, split some of them again)
+    expect(huge(server(sandbox).pid!)).toBeGreaterThan(0);
+  });
+
   it('gives two kernels forked from one server nothing of each other: files, processes, network, environment, Python state', async () => {
     const a = await start({ env: { ONLY_IN_A: 'a' } });
     const b = await start();
