@@ -78,6 +78,21 @@ function ownerGone(dir: string): boolean {
 }
 
 /**
+ * Whether `pid` is a kernel fork server still running: not a zombie (a server killed with its
+ * service waits, until the host's init reaps it, as one: on a host whose init reaps late, a
+ * while), and not another process since given its pid (its command line names no fork server).
+ */
+function forkServerRunning(pid: number): boolean {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'latin1');
+    const state = stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3);
+    return state !== 'Z' && state !== 'X' && readFileSync(`/proc/${pid}/cmdline`, 'latin1').includes('rollserve-forkserver');
+  } catch {
+    return false;
+  }
+}
+
+/**
  * Removes the temporary directories and cgroups of sandboxes whose service died without closing
  * them (their processes died with it: see the bwrap provider's guard). A directory is stale when no process's
  * command line names it, none works in it (bwrap runs in its sandbox's directory: its command line
@@ -113,7 +128,7 @@ export async function removeStaleSandboxDirs(options: { tmpDir?: string; minAgeM
         try {
           const stat = lstatSync(path);
           if (!stat.isDirectory() || (process.getuid !== undefined && process.getuid() !== 0 && stat.uid !== process.getuid())) continue;
-          if (existsSync(`/proc/${server[1]}`) && Date.now() - stat.mtimeMs < minAgeMs) continue;
+          if (forkServerRunning(Number(server[1])) && Date.now() - stat.mtimeMs < minAgeMs) continue;
           await rm(path, { recursive: true, force: true });
           scratch.push(path);
         } catch {

@@ -185,24 +185,44 @@ describe('removeStaleSandboxDirs', () => {
   });
 
   it("removes a kernel fork server's scratch directory once its server is gone or it is old, not a live server's", async () => {
-    const { mkdirSync, existsSync, rmSync, utimesSync } = await import('node:fs');
-    const { spawnSync } = await import('node:child_process');
+    const { mkdirSync, existsSync, readFileSync, rmSync, utimesSync } = await import('node:fs');
+    const { spawn, spawnSync } = await import('node:child_process');
+    const readStat = (pid: number): string => {
+      try {
+        return readFileSync(`/proc/${pid}/stat`, 'latin1');
+      } catch {
+        return '';
+      }
+    };
     const { tmpdir } = await import('node:os');
     const { join } = await import('node:path');
     const { removeStaleSandboxDirs } = await import('../staging.ts');
     const dead = spawnSync('true').pid!;
+    // a live process whose command line is a fork server's (its loader names `<rollserve-forkserver>`)
+    const server = spawn(process.execPath, ['-e', 'setTimeout(() => {}, 60_000)', '<rollserve-forkserver>'], { stdio: ['ignore', 'pipe', 'ignore'] });
+    // a server killed with its service and not yet reaped (a zombie: its parent, here a sleep, reaps nothing)
+    const parent = spawn('sh', ['-c', 'sleep 0 & echo $!; exec sleep 60'], { stdio: ['ignore', 'pipe', 'ignore'] });
+    const zombie = await new Promise<Buffer>((resolve) => parent.stdout!.once('data', resolve));
     const gone = join(tmpdir(), `rollserve-forkserver-${dead}-t3stgone`);
-    const live = join(tmpdir(), `rollserve-forkserver-${process.pid}-t3stlive`);
-    const old = join(tmpdir(), `rollserve-forkserver-${process.pid}-t3st0old`);
+    const live = join(tmpdir(), `rollserve-forkserver-${server.pid}-t3stlive`);
+    const old = join(tmpdir(), `rollserve-forkserver-${server.pid}-t3st0old`);
+    const unreaped = join(tmpdir(), `rollserve-forkserver-${Number(zombie)}-t3stzomb`);
+    // its pid since given to another process: this one
+    const reused = join(tmpdir(), `rollserve-forkserver-${process.pid}-t3streus`);
+    const dirs = [gone, live, old, unreaped, reused];
     try {
-      for (const d of [gone, live, old]) mkdirSync(join(d, 'profile_default'), { recursive: true });
+      for (let i = 0; i < 100 && !/^\S+ \(\S+\) Z/.test(readStat(Number(zombie))); i++) await new Promise((resolve) => setTimeout(resolve, 20));
+      expect(readStat(Number(zombie))).toMatch(/^\S+ \(\S+\) Z/);
+      for (const d of dirs) mkdirSync(join(d, 'profile_default'), { recursive: true });
       const then = new Date(Date.now() - 3_600_000);
       utimesSync(old, then, then);
       const removed = await removeStaleSandboxDirs({ orphansOnly: true });
-      expect(removed.filter((path) => path.includes('-t3st')).sort()).toEqual([gone, old].sort());
+      expect(removed.filter((path) => path.includes('-t3st')).sort()).toEqual([gone, old, unreaped, reused].sort());
       expect(existsSync(live)).toBe(true);
     } finally {
-      for (const d of [gone, live, old]) rmSync(d, { recursive: true, force: true });
+      server.kill('SIGKILL');
+      parent.kill('SIGKILL');
+      for (const d of dirs) rmSync(d, { recursive: true, force: true });
     }
   });
 
