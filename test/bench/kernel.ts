@@ -1,5 +1,6 @@
 import { spawn, spawnSync } from 'node:child_process';
-import { readFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, rmdirSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { availableParallelism, loadavg } from 'node:os';
 import { performance } from 'node:perf_hooks';
 import { BashSession, bwrapAvailable, createBwrapProvider, createSandboxProvider, PythonKernel, type Sandbox, type SandboxProvider, type SandboxSpec } from '@rollserve/core/sandbox';
@@ -62,6 +63,50 @@ const serverPids = (provider: SandboxProvider, sandbox: Sandbox | undefined): nu
   const spawners = [held?.spawner?.pid, held?.shellSpawner?.()?.pid].filter((pid): pid is number => pid !== undefined);
   return [...(held?.forkServers?.running().map((server) => server.pid!) ?? []), ...spawners];
 };
+
+/**
+ * A cgroup v1 cpuacct group (root; where the hierarchy is mounted) that this process moves into,
+ * so that what it starts from then on is in it too: the sandboxes' processes (their own cgroups
+ * are memory and pids ones), the kernels, the spawners, a floor's bwrap and what runs under it.
+ * Its usage is then the CPU of the whole tree, which a process's `cutime` misses (what runs under a
+ * bwrap's pid namespace is reaped there); kernel threads' work (a namespace's teardown) is not in it,
+ * for either side. `close` moves every process in it back to where this process was and removes it.
+ */
+function cpuacctGroup(): { usageMs(): number; close(): void } | undefined {
+  const own = /^\d+:(?:[^:]*,)?cpuacct(?:,[^:]*)?:(.*)$/m.exec(readFileSync('/proc/self/cgroup', 'utf8'))?.[1];
+  const mount = ['/sys/fs/cgroup/cpuacct', '/sys/fs/cgroup/cpu,cpuacct'].find((dir) => existsSync(join(dir, 'cpuacct.usage')));
+  if (own === undefined || mount === undefined || process.getuid?.() !== 0) return undefined;
+  const home = join(mount, own);
+  const dir = join(home, `rollserve-bench-${process.pid}`);
+  try {
+    mkdirSync(dir);
+    writeFileSync(join(dir, 'cgroup.procs'), String(process.pid));
+  } catch {
+    return undefined;
+  }
+  return {
+    usageMs: () => Number(readFileSync(join(dir, 'cpuacct.usage'), 'utf8')) / 1e6,
+    close: () => {
+      // (a process forked into it as the last were moved: moved in the next pass)
+      for (let pass = 0; pass < 10; pass++) {
+        for (const pid of readFileSync(join(dir, 'cgroup.procs'), 'utf8').split('\n').filter(Boolean)) {
+          try {
+            writeFileSync(join(home, 'cgroup.procs'), pid);
+          } catch {
+            // ended meanwhile
+          }
+        }
+        try {
+          rmdirSync(dir);
+          return;
+        } catch {
+          // not empty yet
+        }
+      }
+      console.log(`  (the cpuacct group ${dir} could not be removed)`);
+    },
+  };
+}
 
 /** A bare bwrap start: namespaces, the host's /usr read-only, `true`. */
 function bareBwrapArgs(command: string[]): string[] {
@@ -329,16 +374,29 @@ export default async function bench(): Promise<void> {
     // first rollout, then rounds alternating with the floor, so that both see the same load
     // (no CPU figure here: what runs under bwrap's pid namespace never reaches this process's
     // cutime, so the floor's CPU cannot be read as ours is; README: perf's sched_stat_runtime)
+    // (the CPU of each side's whole process tree, where a cpuacct group can be had: before the
+    // provider, so that its spawners and fork servers start in the group)
+    const group = cpuacctGroup();
     const tenProvider = createSandboxProvider();
     try {
       const first = await closedLoop(concurrency, 60, () => rollout(tenProvider));
-      const rounds: Array<{ ours: number; plain: number; floor: number }> = [];
+      const rounds: Array<{ ours: number; plain: number; floor: number; cpu?: { ours: number; plain: number; floor: number } }> = [];
+      const cpuPerRollout = async (loop: () => Promise<{ perS: number }>): Promise<{ perS: number; cpuMs: number }> => {
+        const cpu0 = group?.usageMs() ?? 0;
+        const { perS } = await loop();
+        return { perS, cpuMs: ((group?.usageMs() ?? 0) - cpu0) / 60 };
+      };
       for (let round = 0; round < 3; round++) {
-        const ours = await closedLoop(concurrency, 60, () => rollout(tenProvider));
+        const ours = await cpuPerRollout(() => closedLoop(concurrency, 60, () => rollout(tenProvider)));
         // the same with kernels without IPython (PythonKernelOptions.shell 'plain'): what IPython costs a rollout
-        const plain = await closedLoop(concurrency, 60, () => rollout(tenProvider, { shell: 'plain' }));
-        const floor = await closedLoop(concurrency, 60, floorRollout);
-        rounds.push({ ours: ours.perS, plain: plain.perS, floor: floor.perS });
+        const plain = await cpuPerRollout(() => closedLoop(concurrency, 60, () => rollout(tenProvider, { shell: 'plain' })));
+        const floor = await cpuPerRollout(() => closedLoop(concurrency, 60, floorRollout));
+        rounds.push({
+          ours: ours.perS,
+          plain: plain.perS,
+          floor: floor.perS,
+          ...(group === undefined ? {} : { cpu: { ours: ours.cpuMs, plain: plain.cpuMs, floor: floor.cpuMs } }),
+        });
       }
       const unpooled = await closedLoop(concurrency, 60, () => rollout(forked));
       const tenBefore = await closedLoop(concurrency, 8, () => rollout(spawned));
@@ -355,10 +413,20 @@ export default async function bench(): Promise<void> {
         `  plain kernels (no IPython), beside    ${range(rounds.map((r) => r.plain))} rollouts/s; ` +
           `${plainRatios.map((x) => x.toFixed(2)).join(', ')}× the floor (median ${median(plainRatios).toFixed(2)}×)`,
       );
+      if (group !== undefined) {
+        const cpu = rounds.map((r) => r.cpu!);
+        const byCpu = cpu.map((c) => c.floor / c.ours);
+        console.log(
+          `  by CPU (each side's process tree, sandboxes included, kernel threads not; load-independent): ours ${range(cpu.map((c) => c.ours))} ms a rollout, ` +
+            `plain kernels ${range(cpu.map((c) => c.plain))}, the floor ${range(cpu.map((c) => c.floor))}; ours ${byCpu.map((x) => x.toFixed(2)).join(', ')}× the floor ` +
+            `(median ${median(byCpu).toFixed(2)}×), plain ${median(cpu.map((c) => c.floor / c.plain)).toFixed(2)}×`,
+        );
+      } else console.log('  by CPU: not measured here (needs a cgroup v1 cpuacct hierarchy and root)');
       console.log(`  no warm sandboxes (warm: 0)           ${unpooled.perS.toFixed(1)} rollouts/s`);
       console.log(`  spawned kernels (before)              ${tenBefore.perS.toFixed(1)} rollouts/s`);
     } finally {
       await tenProvider.close?.();
+      group?.close();
     }
     console.log(`  previous figure: ${PREVIOUS.rollouts}`);
 
