@@ -23,10 +23,12 @@ import { childrenOf } from '../../packages/core/src/sandbox/process.ts';
 const TICKS_PER_S = 100;
 const PREVIOUS = {
   ready:
+    'before the fork servers\' huge pages (2026-11-28 11:50, nearly idle): default spec p50 11.2 ms, 20.8 ms CPU; explicit resources 9.7 ms, 18.5 ms CPU; ' +
     'before warm sandboxes by default (issue 28, quiet host): a fresh sandbox each p50 37.4 ms, 38.5 ms CPU; explicit resources (no pool) ' +
     "p50 38.5 ms; createBwrapProvider({ warm: 'auto' }) p50 22.5 ms. Warm by default, three runs at load 7-15: default spec p50 25.7-31.6 ms, " +
     '34-40 ms CPU; explicit resources p50 26.4-32.2 ms, 30-39 ms CPU; warm 0 p50 34.9-57.7 ms; floor 12.1-21.0 ms',
   rollouts:
+    'before the fork servers\' huge pages (2026-11-28 11:50, nearly idle): 42.6-46.5/s against the floor\'s 54.8-58.6 (0.74-0.85×); ' +
     'before the kernel lost its threads (2026-11-28 08:03, load 1-4, one run): 24.6-25.6/s against the floor\'s 35.5-37.5 beside them (0.68-0.70×); ' +
     'before IPython\'s formatters were skipped and the rounds alternated with the floor (2026-11-28, nearly idle, warm: 0, ours then the floor): ' +
     '23.0-31.1/s against the floor\'s 38.1-47.5, 0.54-0.76×; ' +
