@@ -2,7 +2,7 @@ import { spawn } from 'node:child_process';
 import { readdirSync, readFileSync, readlinkSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
-import { bwrapAvailable, createBwrapProvider, PythonKernel, removeStaleSandboxDirs, type Sandbox, type SandboxSpec } from '@rollserve/core/sandbox';
+import { bwrapAvailable, cgroupSupport, createBwrapProvider, PythonKernel, removeStaleSandboxDirs, type Sandbox, type SandboxSpec } from '@rollserve/core/sandbox';
 import { runScriptAsNobody } from '@rollserve/testing';
 import type { KernelForkServer, KernelForkServers } from '../../packages/core/src/sandbox/bwrap/fork-server.ts';
 
@@ -264,13 +264,16 @@ describe.skipIf(skip !== undefined)('kernels forked from one fork server', () =>
     expect({ server: alive(server), kernel: alive(kernel) }).toEqual({ server: false, kernel: false });
     // its directory is left to the sweep a service or node runs (its maker is gone): swept, not
     // left here. The sweep skips a directory some process still runs in (bwrap's, which die with
-    // the spawner a moment after it), and a service sweeps again later: so does this test.
+    // the spawner a moment after it), and a service sweeps again later: so does this test. Its
+    // cgroups go with it (cgroup v1: a memory and a pids one; v2: one).
     let swept: string[] = [];
     for (let i = 0; i < 100 && swept.length === 0; i++) {
       if (i > 0) await new Promise((resolve) => setTimeout(resolve, 50));
       swept = (await removeStaleSandboxDirs({ orphansOnly: true })).filter((path) => path.endsWith(`rollserve-${id}`));
     }
-    expect(swept).toHaveLength(1);
+    const groups = swept.filter((path) => path.startsWith('/sys/fs/cgroup/'));
+    expect(swept.length - groups.length).toBe(1);
+    expect(groups).toHaveLength(cgroupSupport() === 1 ? 2 : cgroupSupport() === 2 ? 1 : 0);
   });
 
   it('does the same with the service running as an unprivileged user (a server that forks twice)', () => {

@@ -1,7 +1,7 @@
-import { closeSync, constants, existsSync, lstatSync, openSync, readdirSync, readFileSync, readlinkSync, statfsSync, writeFileSync } from 'node:fs';
+import { closeSync, constants, lstatSync, openSync, readdirSync, readFileSync, readlinkSync, statfsSync, writeFileSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { basename, join } from 'node:path';
 import { removeStaleCgroups } from './cgroup.ts';
 
 /** The file in a sandbox's directory that names the process that made it. */
@@ -97,7 +97,8 @@ function forkServerRunning(pid: number): boolean {
  * them (their processes died with it: see the bwrap provider's guard). A directory is stale when no process's
  * command line names it, none works in it (bwrap runs in its sandbox's directory: its command line
  * names no host path) and it is older than `minAgeMs` or the process that made it is gone (see
- * markSandboxDir); a cgroup when it is that old and empty.
+ * markSandboxDir); a cgroup when it is empty and that old, or its sandbox's directory was removed
+ * here (an orphan's with it).
  * Call once at service start. Returns what it removed. `ids` limits it to those sandboxes;
  * `orphansOnly`: only directories whose maker is gone (see sweepOrphanedSandboxDirs).
  */
@@ -169,7 +170,11 @@ export async function removeStaleSandboxDirs(options: { tmpDir?: string; minAgeM
     await rm(path, { recursive: true, force: true });
     removed.push(path);
   }
-  return [...cgroups, ...scratch, ...removed];
+  // the cgroups of the sandboxes just removed, whatever their age (an orphan's too: nothing runs
+  // its sandbox any more), where they are empty; the rest wait for their age
+  const ended = new Set(removed.map((path) => basename(path)));
+  const theirs = ended.size === 0 ? [] : removeStaleCgroups({ minAgeMs: 0, only: (name) => ended.has(name) });
+  return [...cgroups, ...theirs, ...scratch, ...removed];
 }
 
 /**
