@@ -373,11 +373,10 @@ export default async function bench(): Promise<void> {
     console.log(`  load average before: ${loadavg().map((x) => x.toFixed(2)).join(' ')}`);
     const concurrency = cores * 2;
     // as users get it (the provider the service, a node and NeMo Gym make: warm 'auto'), from its
-    // first rollout, then rounds alternating with the floor, so that both see the same load
-    // (no CPU figure here: what runs under bwrap's pid namespace never reaches this process's
-    // cutime, so the floor's CPU cannot be read as ours is; README: perf's sched_stat_runtime)
-    // (the CPU of each side's whole process tree, where a cpuacct group can be had: before the
-    // provider, so that its spawners and fork servers start in the group)
+    // first rollout, then rounds alternating with the floor, so that both see the same load.
+    // CPU from a cpuacct group, where one can be had (what runs under bwrap's pid namespace never
+    // reaches this process's cutime, so the floor's CPU cannot be read as ours is): made before
+    // the provider, so that its spawners and fork servers start in it
     const group = cpuacctGroup();
     const tenProvider = createSandboxProvider();
     try {
