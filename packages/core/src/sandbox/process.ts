@@ -7,18 +7,31 @@ export function shQuote(value: string): string {
   return `'${value.replaceAll("'", `'\\''`)}'`;
 }
 
-interface ProcInfo {
+export interface ProcInfo {
   pid: number;
+  /** `R`, `S`, ..., `Z` (a zombie: ended, not yet reaped), `X`. */
+  state: string;
   ppid: number;
   pgrp: number;
   session: number;
+  /** Clock ticks after boot: with the pid, what tells a process from a later one given its pid. */
+  starttime: string;
 }
 
-function readStat(pid: number): ProcInfo | undefined {
+/** A process's /proc/<pid>/stat (`self`: this process's), or undefined when it is gone. */
+export function readStat(pid: number | 'self'): ProcInfo | undefined {
   try {
     const stat = readFileSync(`/proc/${pid}/stat`, 'latin1');
+    // the fields after the command's name, which may hold spaces and parentheses
     const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-    return { pid, ppid: Number(fields[1]), pgrp: Number(fields[2]), session: Number(fields[3]) };
+    return {
+      pid: pid === 'self' ? process.pid : pid,
+      state: fields[0]!,
+      ppid: Number(fields[1]),
+      pgrp: Number(fields[2]),
+      session: Number(fields[3]),
+      starttime: fields[19]!,
+    };
   } catch {
     return undefined;
   }

@@ -3,20 +3,15 @@ import { rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { basename, join } from 'node:path';
 import { removeStaleCgroups } from './cgroup.ts';
+import { readStat } from './process.ts';
 
 /** The file in a sandbox's directory that names the process that made it. */
 export const OWNER_FILE = 'owner';
 
 /** A process as "<pid> <start time>": a pid reused by another process does not match. */
 export function processIdentity(pid: number | 'self'): string | undefined {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'latin1');
-    // the fields after the command's name (which may hold spaces and parentheses); start time is field 22
-    const starttime = stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19];
-    return starttime === undefined ? undefined : `${pid === 'self' ? process.pid : pid} ${starttime}`;
-  } catch {
-    return undefined;
-  }
+  const stat = readStat(pid);
+  return stat?.starttime === undefined ? undefined : `${stat.pid} ${stat.starttime}`;
 }
 
 const TMPFS_MAGIC = 0x01021994;
@@ -83,10 +78,10 @@ function ownerGone(dir: string): boolean {
  * while), and not another process since given its pid (its command line names no fork server).
  */
 function forkServerRunning(pid: number): boolean {
+  const state = readStat(pid)?.state;
+  if (state === undefined || state === 'Z' || state === 'X') return false;
   try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'latin1');
-    const state = stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3);
-    return state !== 'Z' && state !== 'X' && readFileSync(`/proc/${pid}/cmdline`, 'latin1').includes('rollserve-forkserver');
+    return readFileSync(`/proc/${pid}/cmdline`, 'latin1').includes('rollserve-forkserver');
   } catch {
     return false;
   }

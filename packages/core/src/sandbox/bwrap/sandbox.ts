@@ -1,6 +1,6 @@
 import { PassThrough } from 'node:stream';
 import { randomBytes } from 'node:crypto';
-import { closeSync, constants, fstatSync, openSync, readFileSync, readSync, rmdirSync, statfsSync, statSync, unlinkSync, writeFileSync } from 'node:fs';
+import { closeSync, constants, fstatSync, openSync, readSync, rmdirSync, statfsSync, statSync, unlinkSync, writeFileSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { SandboxCgroup } from '../cgroup.ts';
@@ -8,7 +8,7 @@ import { CommandSandbox, type HostCommand } from '../command-sandbox.ts';
 import { OWNER_FILE } from '../staging.ts';
 import { inodeShares, shmMib, ulimitScript } from '../limits.ts';
 import { openMaster } from '../node-pty.ts';
-import { childrenOf, killDescendants, killTree, pidNamespaceOf, shQuote, type KillTreeOptions } from '../process.ts';
+import { childrenOf, killDescendants, killTree, pidNamespaceOf, readStat, shQuote, type KillTreeOptions } from '../process.ts';
 import { RolloutError } from '../../errors.ts';
 import {
   DEFAULT_EXEC_TIMEOUT_MS,
@@ -842,7 +842,6 @@ export async function removeCgroup(cgroup: SandboxCgroup): Promise<void> {
   retry(60);
 }
 
-/** A process's start time (clock ticks after boot: /proc/<pid>/stat's 22nd field), or undefined when it is gone. */
 /**
  * Kills a process a fork server forked: through the server while it lives (true: the server tells
  * its end), else by pid and process group, only if the pid is still the process started then.
@@ -864,11 +863,7 @@ function killForked(server: { alive(): boolean; kill(pid: number): void }, pid: 
   return false;
 }
 
+/** A process's start time (clock ticks after boot: /proc/<pid>/stat's 22nd field), or undefined when it is gone. */
 function startTimeOf(pid: number): string | undefined {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'latin1');
-    return stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19];
-  } catch {
-    return undefined;
-  }
+  return readStat(pid)?.starttime;
 }
