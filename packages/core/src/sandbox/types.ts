@@ -359,6 +359,9 @@ export const DEFAULT_RESOURCES: Readonly<Required<Omit<SandboxResources, 'cpus'>
 };
 
 /** The environment every command starts from; nothing of the service's own environment leaks in. */
+/** A Python module's dotted name: what a preload (`SandboxPythonRun.preload`, `SandboxKernelFork.preload`) may name. */
+export const MODULE_NAME = /^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$/;
+
 export const BASE_ENV: Record<string, string> = {
   PATH: '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin',
   LANG: 'C.UTF-8',

@@ -4,7 +4,7 @@ import type { Socket } from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { join } from 'node:path';
 import { RolloutError } from '../errors.ts';
-import type { Sandbox, SandboxProcess } from '../sandbox/types.ts';
+import { MODULE_NAME, type Sandbox, type SandboxProcess } from '../sandbox/types.ts';
 import { endSandboxForChannel } from './channel-limit.ts';
 
 /** The kernel server that ships in core (packages/core/python). */
@@ -48,8 +48,6 @@ export interface PythonKernelOptions {
    */
   preload?: readonly string[];
 }
-
-const MODULE_NAME = /^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$/;
 
 export interface PythonError {
   ename: string;

@@ -4,7 +4,7 @@ import { accessSync, constants, readFileSync, statSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import type { Readable, Writable } from 'node:stream';
 import { RolloutError } from '../../errors.ts';
-import { BASE_ENV, type SandboxPythonRun } from '../types.ts';
+import { BASE_ENV, MODULE_NAME, type SandboxPythonRun } from '../types.ts';
 
 /*
  * The kernel fork server (packages/core/python/rollserve_forkserver.py): one Python process per
@@ -34,8 +34,6 @@ const LOADER =
 
 /** What a bare server prepares for its programs (`SandboxPythonRun.preload`). */
 export type ForkServerPreload = NonNullable<SandboxPythonRun['preload']>;
-
-const MODULE_NAME = /^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$/;
 
 /** What a kernel fork needs to know of its sandbox and of itself. */
 export interface KernelForkRequest {
