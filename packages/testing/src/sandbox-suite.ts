@@ -129,7 +129,10 @@ export function describeSandboxBehaviour(name: string, provider: () => SandboxPr
       proc.stdout.on('data', (d: Buffer) => {
         piped += d.toString();
       });
+      // (its exit can come before the last of its output: read to the end of the pipe too)
+      const drained = new Promise((resolve) => proc.stdout.once('end', resolve));
       expect(await proc.exited).toBe(0);
+      await drained;
       expect(piped).toBe('nofile 48 48\n');
       // and a default where none is asked for
       expect((await (await create()).exec(probe)).stdout).toMatch(/^nofile \d+ \d+\n$/);
