@@ -25,6 +25,7 @@ const BENCHES: Record<string, () => Promise<{ default: () => Promise<void> }>> =
   'cold-start': () => import('./cold-start.ts'),
   'tool-overhead': () => import('./tool-overhead.ts'),
   sweep: () => import('./sweep.ts'),
+  'ten-turn-cpu': () => import('./ten-turn-cpu.ts'),
 };
 
 const chosen = process.argv.slice(2);

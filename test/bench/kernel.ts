@@ -215,7 +215,7 @@ async function sandboxAndKernel(
 }
 
 /** One sandboxed ten-turn rollout: a fresh sandbox, 5 bash calls and 4 Python calls, alternating. */
-async function rollout(provider: SandboxProvider, kernel: { shell?: 'plain' } = {}): Promise<void> {
+export async function rollout(provider: SandboxProvider, kernel: { shell?: 'plain' } = {}): Promise<void> {
   const sandbox = await provider.create();
   try {
     const [bash, python] = await Promise.all([BashSession.start(sandbox), PythonKernel.start(sandbox, kernel)]);
@@ -238,13 +238,13 @@ async function rollout(provider: SandboxProvider, kernel: { shell?: 'plain' } = 
 }
 
 /** The floor of a rollout's work: one bare bwrap running sh, five commands and one python3 with four statements. */
-const floorRollout = (): Promise<void> =>
+export const floorRollout = (): Promise<void> =>
   run([
     'bwrap',
     ...bareBwrapArgs(['/bin/sh', '-c', 'for t in 0 2 4 6 8; do echo turn $t && ls /tmp | wc -l; done; python3 -c "x = 1 * 2\nprint(x)\nx = 3 * 2\nprint(x)"']),
   ]);
 
-async function closedLoop(concurrency: number, total: number, one: () => Promise<void>): Promise<{ perS: number; wallMs: number }> {
+export async function closedLoop(concurrency: number, total: number, one: () => Promise<void>): Promise<{ perS: number; wallMs: number }> {
   let next = 0;
   const t0 = performance.now();
   await Promise.all(
