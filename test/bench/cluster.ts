@@ -140,6 +140,15 @@ export async function cpuSeconds(pid: number, children = false): Promise<number>
 }
 
 /**
+ * User + system CPU seconds of a process's main thread alone (/proc/PID/task/PID/stat): for a Node
+ * process, its event loop, without V8's and libuv's threads.
+ */
+export async function mainThreadCpuSeconds(pid: number): Promise<number> {
+  const fields = (await readFile(`/proc/${pid}/task/${pid}/stat`, 'latin1')).split(') ')[1]!.split(' ');
+  return (Number(fields[11]) + Number(fields[12])) / TICKS_PER_S;
+}
+
+/**
  * CPU seconds of a process and of everything under it that lives on: each live descendant's own
  * and its waited-for children's. A service's sandboxes are reaped by helpers that live as long as
  * it does (its kernel fork servers, its spawners), so `cpuSeconds(pid, true)` sees their CPU only

@@ -3,7 +3,24 @@ import { cpus, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { nemoGymFixture, readJsonl } from '@rollserve/testing';
 import { startPolicyProcess } from './policy-process.ts';
-import { adopt, cpuSeconds, dispatcher, load, machineTicks, mathTask, runBatch, startNode, startService, stop, stopAll, treeCpuSeconds, type NodeProcess, type ServiceProcess, type WireResult } from './cluster.ts';
+import {
+  adopt,
+  cpuSeconds,
+  dispatcher,
+  load,
+  machineTicks,
+  mainThreadCpuSeconds,
+  mathTask,
+  runBatch,
+  startNode,
+  startService,
+  stop,
+  stopAll,
+  treeCpuSeconds,
+  type NodeProcess,
+  type ServiceProcess,
+  type WireResult,
+} from './cluster.ts';
 import { heading } from './stats.ts';
 
 // `pnpm bench nodes`: rollouts/s of the central service (`rollserve start --run-locally never`)
@@ -83,6 +100,8 @@ interface Measured {
   total: number;
   /** CPU ms per rollout over the measured rounds. */
   cpu: { service: number; nodes: number; policy: number; client: number };
+  /** Of the nodes' CPU per rollout (ms), their processes' main threads': their event loops. */
+  nodeEventLoop: number;
   /** Fraction of the machine's CPU time busy during them (every process on it). */
   machineBusy: number;
   /** Rollouts that ended otherwise than expected (failed, a tool call in error), and why the first did. */
@@ -133,12 +152,13 @@ async function startSetup(work: Workload, policyUrl: string, policyPid: number, 
     return {
       service: await sum([service.pid], treeCpuSeconds),
       nodes: await sum(nodes.map((n) => n.pid), treeCpuSeconds),
+      nodeEventLoop: await sum(nodes.map((n) => n.pid), mainThreadCpuSeconds),
       policy: await sum([policyPid], (pid) => cpuSeconds(pid, true)),
       client: (own.user + own.system) / 1e6,
     };
   };
   const rates: number[] = [];
-  const cpu = { service: 0, nodes: 0, policy: 0, client: 0 };
+  const cpu = { service: 0, nodes: 0, nodeEventLoop: 0, policy: 0, client: 0 };
   const ticks = { busy: 0, total: 0 };
   const unexpected: { count: number; first?: string } = { count: 0 };
   return {
@@ -170,6 +190,7 @@ async function startSetup(work: Workload, policyUrl: string, policyPid: number, 
         rates,
         total: rates.length * work.perRound,
         cpu: { service: per(cpu.service), nodes: per(cpu.nodes), policy: per(cpu.policy), client: per(cpu.client) },
+        nodeEventLoop: per(cpu.nodeEventLoop),
         machineBusy: ticks.busy / ticks.total,
         unexpected: unexpected.count,
         ...(unexpected.first ? { firstUnexpected: unexpected.first } : {}),
@@ -248,9 +269,14 @@ function efficiency(m: Measured, cores: number, label: string): string {
     const ideal = n * nodeRate;
     return `${n} nodes ${((Math.min(ideal, serviceCeiling) / ideal) * 100).toFixed(0)}% (${Math.min(ideal, serviceCeiling).toFixed(0)} of ${ideal.toFixed(0)} rollouts/s)`;
   };
+  // a node process's own part of each rollout runs on its event loop, one core whatever the host
+  // has: past the cores whose rollouts that loop keeps up with, a host needs more node processes
+  const loop = Math.max(m.nodeEventLoop, Number.EPSILON);
   return (
     `scaling (${label}): a node's CPU per rollout ${m.cpu.nodes.toFixed(2)} ms → ${nodeRate.toFixed(0)} rollouts/s per ${cores}-core node; the service's ${m.cpu.service.toFixed(2)} ms → a ceiling of ${serviceCeiling.toFixed(0)} rollouts/s on one core; ` +
-    `efficiency (achieved / ideal) at ${at(8)}, ${at(32)}`
+    `efficiency (achieved / ideal) at ${at(8)}, ${at(32)}; ` +
+    `a node process's event loop (its main thread) ${m.nodeEventLoop.toFixed(2)} ms of it → at most ${(1000 / loop).toFixed(0)} rollouts/s per node process, ` +
+    `the work of ≈ ${(m.cpu.nodes / loop).toFixed(1)} cores: a host with more runs one node process per that many`
   );
 }
 

@@ -1,4 +1,5 @@
 import { spawn } from 'node:child_process';
+import { existsSync } from 'node:fs';
 import { availableParallelism } from 'node:os';
 import { join } from 'node:path';
 import type { Environment } from '@rollserve/core';
@@ -39,8 +40,10 @@ async function startStoppableService(environments: Array<Environment<any, any, a
   return { url: running.url, stop };
 }
 
-function startCli(args: string[], env: Record<string, string>) {
-  const child = spawn(process.execPath, [join(workspaceRoot(), 'packages', 'cli', 'bin', 'rollserve.js'), 'node', ...args], {
+/** `rollserve node …`, run through `prefix` (a command that execs it, e.g. `taskset -c 0`) if given. */
+function startCli(args: string[], env: Record<string, string>, prefix: string[] = []) {
+  const argv = [...prefix, process.execPath, join(workspaceRoot(), 'packages', 'cli', 'bin', 'rollserve.js'), 'node', ...args];
+  const child = spawn(argv[0]!, argv.slice(1), {
     stdio: ['ignore', 'pipe', 'pipe'],
     env: { ...process.env, ROLLSERVE_LOG_LEVEL: 'silent', ...env },
   });
@@ -115,6 +118,24 @@ describe('rollserve node', () => {
     expect(await cli.exited).toEqual({ code: 3, signal: null });
     expect(cli.out.stderr).toMatch(/^rollserve node: the service at .* has not answered for \d+ s .*; exiting$/m);
   }, 120_000);
+
+  it.skipIf(availableParallelism() < 2 || !existsSync('/usr/bin/taskset'))(
+    'sizes the pools it is not given to the CPUs it may run on (its affinity, as Slurm binds a task), not to the whole host',
+    async () => {
+      // (README, "One node process carries a host only so far": several node processes a host, each on its share)
+      const url = await startService([math]);
+      const sandboxes = await sandboxDir(resources);
+      const cli = startCli(['--id', 'pinned'], { ROLLSERVE_SERVICE: url, ROLLSERVE_TOKEN: TOKEN, TMPDIR: sandboxes }, ['/usr/bin/taskset', '-c', '0']);
+      await until(() => cli.out.stdout.includes('registered') || cli.child.exitCode !== null);
+      // one CPU: 4, 64 and 2 a core, where the whole host would give at least 8, 128 and 4
+      expect(cli.out.stdout).toMatch(/^node pinned registered with .* \(init 4, run 64, eval 2;/);
+      const { json } = await getJson(url, '/v1/nodes', { headers: { authorization: `Bearer ${TOKEN}` } });
+      expect(json.nodes).toMatchObject([{ node_id: 'pinned', capacity: { init: 4, run: 64, eval: 2 }, state: 'up' }]);
+      cli.child.kill('SIGTERM');
+      expect(await cli.exited).toEqual({ code: 0, signal: null });
+    },
+    120_000,
+  );
 
   it('whose service never answers: gives up registering after --service-lost-s, status 3', async () => {
     const service = await startStoppableService([math]);
