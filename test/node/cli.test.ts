@@ -1,5 +1,5 @@
 import { spawn } from 'node:child_process';
-import { existsSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { availableParallelism } from 'node:os';
 import { join } from 'node:path';
 import type { Environment } from '@rollserve/core';
@@ -125,7 +125,9 @@ describe('rollserve node', () => {
       // (README, "One node process carries a host only so far": several node processes a host, each on its share)
       const url = await startService([math]);
       const sandboxes = await sandboxDir(resources);
-      const cli = startCli(['--id', 'pinned'], { ROLLSERVE_SERVICE: url, ROLLSERVE_TOKEN: TOKEN, TMPDIR: sandboxes }, ['/usr/bin/taskset', '-c', '0']);
+      // one of the CPUs this process may run on (a container's cpuset need not hold CPU 0)
+      const cpu = /^Cpus_allowed_list:\s*(\d+)/m.exec(readFileSync('/proc/self/status', 'utf8'))![1]!;
+      const cli = startCli(['--id', 'pinned'], { ROLLSERVE_SERVICE: url, ROLLSERVE_TOKEN: TOKEN, TMPDIR: sandboxes }, ['/usr/bin/taskset', '-c', cpu]);
       await until(() => cli.out.stdout.includes('registered') || cli.child.exitCode !== null);
       // one CPU: 4, 64 and 2 a core, where the whole host would give at least 8, 128 and 4
       expect(cli.out.stdout).toMatch(/^node pinned registered with .* \(init 4, run 64, eval 2;/);
