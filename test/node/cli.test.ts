@@ -139,6 +139,100 @@ describe('rollserve node', () => {
     120_000,
   );
 
+  describe('--processes', () => {
+    const auth = { authorization: `Bearer ${TOKEN}` };
+    const nodesOf = async (url: string) => (await getJson(url, '/v1/nodes', { headers: auth })).json.nodes as Array<{ node_id: string; pid: number; state: string; capacity: object }>;
+    const alive = (pid: number) => existsSync(`/proc/${pid}`) && !/^State:\s+Z/m.test(readFileSync(`/proc/${pid}/status`, 'utf8'));
+
+    it.skipIf(availableParallelism() < 2)(
+      'runs that many nodes, each registered with pools of its share of the CPUs, which run rollouts and leave on the supervisor\'s SIGTERM (exit 0)',
+      async () => {
+        const url = await startService([math]);
+        const sandboxes = await sandboxDir(resources);
+        const cli = startCli(['--id', 'multi', '--processes', '2', '--max-rollouts', '4'], { ROLLSERVE_SERVICE: url, ROLLSERVE_TOKEN: TOKEN, TMPDIR: sandboxes });
+        await until(() => (cli.out.stdout.match(/registered/g) ?? []).length === 2 || cli.child.exitCode !== null);
+        // each its share: the first half (rounded up) of the CPUs this process may run on, then the rest; 4, 64 and 2 a core
+        const share = [Math.ceil(availableParallelism() / 2), Math.floor(availableParallelism() / 2)];
+        const pools = (cores: number) => ({ init: Math.min(64, 4 * cores), run: Math.min(512, 64 * cores), eval: Math.min(32, 2 * cores) });
+        const nodes = (await nodesOf(url)).sort((a, b) => a.node_id.localeCompare(b.node_id));
+        expect(nodes).toMatchObject([
+          { node_id: 'multi-0', capacity: pools(share[0]!), max_rollouts: 4, state: 'up' },
+          { node_id: 'multi-1', capacity: pools(share[1]!), max_rollouts: 4, state: 'up' },
+        ]);
+        // node processes of their own, not the supervisor
+        expect(new Set([cli.child.pid, ...nodes.map((n) => n.pid)]).size).toBe(3);
+
+        const tasks = Array.from({ length: 4 }, (_, i) => ({
+          id: `multi-${i}`,
+          env: 'math',
+          row: { responses_create_params: { input: 'What is 3+5?' }, question: 'What is 3+5?', expected_answer: '8' },
+          policy: { model: 'fake-policy' },
+        }));
+        expect((await getJson(url, '/v1/rollouts', { body: { tasks }, headers: auth })).status).toBe(202);
+        const stream = await getJson(url, `/v1/rollouts/stream?ids=${tasks.map((t) => t.id).join(',')}`, { headers: auth });
+        const results = String(stream.json).trim().split('\n').map((line) => JSON.parse(line) as { state: string; reward: number });
+        expect(results.map((r) => [r.state, r.reward])).toEqual(tasks.map(() => ['done', 1]));
+
+        cli.child.kill('SIGTERM');
+        expect(await cli.exited).toEqual({ code: 0, signal: null });
+        expect((await nodesOf(url)).map((n) => n.state)).toEqual(['left', 'left']);
+        for (const node of nodes) expect(alive(node.pid)).toBe(false);
+      },
+      120_000,
+    );
+
+    it.skipIf(availableParallelism() < 2)(
+      'ends with a node that dies (its status: 128 + the signal) and takes the other with it; a killed supervisor leaves no node running',
+      async () => {
+        const url = await startService([math]);
+        const sandboxes = await sandboxDir(resources);
+        const env = { ROLLSERVE_SERVICE: url, ROLLSERVE_TOKEN: TOKEN, TMPDIR: sandboxes };
+        const first = startCli(['--id', 'dies', '--processes', '2', '--run', '1'], env);
+        await until(() => (first.out.stdout.match(/registered/g) ?? []).length === 2 || first.child.exitCode !== null);
+        const [victim, other] = (await nodesOf(url)).sort((a, b) => a.node_id.localeCompare(b.node_id));
+        process.kill(victim!.pid, 'SIGKILL');
+        expect(await first.exited).toEqual({ code: 137, signal: null });
+        expect((await nodesOf(url)).find((n) => n.node_id === other!.node_id)).toMatchObject({ state: 'left' });
+        expect(alive(other!.pid)).toBe(false);
+
+        const second = startCli(['--id', 'orphans', '--processes', '2', '--run', '1'], env);
+        await until(() => (second.out.stdout.match(/registered/g) ?? []).length === 2 || second.child.exitCode !== null);
+        const orphans = (await nodesOf(url)).filter((n) => n.node_id.startsWith('orphans-'));
+        expect(orphans).toHaveLength(2);
+        second.child.kill('SIGKILL');
+        // each reads its supervisor's end on its stdin and leaves as on SIGTERM
+        await until(async () => (await nodesOf(url)).filter((n) => n.node_id.startsWith('orphans-')).every((n) => n.state === 'left'));
+        await until(() => orphans.every((n) => !alive(n.pid)));
+      },
+      120_000,
+    );
+
+    it.skipIf(availableParallelism() < 2)(
+      'leaves cleanly, exit 0, when SIGTERM reaches the supervisor and every node at once (as scancel signals every process of a step)',
+      async () => {
+        const url = await startService([math]);
+        const sandboxes = await sandboxDir(resources);
+        const cli = startCli(['--processes', '2', '--run', '1'], { ROLLSERVE_SERVICE: url, ROLLSERVE_TOKEN: TOKEN, TMPDIR: sandboxes });
+        await until(() => (cli.out.stdout.match(/registered/g) ?? []).length === 2 || cli.child.exitCode !== null);
+        const nodes = await nodesOf(url);
+        expect(nodes).toHaveLength(2);
+        for (const pid of [cli.child.pid!, ...nodes.map((n) => n.pid)]) process.kill(pid, 'SIGTERM');
+        expect(await cli.exited).toEqual({ code: 0, signal: null });
+        expect((await nodesOf(url)).map((n) => n.state)).toEqual(['left', 'left']);
+      },
+      120_000,
+    );
+
+    it('refuses more processes than CPUs, before any starts: one line, exit 1', async () => {
+      const url = await startService([math]);
+      const cli = startCli(['--processes', String(availableParallelism() + 1)], { ROLLSERVE_SERVICE: url, ROLLSERVE_TOKEN: TOKEN });
+      expect(await cli.exited).toEqual({ code: 1, signal: null });
+      expect(cli.out.stderr).toMatch(/^rollserve node: .*--processes \d+: this process may run on \d+ CPUs?; at most one node process a CPU/m);
+      expect(cli.out.stdout).toBe('');
+      expect(await nodesOf(url)).toEqual([]);
+    }, 60_000);
+  });
+
   it('whose service never answers: gives up registering after --service-lost-s, status 3', async () => {
     const service = await startStoppableService([math]);
     await service.stop(); // an address where nothing listens

@@ -6,11 +6,12 @@ import { loadEnvironment } from '@rollserve/core/gym';
 import { startRolloutNode, type RolloutNode } from '@rollserve/core/node';
 import { listInstalledEnvironments } from '../discover.ts';
 import { applyImageFlags, imageArgs, numberFlag } from '../flags.ts';
+import { defaultPools, runNodeProcesses, SUPERVISED_ENV } from '../node-processes.ts';
 import { sweepStaleSandboxes } from '../sweep.ts';
 import { version } from '../version.ts';
 
 export default defineCommand({
-  meta: { name: 'node', description: 'A rollout node: runs the INIT/RUN/EVAL pools and sandboxes of this machine for a central service (one per Slurm node)' },
+  meta: { name: 'node', description: 'A rollout node: runs the INIT/RUN/EVAL pools and sandboxes of this machine for a central service (one per Slurm node; --processes for several on a large one)' },
   args: {
     service: { type: 'string', description: 'The central rollout service, http://host:8100 (also ROLLSERVE_SERVICE)' },
     token: { type: 'string', description: 'Its bearer token: its --node-token when it has one, else its --token (also ROLLSERVE_TOKEN)' },
@@ -19,6 +20,11 @@ export default defineCommand({
     run: { type: 'string', description: 'RUN worker slots (agent loops; default: 64 per core, at most 512)' },
     eval: { type: 'string', description: 'EVAL worker slots (verification; default: 2 per core, at most 32)' },
     'max-rollouts': { type: 'string', description: 'Rollouts held at once (default: --init + --run)' },
+    processes: {
+      type: 'string',
+      description:
+        'Node processes on this host, each a node of its own on its share of the CPUs (an --id gets -0, -1, …; pools not given sized to the share): one node process keeps ~6-8 cores busy with sandboxed rollouts (default 1)',
+    },
     'host-label': { type: 'string', description: 'Host name to register with (default: this host\'s name)' },
     'service-lost-s': { type: 'string', description: 'Exit (status 3, sandboxes killed) when the service has not answered for this long', default: '300' },
     'slurm-check-s': { type: 'string', description: 'Under Slurm, ask squeue this often whether this node\'s job is gone, and exit (status 3) if so; 0: never', default: '30' },
@@ -29,21 +35,23 @@ export default defineCommand({
     },
     ...imageArgs,
   },
-  async run({ args }) {
+  async run({ args, rawArgs }) {
     applyImageFlags(args);
     const service = (args.service ?? process.env.ROLLSERVE_SERVICE) || undefined;
     if (service === undefined) throw new RolloutError({ code: 'BAD_REQUEST', message: '--service is required (or ROLLSERVE_SERVICE): the central rollout service, http://host:8100' });
+    const given = {
+      init: numberFlag('init', args.init, { integer: true, min: 1 }),
+      run: numberFlag('run', args.run, { integer: true, min: 1 }),
+      eval: numberFlag('eval', args.eval, { integer: true, min: 1 }),
+    };
+    const processes = numberFlag('processes', args.processes, { integer: true, min: 1 }) ?? 1;
+    if (processes > 1) process.exit(await runNodeProcesses(processes, rawArgs, given));
     const installed = listInstalledEnvironments();
     if (installed.length === 0) throw new Error('no environments installed');
     const environments = await Promise.all(installed.map((env) => loadEnvironment(env.dir)));
     // Pools sized to this host's cores unless given: a sandbox with a Python kernel costs ~0.4 s of
     // CPU to start, and a node starved of CPU past the node timeout cannot heartbeat (README, "HPC").
-    const cores = availableParallelism();
-    const pools = {
-      init: numberFlag('init', args.init, { integer: true, min: 1 }) ?? Math.min(64, 4 * cores),
-      run: numberFlag('run', args.run, { integer: true, min: 1 }) ?? Math.min(512, 64 * cores),
-      eval: numberFlag('eval', args.eval, { integer: true, min: 1 }) ?? Math.min(32, 2 * cores),
-    };
+    const pools = defaultPools(availableParallelism(), given);
     const maxRollouts = numberFlag('max-rollouts', args['max-rollouts'], { integer: true, min: 1 });
     const serviceLostMs = numberFlag('service-lost-s', args['service-lost-s'], { min: 0.1 })! * 1000;
     const slurmCheckS = numberFlag('slurm-check-s', args['slurm-check-s'], { min: 0 })!;
@@ -53,9 +61,12 @@ export default defineCommand({
     const logger = pino({ name: 'rollserve-node', level: process.env.ROLLSERVE_LOG_LEVEL ?? 'warn' }, pino.destination(2));
     // SIGTERM (Slurm's scancel, preemption) or SIGINT: leave cleanly, what the node held re-queued at once
     let rolloutNode: RolloutNode | undefined;
+    // A signal more while it leaves changes nothing: Slurm signals every process of a step, and a
+    // supervisor (--processes) passes its own on too; a leave that hangs ends with Slurm's SIGKILL.
+    let leaving = false;
     const leave = (signal: NodeJS.Signals) => {
-      process.off('SIGINT', leave);
-      process.off('SIGTERM', leave);
+      if (leaving) return;
+      leaving = true;
       if (rolloutNode === undefined) process.exit(0); // not registered yet: nothing held
       rolloutNode.close().then(
         () => process.exit(0),
@@ -67,6 +78,13 @@ export default defineCommand({
     };
     process.on('SIGINT', leave);
     process.on('SIGTERM', leave);
+    if (process.env[SUPERVISED_ENV] === '1') {
+      // started by `--processes` (node-processes.ts): its stdin is a pipe only the supervisor
+      // holds, whose end says the supervisor is gone (killed): leave as on SIGTERM
+      process.stdin.on('error', () => leave('SIGTERM'));
+      process.stdin.on('end', () => leave('SIGTERM'));
+      process.stdin.resume();
+    }
     rolloutNode = await startRolloutNode({
       serviceUrl: service,
       logger,
