@@ -9,6 +9,9 @@
 #     running the INIT/RUN/EVAL pools and the sandboxes of its rollouts on that host. `--overlap` lets
 #     the step share the host's CPUs and memory with the trainer's own steps (by default a step would
 #     wait for resources another step holds).
+#     On a host with more cores than one node process keeps busy (~6-8 with sandboxed multi-turn
+#     rollouts; README, "One node process carries a host only so far"), ROLLSERVE_NODE_ARGS="--processes K"
+#     makes the step run K nodes, each with pools of its share of the CPUs the step may use.
 #   - Never one step spanning every host: a step dies on all its hosts when one of them fails. With a
 #     step per host, a failed host ends only its own step, and the service re-issues that node's work
 #     once its lease lapses.
