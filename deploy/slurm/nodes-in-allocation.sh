@@ -11,7 +11,9 @@
 #     wait for resources another step holds).
 #     On a host with more cores than one node process keeps busy (~6-8 with sandboxed multi-turn
 #     rollouts; README, "One node process carries a host only so far"), ROLLSERVE_NODE_ARGS="--processes K"
-#     makes the step run K nodes, each with pools of its share of the CPUs the step may use.
+#     makes the step run K nodes, each with pools of its share of the CPUs the step may use. (A step
+#     asks for one CPU: where Slurm binds steps to their CPUs, task/affinity or cgroup ConstrainCores,
+#     the node would see one; this script has not been run on such a cluster.)
 #   - Never one step spanning every host: a step dies on all its hosts when one of them fails. With a
 #     step per host, a failed host ends only its own step, and the service re-issues that node's work
 #     once its lease lapses.
