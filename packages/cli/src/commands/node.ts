@@ -23,7 +23,7 @@ export default defineCommand({
     processes: {
       type: 'string',
       description:
-        'Node processes on this host, each a node of its own on its share of the CPUs (an --id gets -0, -1, …; pools not given sized to the share): one node process keeps ~6-8 cores busy with sandboxed rollouts (default 1)',
+        'Node processes on this host, each a node of its own with pools of its share of the CPUs where not given (an --id gets -0, -1, …): one node process keeps ~6-8 cores busy with sandboxed rollouts (default 1)',
     },
     'host-label': { type: 'string', description: 'Host name to register with (default: this host\'s name)' },
     'service-lost-s': { type: 'string', description: 'Exit (status 3, sandboxes killed) when the service has not answered for this long', default: '300' },
