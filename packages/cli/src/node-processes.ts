@@ -99,7 +99,8 @@ export async function runNodeProcesses(
   };
   const exits = shares(cpus, count).map((share, index) => {
     const pools = defaultPools(share, given);
-    const args = [...withIndexedId(base, index), '--init', String(pools.init), '--run', String(pools.run), '--eval', String(pools.eval)];
+    // (the pools first: nothing of the line given is read before them, not even a `--`)
+    const args = ['--init', String(pools.init), '--run', String(pools.run), '--eval', String(pools.eval), ...withIndexedId(base, index)];
     const node = spawn(process.execPath, [...process.execArgv, script, 'node', ...args], {
       stdio: ['pipe', 'inherit', 'inherit'],
       env: { ...process.env, [SUPERVISED_ENV]: '1' },
