@@ -99,7 +99,7 @@ export async function runNodeProcesses(
   };
   const exits = shares(cpus, count).map((share, index) => {
     const pools = defaultPools(share, given);
-    // (the pools first: nothing of the line given is read before them, not even a `--`)
+    // (the pools first: a `--` in the line given would make what follows it positional)
     const args = ['--init', String(pools.init), '--run', String(pools.run), '--eval', String(pools.eval), ...withIndexedId(base, index)];
     const node = spawn(process.execPath, [...process.execArgv, script, 'node', ...args], {
       stdio: ['pipe', 'inherit', 'inherit'],
