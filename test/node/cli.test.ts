@@ -143,14 +143,19 @@ describe('rollserve node', () => {
     const auth = { authorization: `Bearer ${TOKEN}` };
     const nodesOf = async (url: string) => (await getJson(url, '/v1/nodes', { headers: auth })).json.nodes as Array<{ node_id: string; pid: number; state: string; capacity: object }>;
     const alive = (pid: number) => existsSync(`/proc/${pid}`) && !/^State:\s+Z/m.test(readFileSync(`/proc/${pid}/status`, 'utf8'));
+    /** `rollserve node --processes 2 …args` for the service at `url`, once both its nodes have registered. */
+    const startTwo = async (url: string, args: string[]) => {
+      const sandboxes = await sandboxDir(resources);
+      const cli = startCli(['--processes', '2', ...args], { ROLLSERVE_SERVICE: url, ROLLSERVE_TOKEN: TOKEN, TMPDIR: sandboxes });
+      await until(() => (cli.out.stdout.match(/registered/g) ?? []).length === 2 || cli.child.exitCode !== null);
+      return cli;
+    };
 
     it.skipIf(availableParallelism() < 2)(
       'runs that many nodes, each registered with pools of its share of the CPUs, which run rollouts and leave on the supervisor\'s SIGTERM (exit 0)',
       async () => {
         const url = await startService([math]);
-        const sandboxes = await sandboxDir(resources);
-        const cli = startCli(['--id', 'multi', '--processes', '2', '--max-rollouts', '4'], { ROLLSERVE_SERVICE: url, ROLLSERVE_TOKEN: TOKEN, TMPDIR: sandboxes });
-        await until(() => (cli.out.stdout.match(/registered/g) ?? []).length === 2 || cli.child.exitCode !== null);
+        const cli = await startTwo(url, ['--id', 'multi', '--max-rollouts', '4']);
         // each its share: the first half (rounded up) of the CPUs this process may run on, then the rest; 4, 64 and 2 a core
         const share = [Math.ceil(availableParallelism() / 2), Math.floor(availableParallelism() / 2)];
         const pools = (cores: number) => ({ init: Math.min(64, 4 * cores), run: Math.min(512, 64 * cores), eval: Math.min(32, 2 * cores) });
@@ -185,18 +190,14 @@ describe('rollserve node', () => {
       'ends with a node that dies (its status: 128 + the signal) and takes the other with it; a killed supervisor leaves no node running',
       async () => {
         const url = await startService([math]);
-        const sandboxes = await sandboxDir(resources);
-        const env = { ROLLSERVE_SERVICE: url, ROLLSERVE_TOKEN: TOKEN, TMPDIR: sandboxes };
-        const first = startCli(['--id', 'dies', '--processes', '2', '--run', '1'], env);
-        await until(() => (first.out.stdout.match(/registered/g) ?? []).length === 2 || first.child.exitCode !== null);
+        const first = await startTwo(url, ['--id', 'dies', '--run', '1']);
         const [victim, other] = (await nodesOf(url)).sort((a, b) => a.node_id.localeCompare(b.node_id));
         process.kill(victim!.pid, 'SIGKILL');
         expect(await first.exited).toEqual({ code: 137, signal: null });
         expect((await nodesOf(url)).find((n) => n.node_id === other!.node_id)).toMatchObject({ state: 'left' });
         expect(alive(other!.pid)).toBe(false);
 
-        const second = startCli(['--id', 'orphans', '--processes', '2', '--run', '1'], env);
-        await until(() => (second.out.stdout.match(/registered/g) ?? []).length === 2 || second.child.exitCode !== null);
+        const second = await startTwo(url, ['--id', 'orphans', '--run', '1']);
         const orphans = (await nodesOf(url)).filter((n) => n.node_id.startsWith('orphans-'));
         expect(orphans).toHaveLength(2);
         second.child.kill('SIGKILL');
@@ -211,9 +212,7 @@ describe('rollserve node', () => {
       'leaves cleanly, exit 0, when SIGTERM reaches the supervisor and every node at once (as scancel signals every process of a step)',
       async () => {
         const url = await startService([math]);
-        const sandboxes = await sandboxDir(resources);
-        const cli = startCli(['--processes', '2', '--run', '1'], { ROLLSERVE_SERVICE: url, ROLLSERVE_TOKEN: TOKEN, TMPDIR: sandboxes });
-        await until(() => (cli.out.stdout.match(/registered/g) ?? []).length === 2 || cli.child.exitCode !== null);
+        const cli = await startTwo(url, ['--run', '1']);
         const nodes = await nodesOf(url);
         expect(nodes).toHaveLength(2);
         for (const pid of [cli.child.pid!, ...nodes.map((n) => n.pid)]) process.kill(pid, 'SIGTERM');

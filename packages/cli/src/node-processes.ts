@@ -23,7 +23,7 @@ import { RolloutError } from '@rollserve/core';
 export const SUPERVISED_ENV = 'ROLLSERVE_NODE_SUPERVISED';
 
 /** `total` split into `parts` as evenly as can be (the first ones one larger). */
-export function shares(total: number, parts: number): number[] {
+function shares(total: number, parts: number): number[] {
   return Array.from({ length: parts }, (_, i) => Math.floor(total / parts) + (i < total % parts ? 1 : 0));
 }
 
@@ -37,7 +37,7 @@ export function defaultPools(cores: number, given: { init?: number | undefined; 
 }
 
 /** A command line less the string flags `names` and their values (`--name value`, `--name=value`). */
-export function withoutFlags(rawArgs: readonly string[], names: readonly string[]): string[] {
+function withoutFlags(rawArgs: readonly string[], names: readonly string[]): string[] {
   const kept: string[] = [];
   for (let i = 0; i < rawArgs.length; i++) {
     const arg = rawArgs[i]!;
